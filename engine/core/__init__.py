@@ -1,0 +1,1 @@
+"""Shared serving core: request state, KV block allocators, scheduler, policies (stdlib only)."""

@@ -1,0 +1,95 @@
+"""What one step schedules (``ScheduledBatch``) and what executing it returns (``StepResult``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.core.block_allocator import BlockPair
+from engine.core.kv_manager import RangeCopy
+from engine.core.memory import MemorySnapshot
+from engine.core.request import Request
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step.
+
+    ``num_positions`` positions are computed for each of the request's active sequences, so
+    the step processes ``num_new_tokens = num_positions * len(seq_ids)`` tokens for it, on top
+    of ``num_computed_tokens`` tokens of context already in the cache.
+    """
+
+    request: Request
+    num_positions: int
+    num_computed_tokens: int
+    seq_ids: tuple[int, ...]
+    is_prefill: bool
+    block_tables: tuple[Sequence[int], ...] = ()
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_new_tokens(self) -> int:
+        return self.num_positions * len(self.seq_ids)
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    """The scheduler's decision for one step, plus the memory moves the executor must make.
+
+    ``copies`` are copy-on-write block copies ``(src, dst)``; ``range_copies`` are the
+    contiguous model's prompt copies ``(src_slot, dst_slot, num_slots)``; ``swap_out`` pairs
+    are ``(gpu_block, cpu_block)`` and ``swap_in`` pairs ``(cpu_block, gpu_block)``. All must
+    happen before the step's model execution. ``num_padding_tokens`` are tokens a static batch
+    computes for nothing (prompt padding, finished sequences kept in the batch).
+    """
+
+    step_idx: int
+    now_s: float
+    requests: list[ScheduledRequest] = field(default_factory=list)
+    copies: list[BlockPair] = field(default_factory=list)
+    range_copies: list[RangeCopy] = field(default_factory=list)
+    swap_out: list[BlockPair] = field(default_factory=list)
+    swap_in: list[BlockPair] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)
+    num_padding_tokens: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    memory: MemorySnapshot | None = None
+    # When the policy wants to be asked again although nothing arrives (dynamic batching).
+    next_wakeup_s: float | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(r.num_new_tokens for r in self.requests if r.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(r.num_new_tokens for r in self.requests if not r.is_prefill)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(r.num_new_tokens for r in self.requests)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What executing a batch gives back.
+
+    ``sampled_token_ids`` maps sequence id to the token it sampled (the real engine; the
+    simulator has no token ids). ``stopped_seq_ids`` are sequences that hit a stop token
+    before their maximum length.
+    """
+
+    duration_s: float
+    sampled_token_ids: dict[int, int] = field(default_factory=dict)
+    stopped_seq_ids: frozenset[int] = frozenset()

@@ -1,0 +1,215 @@
+"""Request-level KV memory managers the scheduler drives: the protocol, and its paged version
+(block tables over ``BlockAllocator``, prefix caching, fork, swap, watermark)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from engine.core.block_allocator import BlockAllocator, BlockPair
+from engine.core.config import CacheConfig
+from engine.core.memory import MemorySnapshot
+from engine.core.prefix_cache import SequenceKeys
+from engine.core.request import Request
+
+RangeCopy = tuple[int, int, int]  # (src_slot, dst_slot, num_slots)
+
+
+class KVCacheManager(Protocol):
+    """What the scheduler needs from a memory model. ``positions`` count per sequence."""
+
+    block_size: int
+
+    def rejection_reason(self, request: Request) -> str | None: ...
+    def prefix_hit_blocks(self, request: Request) -> Sequence[int]: ...
+    def can_admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> bool: ...
+    def admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> None: ...
+    def can_grow(self, request: Request, num_positions: int) -> bool: ...
+    def grow(self, request: Request, num_positions: int) -> list[BlockPair]: ...
+    def take_range_copies(self, request: Request) -> list[RangeCopy]: ...
+    def fork(self, request: Request) -> None: ...
+    def free_sequence(self, request: Request, seq_id: int) -> None: ...
+    def free(self, request: Request) -> None: ...
+    def can_swap_out(self, request: Request) -> bool: ...
+    def swap_out(self, request: Request) -> list[BlockPair]: ...
+    def can_swap_in(self, request: Request, num_positions: int) -> bool: ...
+    def swap_in(self, request: Request) -> list[BlockPair]: ...
+    def commit(self, request: Request) -> None: ...
+    def block_tables(self, request: Request) -> tuple[Sequence[int], ...]: ...
+    def snapshot(self, next_waiting: Request | None) -> MemorySnapshot: ...
+
+
+def _blocks(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class PagedKVManager:
+    """Paged memory (PagedAttention): one block table per live sequence of a request."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.allocator = BlockAllocator(config.num_blocks, config.block_size, config.num_cpu_blocks)
+        self.watermark_blocks = config.watermark_blocks
+        self.prefix_caching = config.enable_prefix_caching
+        self._keys: dict[int, SequenceKeys] = {}  # seq_id -> keys of its cached full blocks
+        self._lookup_keys: dict[int, SequenceKeys] = {}  # internal_idx -> lookup keys
+
+    def max_blocks_needed(self, request: Request) -> int:
+        """Blocks the request holds at its largest: shared full prompt blocks + per-sample rest."""
+        bs = self.block_size
+        shared = request.num_prompt_tokens // bs if request.n > 1 else 0
+        per_sample = _blocks(request.max_total_tokens, bs) - shared
+        return shared + request.n * per_sample
+
+    def rejection_reason(self, request: Request) -> str | None:
+        need = self.max_blocks_needed(request)
+        usable = self.config.num_blocks - self.watermark_blocks
+        if need > usable:
+            return (
+                f"needs {need} KV blocks of {self.block_size} tokens at its longest, but the cache "
+                f"has {usable} usable blocks ({self.config.num_blocks} minus watermark "
+                f"{self.watermark_blocks})"
+            )
+        return None
+
+    # -- admission and growth -------------------------------------------------------------
+
+    def prefix_hit_blocks(self, request: Request) -> Sequence[int]:
+        if not self.prefix_caching or request.num_computed_tokens:
+            return ()
+        # Every known token may hit (after a recompute preemption, outputs too) except the
+        # last one, whose logits are needed to sample the next token.
+        known = request.num_prompt_tokens if request.n > 1 else request.num_tokens
+        max_blocks = (known - 1) // self.block_size
+        keys = self._lookup_keys.get(request.internal_idx)
+        if keys is None:
+            keys = self._lookup_keys[request.internal_idx] = SequenceKeys()
+        output_ids = request.output_token_ids.get(request.seq_ids[0], ())
+        keys.extend_to(max_blocks, request, self.block_size, 0, output_ids)
+        return self.allocator.match_prefix(keys.keys[:max_blocks])
+
+    def can_admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> bool:
+        num_tokens = len(hits) * self.block_size + num_positions
+        need = self.allocator.num_blocks_to_allocate(num_tokens, hits)
+        return self.allocator.num_free_blocks - need >= self.watermark_blocks
+
+    def admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> None:
+        seq_id = request.live_seq_ids[0]
+        num_tokens = len(hits) * self.block_size + num_positions
+        self.allocator.allocate(seq_id, num_tokens, hits)
+        if self.prefix_caching:
+            self._keys[seq_id] = SequenceKeys(
+                self._lookup_keys[request.internal_idx].keys[: len(hits)]
+            )
+
+    def _blocks_to_grow(self, request: Request, num_positions: int) -> int:
+        alloc = self.allocator
+        need = 0
+        shared_tails: dict[int, int] = {}
+        for seq_id in request.active_seq_ids:
+            num_tokens = alloc.num_tokens(seq_id)
+            table = alloc.block_table(seq_id)
+            need += _blocks(num_tokens + num_positions, self.block_size) - len(table)
+            if num_tokens % self.block_size:
+                shared_tails[table[-1]] = shared_tails.get(table[-1], 0) + 1
+        for block_id, holders in shared_tails.items():
+            # Each holder but the last copies; the last writes in place if no one else holds it.
+            if alloc.ref_count(block_id) > 1:
+                need += holders if alloc.ref_count(block_id) > holders else holders - 1
+        return need
+
+    def can_grow(self, request: Request, num_positions: int) -> bool:
+        return self._blocks_to_grow(request, num_positions) <= self.allocator.num_free_blocks
+
+    def grow(self, request: Request, num_positions: int) -> list[BlockPair]:
+        copies: list[BlockPair] = []
+        for seq_id in request.active_seq_ids:
+            copies.extend(self.allocator.append_slots(seq_id, num_positions))
+        return copies
+
+    def take_range_copies(self, request: Request) -> list[RangeCopy]:
+        return []
+
+    def fork(self, request: Request) -> None:
+        parent = request.live_seq_ids[0]
+        for child in request.live_seq_ids[1:]:
+            self.allocator.fork(parent, child)
+            if self.prefix_caching:
+                self._keys[child] = self._keys[parent].copy()
+
+    # -- release ----------------------------------------------------------------------------
+
+    def free_sequence(self, request: Request, seq_id: int) -> None:
+        if self.allocator.has_table(seq_id) or self.allocator.is_swapped(seq_id):
+            self.allocator.free(seq_id)
+        self._keys.pop(seq_id, None)
+
+    def free(self, request: Request) -> None:
+        for seq_id in request.seq_ids:
+            self.free_sequence(request, seq_id)
+        if request.status.is_done:
+            self._lookup_keys.pop(request.internal_idx, None)
+
+    # -- swapping ---------------------------------------------------------------------------
+
+    def can_swap_out(self, request: Request) -> bool:
+        return self.allocator.can_swap_out(request.active_seq_ids)
+
+    def swap_out(self, request: Request) -> list[BlockPair]:
+        return self.allocator.swap_out(request.active_seq_ids)
+
+    def can_swap_in(self, request: Request, num_positions: int) -> bool:
+        alloc = self.allocator
+        seq_ids = request.active_seq_ids
+        if not alloc.can_swap_in(seq_ids):
+            return False
+        distinct = len({b for s in seq_ids for b in alloc.cpu_block_table(s)})
+        # Growth after swap-in: the same count as growing the request once it is back.
+        grow = sum(
+            _blocks(alloc.num_tokens(s) + num_positions, self.block_size)
+            - len(alloc.cpu_block_table(s))
+            for s in seq_ids
+        )
+        grow += len(seq_ids) - 1 if len(seq_ids) > 1 else 0  # copy-on-write bound
+        return alloc.num_free_blocks - distinct - grow >= self.watermark_blocks
+
+    def swap_in(self, request: Request) -> list[BlockPair]:
+        return self.allocator.swap_in(request.active_seq_ids)
+
+    # -- prefix cache and views -----------------------------------------------------------
+
+    def commit(self, request: Request) -> None:
+        """Register the request's newly filled blocks in the prefix cache."""
+        if not self.prefix_caching:
+            return
+        full = request.num_computed_tokens // self.block_size
+        for sample_idx, seq_id in enumerate(request.seq_ids):
+            keys = self._keys.get(seq_id)
+            if keys is None or not self.allocator.has_table(seq_id):
+                continue
+            done = len(keys.keys)
+            if done >= full:
+                continue
+            output_ids = request.output_token_ids.get(seq_id, ())
+            keys.extend_to(full, request, self.block_size, sample_idx, output_ids)
+            for block_idx in range(done, full):
+                self.allocator.cache_block(seq_id, block_idx, keys.keys[block_idx])
+
+    def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:
+        return tuple(self.allocator.block_table(s) for s in request.active_seq_ids)
+
+    def snapshot(self, next_waiting: Request | None) -> MemorySnapshot:
+        alloc = self.allocator
+        bs = self.block_size
+        cached = alloc.num_cached_free_blocks
+        return MemorySnapshot(
+            total_slots=alloc.num_blocks * bs,
+            real_token_slots=alloc.num_filled_slots,
+            internal_fragmentation_slots=alloc.num_used_blocks * bs - alloc.num_filled_slots,
+            reservation_waste_slots=0,
+            cached_free_slots=cached * bs,
+            external_fragmentation_slots=0,
+            free_slots=(alloc.num_free_blocks - cached) * bs,
+            shared_saved_slots=alloc.num_shared_refs * bs,
+        )

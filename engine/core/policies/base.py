@@ -1,0 +1,97 @@
+"""The policy protocol: a policy decides who runs and how many positions each gets; the
+scheduler's ``StepContext`` carries the decision out (allocation, preemption, swapping)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar, Protocol
+
+from engine.core.config import MemoryModel, SchedulerConfig
+from engine.core.request import Request
+
+
+class StepContext(Protocol):
+    """A policy's read-only view of one step, and its one way to act: ``schedule``."""
+
+    @property
+    def now_s(self) -> float: ...
+    @property
+    def running(self) -> Sequence[Request]: ...
+    @property
+    def waiting(self) -> Sequence[Request]: ...
+    @property
+    def swapped(self) -> Sequence[Request]: ...
+    @property
+    def arrivals_done(self) -> bool: ...
+    @property
+    def token_budget_left(self) -> int: ...
+    @property
+    def preempted_any(self) -> bool: ...
+    @property
+    def num_held_samples(self) -> int: ...
+
+    def pending_positions(self, request: Request) -> int:
+        """Positions the request could compute now (after prefix-cache hits, if waiting)."""
+        ...
+
+    def schedule(self, request: Request, num_positions: int) -> bool:
+        """Give ``request`` ``num_positions`` positions this step; False if it cannot run
+        (budget, memory, or it was preempted). May preempt later-arrived running requests."""
+        ...
+
+    def add_padding(self, num_tokens: int) -> None: ...
+
+    def wake_at(self, when_s: float) -> None:
+        """Ask to be scheduled again at ``when_s`` even if nothing arrives."""
+        ...
+
+
+class Policy:
+    """Base of every batching policy; subclasses implement ``schedule``."""
+
+    name: ClassVar[str] = ""
+    default_memory_model: ClassVar[MemoryModel] = "paged"
+    # Static batching keeps finished sequences (and their memory) until the whole batch ends.
+    holds_until_batch_end: ClassVar[bool] = False
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+
+    def token_budget(self) -> int | None:
+        """Tokens one step may compute (None: unlimited)."""
+        return self.config.max_num_batched_tokens
+
+    def seq_budget(self) -> int | None:
+        """Sequences one step may hold (None: unlimited)."""
+        return self.config.max_num_seqs
+
+    def rejection_reason(self, request: Request) -> str | None:
+        """Why this policy could never serve ``request`` (None if it can)."""
+        return None
+
+    def schedule(self, ctx: StepContext) -> None:
+        raise NotImplementedError
+
+    def fill_from_waiting(self, ctx: StepContext, chunked: bool) -> None:
+        """Admit waiting requests in FCFS order until one does not fit.
+
+        With ``chunked`` a request may start with part of its prompt; otherwise a prompt must
+        fit whole, except a recompute after preemption, which may be split.
+        """
+        for request in ctx.waiting:
+            pending = ctx.pending_positions(request)
+            fit = ctx.token_budget_left // request.width
+            if pending > fit and not (chunked or request.num_preemptions):
+                break
+            num_positions = min(pending, fit)
+            if num_positions <= 0 or not ctx.schedule(request, num_positions):
+                break
+
+    def resume_swapped(self, ctx: StepContext) -> bool:
+        """Swap requests back in FCFS; True if every swapped request is back."""
+        for request in ctx.swapped:
+            fit = ctx.token_budget_left // request.width
+            num_positions = min(ctx.pending_positions(request), fit)
+            if num_positions <= 0 or not ctx.schedule(request, num_positions):
+                return False
+        return True

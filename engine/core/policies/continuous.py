@@ -1,0 +1,32 @@
+"""Continuous (iteration-level) batching, as in Orca and vLLM: requests join and leave at every
+step; a prompt is computed whole in the step that admits it."""
+
+from __future__ import annotations
+
+from engine.core.policies.base import Policy, StepContext
+from engine.core.request import Request
+
+
+class ContinuousBatching(Policy):
+    name = "continuous"
+
+    def rejection_reason(self, request: Request) -> str | None:
+        if request.num_prompt_tokens > self.config.max_num_batched_tokens:
+            return (
+                f"prompt of {request.num_prompt_tokens} tokens exceeds the step budget "
+                f"max_num_batched_tokens={self.config.max_num_batched_tokens} and this policy "
+                "does not chunk prompts"
+            )
+        return None
+
+    def schedule(self, ctx: StepContext) -> None:
+        for request in ctx.running:
+            pending = ctx.pending_positions(request)
+            # Only a recompute after preemption can be longer than the budget: split it.
+            num_positions = min(pending, ctx.token_budget_left // request.width)
+            if num_positions > 0:
+                ctx.schedule(request, num_positions)
+        # vLLM's rule: nothing new joins in a step that preempted, or while others are out.
+        if ctx.preempted_any or not self.resume_swapped(ctx):
+            return
+        self.fill_from_waiting(ctx, chunked=False)

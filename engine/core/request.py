@@ -1,0 +1,182 @@
+"""Request state: lengths, status machine, per-request timestamps and counters."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+    ABORTED = "aborted"
+
+    @property
+    def is_done(self) -> bool:
+        return self in (RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED)
+
+
+class TokenTimeline:
+    """Times at which a request emitted tokens, stored as run-length encoded gaps.
+
+    Every emission (one step that sampled tokens for the request) is kept exactly: the first
+    time, then runs of ``(gap_s, count)`` where consecutive gaps are bit-identical. Long decodes
+    in a steady batch collapse to a few runs, so 100k requests stay small in memory while TTFT,
+    TPOT and every inter-token latency can still be computed exactly.
+    """
+
+    __slots__ = ("first_s", "last_s", "num_emissions", "run_counts", "run_gaps_s")
+
+    def __init__(self) -> None:
+        self.first_s: float | None = None
+        self.last_s: float | None = None
+        self.num_emissions = 0
+        self.run_gaps_s: list[float] = []
+        self.run_counts: list[int] = []
+
+    def add(self, now_s: float) -> None:
+        if self.last_s is None:
+            self.first_s = now_s
+        else:
+            gap_s = now_s - self.last_s
+            if self.run_gaps_s and self.run_gaps_s[-1] == gap_s:
+                self.run_counts[-1] += 1
+            else:
+                self.run_gaps_s.append(gap_s)
+                self.run_counts.append(1)
+        self.last_s = now_s
+        self.num_emissions += 1
+
+    def gaps_s(self) -> list[float]:
+        """Every inter-emission gap, expanded (for metrics that need each value)."""
+        out: list[float] = []
+        for gap_s, count in zip(self.run_gaps_s, self.run_counts, strict=True):
+            out.extend([gap_s] * count)
+        return out
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One inference request and everything the scheduler tracks about it.
+
+    Token accounting follows vLLM v1: the request's ``num_tokens`` are its prompt plus the
+    output tokens sampled so far, and ``num_computed_tokens`` of them have their KV in the
+    cache. A step gives the request ``num_new_tokens`` more. With ``n > 1`` samples the prompt
+    is computed once; at the end of the prompt the request forks into ``n`` sequences, and each
+    position after that costs one token per live sample.
+    """
+
+    request_id: str
+    arrival_s: float
+    num_prompt_tokens: int
+    max_output_tokens: int
+    n: int = 1
+    prompt_token_ids: tuple[int, ...] | None = None
+    prefix_hash_ids: tuple[int, ...] | None = None
+    hash_block_tokens: int = 512
+
+    status: RequestStatus = RequestStatus.WAITING
+    reject_reason: str | None = None
+    # Output tokens sampled so far by each live sample (all live samples move in lockstep).
+    num_output_tokens: int = 0
+    num_computed_tokens: int = 0
+    # One sequence id per sample; finished samples leave ``live_seq_ids``. Until ``forked``
+    # only ``live_seq_ids[0]`` holds blocks: the prompt is computed once, then shared.
+    seq_ids: list[int] = field(default_factory=list)
+    live_seq_ids: list[int] = field(default_factory=list)
+    forked: bool = False
+    output_token_ids: dict[int, list[int]] = field(default_factory=dict)
+    # Set by the scheduler: a unique int used to name blocks whose content is unknown.
+    internal_idx: int = -1
+
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    tokens: TokenTimeline = field(default_factory=TokenTimeline)
+
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
+    num_blocks_swapped_out: int = 0
+    num_blocks_swapped_in: int = 0
+    num_prefix_hit_tokens: int = 0
+    num_cow_copies: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_prompt_tokens < 1:
+            raise ValueError(f"num_prompt_tokens must be >= 1, got {self.num_prompt_tokens!r}")
+        if self.max_output_tokens < 1:
+            raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens!r}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n!r}")
+        ids = self.prompt_token_ids
+        if ids is not None and len(ids) != self.num_prompt_tokens:
+            raise ValueError(
+                f"prompt_token_ids has {len(ids)} ids but num_prompt_tokens is "
+                f"{self.num_prompt_tokens}"
+            )
+        if self.hash_block_tokens < 1:
+            raise ValueError(f"hash_block_tokens must be >= 1, got {self.hash_block_tokens!r}")
+
+    # -- lengths -------------------------------------------------------------------------
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus sampled output tokens, per sample."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.max_output_tokens
+
+    @property
+    def width(self) -> int:
+        """Tokens one position costs: 1 until the fork, then one per live sample."""
+        return len(self.live_seq_ids) if self.forked else 1
+
+    @property
+    def num_pending_positions(self) -> int:
+        """Positions the next step may compute before it must stop (end of prompt for n > 1)."""
+        if self.n > 1 and not self.forked:
+            return self.num_prompt_tokens - self.num_computed_tokens
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def active_seq_ids(self) -> list[int]:
+        """Sequences that hold blocks now: all live samples after the fork, else the first."""
+        return self.live_seq_ids if self.forked else self.live_seq_ids[:1]
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while the request computes known tokens (prompt, or outputs after recompute)."""
+        return self.num_pending_positions > 1 or self.num_computed_tokens < self.num_prompt_tokens
+
+    # -- derived metrics (seconds) ------------------------------------------------------
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_token_s is None:
+            return None
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        if self.finish_s is None or self.status is not RequestStatus.FINISHED:
+            return None
+        return self.finish_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first: (last - first) / (emissions - 1)."""
+        t = self.tokens
+        if t.num_emissions < 2 or t.first_s is None or t.last_s is None:
+            return None
+        return (t.last_s - t.first_s) / (t.num_emissions - 1)
+
+    @property
+    def queueing_s(self) -> float | None:
+        if self.first_scheduled_s is None:
+            return None
+        return self.first_scheduled_s - self.arrival_s

@@ -1,0 +1,414 @@
+"""The scheduler: waiting / running / swapped queues and the mechanism every policy shares —
+admission, allocation, preemption (recompute or swap), forking, finishing and aborting."""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Sequence
+
+from engine.core.batch import ScheduledBatch, ScheduledRequest, StepResult
+from engine.core.block_allocator import BlockPair
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.contiguous_allocator import ContiguousKVManager
+from engine.core.kv_manager import KVCacheManager, PagedKVManager
+from engine.core.policies import POLICIES, Policy
+from engine.core.request import Request, RequestStatus
+
+
+def make_kv_manager(config: CacheConfig) -> KVCacheManager:
+    if config.memory_model == "paged":
+        return PagedKVManager(config)
+    return ContiguousKVManager(config)
+
+
+def make_policy(config: SchedulerConfig) -> Policy:
+    try:
+        return POLICIES[config.policy](config)
+    except KeyError:
+        raise ValueError(
+            f"policy must be one of {sorted(POLICIES)}, got {config.policy!r}"
+        ) from None
+
+
+def _order(request: Request) -> tuple[float, int]:
+    return (request.arrival_s, request.internal_idx)
+
+
+class Scheduler:
+    """Drives one replica's requests through schedule → execute → update.
+
+    The scheduler never reads a clock: every entry point takes ``now_s``. ``update`` gets the
+    time the step *ended*.
+    """
+
+    def __init__(
+        self,
+        cache_config: CacheConfig,
+        scheduler_config: SchedulerConfig,
+        policy: Policy | None = None,
+    ) -> None:
+        self.cache_config = cache_config
+        self.config = scheduler_config
+        self.policy = policy if policy is not None else make_policy(scheduler_config)
+        self.kv = make_kv_manager(cache_config)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # sorted by arrival: the tail is preempted first
+        self.swapped: deque[Request] = deque()
+        self.held: list[Request] = []  # finished, but keeping memory until the batch ends
+        self.arrivals_done = False
+        self.step_idx = 0
+        self.num_held_samples = 0
+        self._requests: dict[str, Request] = {}
+        self._next_seq_id = 0
+        self._next_internal_idx = 0
+
+    # -- arrivals and removal --------------------------------------------------------------
+
+    def add_request(self, request: Request, now_s: float) -> bool:
+        """Queue ``request``; False if it is rejected (``request.reject_reason`` says why)."""
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
+        if request.status is not RequestStatus.WAITING or request.seq_ids:
+            raise ValueError(f"request {request.request_id!r} was already added somewhere")
+        request.internal_idx = self._next_internal_idx
+        self._next_internal_idx += 1
+        reason = self._rejection_reason(request)
+        if reason is not None:
+            request.status = RequestStatus.REJECTED
+            request.reject_reason = reason
+            request.finish_s = now_s
+            return False
+        request.seq_ids = list(range(self._next_seq_id, self._next_seq_id + request.n))
+        request.live_seq_ids = list(request.seq_ids)
+        self._next_seq_id += request.n
+        self._requests[request.request_id] = request
+        self._insert_sorted(self.waiting, request)
+        return True
+
+    def _rejection_reason(self, request: Request) -> str | None:
+        max_len = self.cache_config.max_model_len
+        if request.max_total_tokens > max_len:
+            return (
+                f"prompt {request.num_prompt_tokens} + max output {request.max_output_tokens} "
+                f"tokens exceeds the model's max length {max_len}"
+            )
+        return self.kv.rejection_reason(request) or self.policy.rejection_reason(request)
+
+    def mark_arrivals_done(self) -> None:
+        """No more requests will arrive (static batching then runs a partial last batch)."""
+        self.arrivals_done = True
+
+    def abort(self, request_id: str, now_s: float) -> Request | None:
+        """Stop a request wherever it is and free everything it holds."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return None
+        for queue in (self.waiting, self.swapped):
+            if request in queue:
+                queue.remove(request)
+        if request in self.running:
+            self.running.remove(request)
+        if request in self.held:
+            self.held.remove(request)
+            self.num_held_samples -= request.n
+        request.status = RequestStatus.ABORTED
+        request.finish_s = now_s
+        self.kv.free(request)
+        return request
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._requests)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def schedule(self, now_s: float) -> ScheduledBatch:
+        """Decide the next step. A batch comes back empty only if nothing can run now.
+
+        Requests that end during scheduling (a static batch whose last runner was preempted
+        releases its finished members) are listed in ``batch.finished``; ``update`` returns
+        them, so drivers call ``update`` for every batch, empty ones included.
+        """
+        batch = ScheduledBatch(step_idx=self.step_idx, now_s=now_s)
+        while True:
+            if not self.running and self.held:
+                batch.finished.extend(self._release_held(now_s))
+            num_preempted = len(batch.preempted_ids)
+            self.policy.schedule(_Step(self, now_s, batch))
+            # Preempting the last runner of a static batch ends it: release and try again.
+            retry = not self.running and self.held
+            if batch.requests or not (retry or len(batch.preempted_ids) > num_preempted):
+                break
+        batch.num_running = len(self.running)
+        batch.num_waiting = len(self.waiting)
+        batch.num_swapped = len(self.swapped)
+        batch.memory = self.kv.snapshot(self.waiting[0] if self.waiting else None)
+        self.step_idx += 1
+        return batch
+
+    def update(self, batch: ScheduledBatch, result: StepResult, now_s: float) -> list[Request]:
+        """Apply a finished step at ``now_s`` (its end); returns requests that finished."""
+        finished: list[Request] = list(batch.finished)
+        for scheduled in batch.requests:
+            request = scheduled.request
+            if request.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += scheduled.num_positions
+            at_prompt_end = request.num_computed_tokens == request.num_prompt_tokens
+            if request.n > 1 and not request.forked and at_prompt_end:
+                self.kv.fork(request)
+                request.forked = True
+            if request.num_computed_tokens == request.num_tokens:
+                self._sample(request, result, now_s)
+                if not request.live_seq_ids:
+                    self._finish(request, now_s, finished)
+                    continue
+            self.kv.commit(request)
+        if not self.running and self.held:
+            finished.extend(self._release_held(now_s))
+        return finished
+
+    def _sample(self, request: Request, result: StepResult, now_s: float) -> None:
+        request.num_output_tokens += 1
+        if request.first_token_s is None:
+            request.first_token_s = now_s
+        request.tokens.add(now_s)
+        for seq_id in request.live_seq_ids:
+            token_id = result.sampled_token_ids.get(seq_id)
+            if token_id is not None:
+                request.output_token_ids.setdefault(seq_id, []).append(token_id)
+        done_all = request.num_output_tokens >= request.max_output_tokens
+        for seq_id in list(request.live_seq_ids):
+            if done_all or seq_id in result.stopped_seq_ids:
+                request.live_seq_ids.remove(seq_id)
+                if request.live_seq_ids and not self.policy.holds_until_batch_end:
+                    self.kv.free_sequence(request, seq_id)
+
+    def _finish(self, request: Request, now_s: float, finished: list[Request]) -> None:
+        self.running.remove(request)
+        if self.policy.holds_until_batch_end:
+            self.held.append(request)
+            self.num_held_samples += request.n
+            return
+        request.status = RequestStatus.FINISHED
+        request.finish_s = now_s
+        self.kv.commit(request)
+        self.kv.free(request)
+        del self._requests[request.request_id]
+        finished.append(request)
+
+    def _release_held(self, now_s: float) -> list[Request]:
+        released = self.held
+        self.held = []
+        self.num_held_samples = 0
+        for request in released:
+            request.status = RequestStatus.FINISHED
+            request.finish_s = now_s
+            self.kv.free(request)
+            del self._requests[request.request_id]
+        return released
+
+    # -- mechanism used by _Step -------------------------------------------------------------
+
+    def _insert_sorted(self, queue: deque[Request], request: Request) -> None:
+        """FCFS insert; preempted requests land ahead of everything that arrived later."""
+        key = _order(request)
+        idx = len(queue)
+        while idx > 0 and _order(queue[idx - 1]) > key:
+            idx -= 1
+        queue.insert(idx, request)
+
+    def _preempt(self, victim: Request, batch: ScheduledBatch) -> None:
+        self.running.remove(victim)
+        victim.num_preemptions += 1
+        batch.preempted_ids.append(victim.request_id)
+        mode = self.config.preemption_mode
+        if mode == "swap" and self.kv.can_swap_out(victim):
+            pairs = self.kv.swap_out(victim)
+            batch.swap_out.extend(pairs)
+            victim.num_blocks_swapped_out += len(pairs)
+            victim.status = RequestStatus.SWAPPED
+            self._insert_sorted(self.swapped, victim)
+            return
+        # Recompute: drop the KV; the request starts over from its known tokens.
+        victim.num_recomputed_tokens += victim.num_computed_tokens
+        self.kv.free(victim)
+        victim.num_computed_tokens = 0
+        victim.forked = False
+        victim.status = RequestStatus.WAITING
+        self._insert_sorted(self.waiting, victim)
+
+
+class _Step:
+    """The ``StepContext`` of one ``Scheduler.schedule`` call."""
+
+    def __init__(self, scheduler: Scheduler, now_s: float, batch: ScheduledBatch) -> None:
+        self.s = scheduler
+        self._now_s = now_s
+        self.batch = batch
+        budget = scheduler.policy.token_budget()
+        self._token_budget = budget if budget is not None else 1 << 62
+        seqs = scheduler.policy.seq_budget()
+        self._seq_budget = seqs if seqs is not None else 1 << 62
+        self._scheduled: set[int] = set()
+        self._preempted: set[int] = set()
+        self._hits: dict[int, Sequence[int]] = {}
+
+    # -- read-only view ----------------------------------------------------------------------
+
+    @property
+    def now_s(self) -> float:
+        return self._now_s
+
+    @property
+    def running(self) -> Sequence[Request]:
+        return tuple(self.s.running)
+
+    @property
+    def waiting(self) -> Sequence[Request]:
+        return tuple(self.s.waiting)
+
+    @property
+    def swapped(self) -> Sequence[Request]:
+        return tuple(self.s.swapped)
+
+    @property
+    def arrivals_done(self) -> bool:
+        return self.s.arrivals_done
+
+    @property
+    def token_budget_left(self) -> int:
+        return self._token_budget
+
+    @property
+    def preempted_any(self) -> bool:
+        return bool(self.batch.preempted_ids)
+
+    @property
+    def num_held_samples(self) -> int:
+        return self.s.num_held_samples
+
+    def pending_positions(self, request: Request) -> int:
+        pending = request.num_pending_positions
+        if request.status is RequestStatus.WAITING:
+            pending -= len(self._prefix_hits(request)) * self.s.kv.block_size
+        return pending
+
+    def add_padding(self, num_tokens: int) -> None:
+        self.batch.num_padding_tokens += num_tokens
+
+    def wake_at(self, when_s: float) -> None:
+        current = self.batch.next_wakeup_s
+        self.batch.next_wakeup_s = when_s if current is None else min(current, when_s)
+
+    # -- acting ------------------------------------------------------------------------------
+
+    def _prefix_hits(self, request: Request) -> Sequence[int]:
+        hits = self._hits.get(request.internal_idx)
+        if hits is None:
+            hits = self._hits[request.internal_idx] = self.s.kv.prefix_hit_blocks(request)
+        return hits
+
+    def schedule(self, request: Request, num_positions: int) -> bool:
+        idx = request.internal_idx
+        if num_positions <= 0 or idx in self._scheduled or idx in self._preempted:
+            return False
+        if num_positions > self.pending_positions(request):
+            raise ValueError(
+                f"policy scheduled {num_positions} positions for {request.request_id!r}, "
+                f"which has {self.pending_positions(request)} pending"
+            )
+        width = request.width
+        if num_positions * width > self._token_budget or width > self._seq_budget:
+            return False
+        status = request.status
+        if status is RequestStatus.RUNNING:
+            copies = self._grow_running(request, num_positions)
+            if copies is None:
+                return False
+        elif status is RequestStatus.WAITING:
+            if not self._admit(request, num_positions):
+                return False
+            copies = []
+        elif status is RequestStatus.SWAPPED:
+            if not self.s.kv.can_swap_in(request, num_positions):
+                return False
+            self._swap_in(request)
+            copies = self.s.kv.grow(request, num_positions)
+        else:
+            return False
+        self._record(request, num_positions, copies)
+        return True
+
+    def _grow_running(self, request: Request, num_positions: int) -> list[BlockPair] | None:
+        kv = self.s.kv
+        while not kv.can_grow(request, num_positions):
+            victim = self._pick_victim(request)
+            self._preempted.add(victim.internal_idx)
+            self.s._preempt(victim, self.batch)
+            if victim is request:
+                return None
+        return kv.grow(request, num_positions)
+
+    def _pick_victim(self, request: Request) -> Request:
+        """The most recently arrived running request not already in this step."""
+        for candidate in reversed(self.s.running):
+            if candidate.internal_idx not in self._scheduled:
+                return candidate
+        return request
+
+    def _admit(self, request: Request, num_positions: int) -> bool:
+        kv = self.s.kv
+        hits = self._prefix_hits(request)
+        if not kv.can_admit(request, num_positions, hits):
+            return False
+        kv.admit(request, num_positions, hits)
+        hit_tokens = len(hits) * kv.block_size
+        request.num_computed_tokens = hit_tokens
+        request.num_prefix_hit_tokens += hit_tokens
+        if request.num_recomputed_tokens:
+            # Hits on its own blocks after a recompute preemption are not recomputed.
+            request.num_recomputed_tokens -= min(hit_tokens, request.num_recomputed_tokens)
+        self.s.waiting.remove(request)
+        self._to_running(request)
+        if request.first_scheduled_s is None:
+            request.first_scheduled_s = self._now_s
+        return True
+
+    def _swap_in(self, request: Request) -> None:
+        pairs = self.s.kv.swap_in(request)
+        self.batch.swap_in.extend(pairs)
+        request.num_blocks_swapped_in += len(pairs)
+        self.s.swapped.remove(request)
+        self._to_running(request)
+
+    def _to_running(self, request: Request) -> None:
+        request.status = RequestStatus.RUNNING
+        bisect.insort(self.s.running, request, key=_order)
+
+    def _record(self, request: Request, num_positions: int, copies: list[BlockPair]) -> None:
+        kv = self.s.kv
+        if copies:
+            self.batch.copies.extend(copies)
+            request.num_cow_copies += len(copies)
+        range_copies = kv.take_range_copies(request)
+        if range_copies:
+            self.batch.range_copies.extend(range_copies)
+        self._scheduled.add(request.internal_idx)
+        width = request.width
+        self._token_budget -= num_positions * width
+        self._seq_budget -= width
+        self.batch.requests.append(
+            ScheduledRequest(
+                request=request,
+                num_positions=num_positions,
+                num_computed_tokens=request.num_computed_tokens,
+                seq_ids=tuple(request.active_seq_ids),
+                is_prefill=request.is_prefill,
+                block_tables=kv.block_tables(request),
+            )
+        )

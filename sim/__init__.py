@@ -1,0 +1,1 @@
+"""Discrete-event simulator of LLM serving: SimPy model, deployments, cost model, CLI."""
