@@ -1,0 +1,112 @@
+"""`CalibratedCostModel`: per-step cost from a measured profile's tables, falling back to the
+analytic roofline for any op the profile did not time."""
+
+from __future__ import annotations
+
+import statistics
+
+from sim.profile import Profile, Table1D, Table2D
+from sim.roofline import TERMS, RooflineCostModel
+from sim.step_shape import StepShape
+
+
+class CalibratedCostModel:
+    """Per-layer tables are scaled by the layer count; step overhead is fitted to `steps`.
+
+    The profile must have been measured for the fallback's model and tp: its tables are only
+    meaningful for the shapes they were timed at.
+    """
+
+    def __init__(self, profile: Profile, fallback: RooflineCostModel) -> None:
+        if profile.tp != fallback.tp:
+            raise ValueError(
+                f"{profile.path}: field 'tp': profile measured at tp={profile.tp}, "
+                f"cost model wants tp={fallback.tp}"
+            )
+        if profile.model != fallback.model.name:
+            raise ValueError(
+                f"{profile.path}: field 'model': profile is for {profile.model!r}, "
+                f"cost model is for {fallback.model.name!r}"
+            )
+        self.profile, self.fallback = profile, fallback
+        self._layers = fallback.model.num_layers
+        self._kv_bytes_per_token_per_layer = fallback.block_bytes(1) / self._layers
+        self._fixed_overhead_s = fallback.config.step_overhead_s
+        if profile.steps:
+            self._fixed_overhead_s = self._fit_overhead()
+
+    def _table1(self, op: str) -> Table1D | None:
+        table = self.profile.ops.get(op)
+        return table if isinstance(table, Table1D) else None
+
+    def _table2(self, op: str) -> Table2D | None:
+        table = self.profile.ops.get(op)
+        return table if isinstance(table, Table2D) else None
+
+    def _fit_overhead(self) -> float:
+        """The median of (measured - sum of the other terms) over the profile's whole steps,
+        floored at zero: what the per-op tables do not see (scheduler, launches, syncs)."""
+        self._fixed_overhead_s = 0.0  # so step_time_s below prices everything but the overhead
+        residuals = []
+        for step in self.profile.steps:
+            mean = (
+                step.sum_decode_context_tokens / step.num_decode_seqs if step.num_decode_seqs else 0
+            )
+            shape = StepShape(
+                prefill_chunks=step.prefill_chunks,
+                decode_context_tokens=(max(1, round(mean)),) * step.num_decode_seqs,
+                block_size=self.profile.block_size,
+            )
+            residuals.append(step.measured_s - self.step_time_s(shape))
+        return max(0.0, statistics.median(residuals))
+
+    def step_terms(self, shape: StepShape) -> tuple[float, ...]:
+        """Seconds per term, in the order of roofline.TERMS."""
+        analytic = self.fallback.step_terms(shape)
+        if not any(analytic):
+            return analytic
+        num_decode = len(shape.decode_context_tokens)
+        num_tokens = shape.num_batched_tokens + shape.num_padding_tokens
+        num_seqs = num_decode + len(shape.prefill_chunks)
+        layers = self._layers
+        terms = list(analytic)
+        if (table := self._table1("linear")) is not None:
+            terms[0] = layers * table(num_tokens)
+        if shape.prefill_chunks and (grid := self._table2("prefill_attention")) is not None:
+            terms[1] = layers * sum(grid(new, context) for new, context in shape.prefill_chunks)
+        if num_decode and (grid := self._table2("decode_attention")) is not None:
+            mean_context = sum(shape.decode_context_tokens) / num_decode
+            terms[2] = layers * grid(num_decode, mean_context)
+        if (table := self._table1("store_kv")) is not None:
+            terms[3] = layers * table(num_tokens * self._kv_bytes_per_token_per_layer)
+        if (table := self._table1("elementwise")) is not None:
+            terms[4] = layers * table(num_tokens)
+        if (table := self._table1("lm_head")) is not None:
+            terms[5] = table(num_seqs)
+        if self.fallback.tp > 1 and (table := self._table1("allreduce")) is not None:
+            call_bytes = (
+                num_tokens * self.fallback.model.hidden_size * self.fallback.model.dtype_bytes
+            )
+            terms[6] = 2 * layers * table(call_bytes)
+        block_bytes = self.fallback.block_bytes(shape.block_size)
+        if shape.num_copy_blocks and (table := self._table1("copy_blocks")) is not None:
+            terms[7] = table(shape.num_copy_blocks * block_bytes)
+        num_swapped = shape.num_swap_in_blocks + shape.num_swap_out_blocks
+        if num_swapped and (table := self._table1("swap")) is not None:
+            terms[8] = table(num_swapped * block_bytes)
+        terms[9] = self._fixed_overhead_s + num_seqs * self.fallback.config.per_sequence_overhead_s
+        return tuple(terms)
+
+    def step_time_s(self, shape: StepShape) -> float:
+        return sum(self.step_terms(shape))
+
+    def step_breakdown(self, shape: StepShape) -> dict[str, float]:
+        return dict(zip(TERMS, self.step_terms(shape), strict=True))
+
+    def kv_transfer_time_s(
+        self, num_tokens: int, link_bandwidth_bytes_per_s: float, link_latency_s: float
+    ) -> float:
+        # A link between replicas is not something a single-replica profile measures.
+        return self.fallback.kv_transfer_time_s(
+            num_tokens, link_bandwidth_bytes_per_s, link_latency_s
+        )

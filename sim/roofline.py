@@ -1,0 +1,284 @@
+"""Analytic per-step cost: each op's time is max(FLOPs / derated peak, bytes / derated
+bandwidth), and a step is the sum of its ops (kernels on one stream do not overlap)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.hardware_spec import HardwareSpec
+from sim.model_spec import ModelSpec, check_tp
+from sim.step_shape import StepShape
+
+TERMS: tuple[str, ...] = (
+    "linear",
+    "prefill_attention",
+    "decode_attention",
+    "store_kv",
+    "elementwise",
+    "lm_head",
+    "allreduce",
+    "copy_blocks",
+    "swap",
+    "overhead",
+)
+"""Keys of `step_breakdown`, in the order they are summed."""
+
+_LOGIT_BYTES = 4  # logits and the sampler's softmax are fp32 in vLLM and HF alike
+_NO_WORK = (0.0,) * len(TERMS)
+
+
+@dataclass(frozen=True, slots=True)
+class CostModelConfig:
+    """How far from the datasheet each kind of kernel runs, and the CPU's share of a step."""
+
+    # cuBLAS GEMMs in fp16 reach 70-80% of peak once the token dimension is a few hundred;
+    # 0.7 is the low end, as fused QKV/MLP shapes of 7B models are not the best case.
+    matmul_flops_efficiency: float = 0.7
+    # Streaming kernels (GEMV weight reads, elementwise, copies) reach ~80% of HBM bandwidth.
+    memory_bandwidth_efficiency: float = 0.8
+    # Attention kernels (FlashAttention prefill, paged decode) reach about half of peak FLOP/s
+    # and of bandwidth: causal masking, softmax and block-table gathers all cost.
+    attention_efficiency: float = 0.5
+    # NCCL ring all-reduce bus bandwidth on NVLink is ~75% of the link rate for large messages.
+    interconnect_efficiency: float = 0.75
+    # Pinned-memory copies over PCIe reach ~25 of 32 GB/s (gen4).
+    host_link_efficiency: float = 0.8
+    # Scheduling, input preparation and the sampler's host sync per step: 1-3 ms in vLLM with
+    # CUDA graphs on decode; 2 ms makes a batch-1 Llama-2-7B decode ~11 ms, as measured there.
+    step_overhead_s: float = 2e-3
+    # Per-sequence host work (block tables, sampling params) grows with the batch.
+    per_sequence_overhead_s: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for field in (
+            "matmul_flops_efficiency",
+            "memory_bandwidth_efficiency",
+            "attention_efficiency",
+            "interconnect_efficiency",
+            "host_link_efficiency",
+        ):
+            value = getattr(self, field)
+            if not 0 < value <= 1:
+                raise ValueError(f"CostModelConfig.{field} must be in (0, 1], got {value!r}")
+        for field in ("step_overhead_s", "per_sequence_overhead_s"):
+            value = getattr(self, field)
+            if not value >= 0:
+                raise ValueError(f"CostModelConfig.{field} must be >= 0, got {value!r}")
+
+
+class RooflineCostModel:
+    """Analytic cost of one step of `model` on `tp` GPUs of kind `hardware`, per rank."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hardware: HardwareSpec,
+        tp: int = 1,
+        config: CostModelConfig | None = None,
+    ) -> None:
+        check_tp(model, tp)
+        self.model, self.hardware, self.tp = model, hardware, tp
+        self.config = config = config or CostModelConfig()
+        peak, bandwidth = hardware.peak_flops(model.dtype_bytes), hardware.hbm_bandwidth_bytes_per_s
+        self._matmul_flops_per_s = peak * config.matmul_flops_efficiency
+        self._memory_bytes_per_s = bandwidth * config.memory_bandwidth_efficiency
+        self._attention_flops_per_s = peak * config.attention_efficiency
+        self._attention_bytes_per_s = bandwidth * config.attention_efficiency
+        self._precompute_shapes(model, tp)
+
+    def _precompute_shapes(self, model: ModelSpec, tp: int) -> None:
+        """Per-model constants, so a step costs a few multiplications."""
+        layers, hidden, dtype = model.num_layers, model.hidden_size, model.dtype_bytes
+        q_size = model.q_size // tp
+        kv_size = model.kv_heads_per_shard(tp) * model.head_dim
+        inter = model.intermediate_size // tp
+        up_out = (2 if model.gated_mlp else 1) * inter
+        self._linear_flops_per_token = 2 * layers * model.params_per_layer / tp
+        self._linear_weight_bytes = layers * model.params_per_layer * dtype / tp
+        # Activations read and written by qkv, o, up(/gate) and down projections.
+        per_layer_act = hidden + (q_size + 2 * kv_size) + q_size + hidden + hidden + up_out
+        self._linear_act_bytes_per_token = layers * dtype * (per_layer_act + inter + hidden)
+        # QK^T and PV: 2 FLOPs per multiply-add, 2 matmuls, over this rank's query heads.
+        self._attention_flops_per_pair = 4 * layers * q_size
+        self._attention_q_bytes_per_token = 2 * layers * q_size * dtype  # read Q, write O
+        self._kv_bytes_per_token = 2 * layers * kv_size * dtype  # K and V, all layers, this rank
+        # Fused add+norm reads x and residual and writes both (4h), twice a layer; RoPE rewrites
+        # Q and K; the MLP activation reads up(/gate) and writes one; plus the final norm and
+        # the embedding gather once.
+        rope = 2 * (q_size + kv_size) if model.uses_rope else 0
+        per_layer_elementwise = 8 * hidden + rope + up_out + inter
+        self._elementwise_bytes_per_token = dtype * (layers * per_layer_elementwise + 6 * hidden)
+        vocab_shard = -(-model.vocab_size // tp)
+        self._lm_head_flops_per_row = 2 * hidden * vocab_shard
+        self._lm_head_weight_bytes = hidden * vocab_shard * dtype
+        # Logits write, then the sampler reads them, softmaxes in place and reads again.
+        self._lm_head_bytes_per_row = (
+            vocab_shard * _LOGIT_BYTES + 3 * model.vocab_size * _LOGIT_BYTES
+        )
+        self._allreduce_bytes_per_token = hidden * dtype
+        self._num_allreduces = 2 * layers if tp > 1 else 0
+
+    # Each term takes aggregates so that CalibratedCostModel can swap any one for a table.
+
+    def linear_s(self, num_tokens: int) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        compute = num_tokens * self._linear_flops_per_token / self._matmul_flops_per_s
+        bytes_moved = self._linear_weight_bytes + num_tokens * self._linear_act_bytes_per_token
+        return max(compute, bytes_moved / self._memory_bytes_per_s)
+
+    def prefill_attention_s(self, chunks: tuple[tuple[int, int], ...], block_size: int) -> float:
+        """Causal attention of each chunk's new tokens over its context and the earlier part of
+        the chunk; K and V are read whole blocks at a time."""
+        pairs = 0.0
+        q_tokens = 0
+        kv_tokens = 0
+        for num_new, num_context in chunks:
+            pairs += num_new * (num_context + (num_new + 1) / 2)
+            q_tokens += num_new
+            kv_tokens += -(-(num_context + num_new) // block_size) * block_size
+        if not q_tokens:
+            return 0.0
+        compute = pairs * self._attention_flops_per_pair / self._attention_flops_per_s
+        bytes_moved = (
+            q_tokens * self._attention_q_bytes_per_token + kv_tokens * self._kv_bytes_per_token
+        )
+        return max(compute, bytes_moved / self._attention_bytes_per_s)
+
+    def decode_attention_s(
+        self, num_seqs: int, sum_context_tokens: int, kv_read_tokens: int
+    ) -> float:
+        """One query token per sequence against its whole context; `kv_read_tokens` is the
+        context rounded up to whole blocks (what a paged kernel actually reads)."""
+        if num_seqs <= 0:
+            return 0.0
+        compute = sum_context_tokens * self._attention_flops_per_pair / self._attention_flops_per_s
+        bytes_moved = (
+            num_seqs * self._attention_q_bytes_per_token + kv_read_tokens * self._kv_bytes_per_token
+        )
+        return max(compute, bytes_moved / self._attention_bytes_per_s)
+
+    def store_kv_s(self, num_tokens: int) -> float:
+        """Scatter the new K and V into the cache: read them once, write them once."""
+        return 2 * num_tokens * self._kv_bytes_per_token / self._memory_bytes_per_s
+
+    def elementwise_s(self, num_tokens: int) -> float:
+        return num_tokens * self._elementwise_bytes_per_token / self._memory_bytes_per_s
+
+    def lm_head_s(self, num_seqs: int) -> float:
+        """Logits for the last token of each sequence (vLLM computes them for partial prefill
+        chunks too, then drops them), and sampling over the full vocabulary."""
+        if num_seqs <= 0:
+            return 0.0
+        compute = num_seqs * self._lm_head_flops_per_row / self._matmul_flops_per_s
+        bytes_moved = self._lm_head_weight_bytes + num_seqs * self._lm_head_bytes_per_row
+        return max(compute, bytes_moved / self._memory_bytes_per_s)
+
+    def allreduce_call_s(self, num_bytes: float) -> float:
+        """One ring all-reduce over tp ranks: 2(p-1) hops, each moving 1/p of the message."""
+        if self.tp == 1 or num_bytes <= 0:
+            return 0.0
+        hops = 2 * (self.tp - 1)
+        bandwidth = (
+            self.hardware.interconnect_bandwidth_bytes_per_s * self.config.interconnect_efficiency
+        )
+        return hops * (num_bytes / self.tp / bandwidth + self.hardware.interconnect_latency_s)
+
+    def allreduce_s(self, num_tokens: int) -> float:
+        """Megatron-style TP: one all-reduce after attention and one after the MLP per layer."""
+        if not self._num_allreduces or num_tokens <= 0:
+            return 0.0
+        return self._num_allreduces * self.allreduce_call_s(
+            num_tokens * self._allreduce_bytes_per_token
+        )
+
+    def block_bytes(self, block_size: int) -> int:
+        """One KV block over all layers, on one rank."""
+        return block_size * self._kv_bytes_per_token
+
+    def copy_blocks_s(self, num_blocks: int, block_size: int) -> float:
+        """Copy-on-write: each block is read and written once in device memory."""
+        return 2 * num_blocks * self.block_bytes(block_size) / self._memory_bytes_per_s
+
+    def swap_s(self, num_blocks: int, block_size: int) -> float:
+        """Blocks to or from host memory over PCIe; vLLM issues them before the forward pass and
+        waits, so they add to the step rather than overlap it."""
+        bandwidth = self.hardware.host_link_bandwidth_bytes_per_s * self.config.host_link_efficiency
+        return num_blocks * self.block_bytes(block_size) / bandwidth
+
+    def overhead_s(self, num_seqs: int) -> float:
+        return self.config.step_overhead_s + num_seqs * self.config.per_sequence_overhead_s
+
+    def step_terms(self, shape: StepShape) -> tuple[float, ...]:
+        """Seconds per term, in the order of TERMS. A step with no work costs nothing."""
+        contexts = shape.decode_context_tokens
+        bs = shape.block_size
+        kv_read_tokens = sum([-(-ctx // bs) for ctx in contexts]) * bs
+        swaps = shape.num_swap_out_blocks + shape.num_swap_in_blocks
+        return self._terms(
+            shape.prefill_chunks,
+            (len(contexts), sum(contexts), kv_read_tokens),
+            shape.num_padding_tokens,
+            (shape.num_copy_blocks, swaps),
+            bs,
+        )
+
+    def _terms(
+        self,
+        chunks: tuple[tuple[int, int], ...],
+        decode: tuple[int, int, int],
+        num_padding: int,
+        block_moves: tuple[int, int],
+        block_size: int,
+    ) -> tuple[float, ...]:
+        """`decode` is (num_seqs, sum of contexts, KV tokens read); `block_moves` is
+        (copy-on-write copies, blocks swapped either way)."""
+        num_decode, sum_context, kv_read_tokens = decode
+        copies, swaps = block_moves
+        num_tokens = num_decode + num_padding
+        for chunk in chunks:
+            num_tokens += chunk[0]
+        num_seqs = num_decode + len(chunks)
+        if not (num_tokens or copies or swaps):
+            return _NO_WORK
+        return (
+            self.linear_s(num_tokens),
+            self.prefill_attention_s(chunks, block_size) if chunks else 0.0,
+            self.decode_attention_s(num_decode, sum_context, kv_read_tokens),
+            self.store_kv_s(num_tokens),
+            self.elementwise_s(num_tokens),
+            self.lm_head_s(num_seqs),
+            self.allreduce_s(num_tokens),
+            self.copy_blocks_s(copies, block_size) if copies else 0.0,
+            self.swap_s(swaps, block_size) if swaps else 0.0,
+            self.overhead_s(num_seqs),
+        )
+
+    def step_time_s(self, shape: StepShape) -> float:
+        return sum(self.step_terms(shape))
+
+    def step_breakdown(self, shape: StepShape) -> dict[str, float]:
+        return dict(zip(TERMS, self.step_terms(shape), strict=True))
+
+    def decode_step_time_s(
+        self, num_seqs: int, sum_context_tokens: int, sum_context_blocks: int, block_size: int = 16
+    ) -> float:
+        """A decode-only step from aggregates alone: O(1) whatever the batch."""
+        decode = (num_seqs, sum_context_tokens, sum_context_blocks * block_size)
+        return sum(self._terms((), decode, 0, (0, 0), block_size))
+
+    def kv_transfer_time_s(
+        self, num_tokens: int, link_bandwidth_bytes_per_s: float, link_latency_s: float
+    ) -> float:
+        """Ship `num_tokens` tokens of KV (all layers, all TP ranks) over one link, as a
+        disaggregated prefill replica does to its decode replica. Zero tokens cost nothing."""
+        if link_bandwidth_bytes_per_s <= 0:
+            raise ValueError(
+                f"link_bandwidth_bytes_per_s must be positive, got {link_bandwidth_bytes_per_s!r}"
+            )
+        if num_tokens <= 0:
+            return 0.0
+        return (
+            link_latency_s
+            + num_tokens * self.model.kv_bytes_per_token() / link_bandwidth_bytes_per_s
+        )

@@ -1,0 +1,263 @@
+"""Property tests of the paged BlockAllocator against an independent model of token contents.
+
+The model keeps, for every sequence, the tokens it holds and, for every physical block (GPU
+and CPU), the tokens written into it. After every rule it checks that reading a sequence's
+blocks gives back exactly its tokens — which fails if a shared block was ever written — plus
+the ref-count, free-list and prefix-cache invariants.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    precondition,
+    rule,
+)
+
+from engine.core.block_allocator import BlockAllocator, OutOfBlocksError
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 24
+NUM_CPU_BLOCKS = 12
+# A few shared prompt stems so prefix lookups hit.
+STEMS = [tuple(range(100 * s, 100 * s + 13)) for s in range(3)]
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def content_key(tokens: tuple[int, ...]) -> int:
+    """The test's own prefix key: the whole token prefix up to the end of the block."""
+    return hash(("prefix", tokens))
+
+
+class BlockAllocatorMachine(RuleBasedStateMachine):
+    seqs = Bundle("seqs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alloc = BlockAllocator(NUM_BLOCKS, BLOCK_SIZE, NUM_CPU_BLOCKS)
+        self.tokens: dict[int, list[int]] = {}  # seq -> tokens it holds
+        self.gpu: dict[int, list[int]] = {}  # block -> tokens written
+        self.cpu: dict[int, list[int]] = {}
+        self.swapped: set[int] = set()
+        self.cached_content: dict[int, tuple[int, ...]] = {}  # key -> the block's tokens
+        self.ids = itertools.count()
+        self.fresh = itertools.count(10_000)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _write(self, seq: int, start: int, new: list[int]) -> None:
+        table = self.alloc.block_table(seq)
+        for offset, token in enumerate(new):
+            pos = start + offset
+            block = table[pos // BLOCK_SIZE]
+            slot = pos % BLOCK_SIZE
+            if slot == 0:  # a fresh block: whatever it held before is gone
+                self.gpu[block] = [token]
+                continue
+            data = self.gpu[block]
+            if slot < len(data):
+                data[slot] = token
+            else:
+                assert slot == len(data), "a block's slots fill in order"
+                data.append(token)
+
+    def _on_gpu(self) -> list[int]:
+        return [s for s in self.tokens if s not in self.swapped]
+
+    # -- rules -----------------------------------------------------------------------------
+
+    @rule(
+        target=seqs,
+        stem=st.integers(0, len(STEMS) - 1),
+        stem_len=st.integers(0, 13),
+        extra=st.integers(0, 9),
+    )
+    def allocate(self, stem: int, stem_len: int, extra: int) -> int:
+        seq = next(self.ids)
+        tokens = list(STEMS[stem][:stem_len]) + [next(self.fresh) for _ in range(extra)]
+        if not tokens:
+            tokens = [next(self.fresh)]
+        keys = [
+            content_key(tuple(tokens[: (i + 1) * BLOCK_SIZE]))
+            for i in range((len(tokens) - 1) // BLOCK_SIZE)
+        ]
+        hits = self.alloc.match_prefix(keys)
+        revived = sum(1 for b in hits if self.alloc.ref_count(b) == 0)
+        need = ceil_div(len(tokens), BLOCK_SIZE) - len(hits) + revived
+        if need > self.alloc.num_free_blocks:
+            with pytest.raises(OutOfBlocksError):
+                self.alloc.allocate(seq, len(tokens), hits)
+            return seq  # a seq id that holds nothing; other rules skip it
+        self.alloc.allocate(seq, len(tokens), hits)
+        self.tokens[seq] = tokens
+        for i, block in enumerate(hits):
+            # The cache must have handed out blocks holding exactly these tokens.
+            assert self.gpu[block] == tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]
+        hit_tokens = len(hits) * BLOCK_SIZE
+        self._write(seq, hit_tokens, tokens[hit_tokens:])
+        return seq
+
+    @rule(seq=seqs, n=st.integers(1, 6))
+    def append(self, seq: int, n: int) -> None:
+        if seq not in self.tokens or seq in self.swapped:
+            return
+        num_tokens = len(self.tokens[seq])
+        table = self.alloc.block_table(seq)
+        shared_tail = num_tokens % BLOCK_SIZE and self.alloc.ref_count(table[-1]) > 1
+        need = ceil_div(num_tokens + n, BLOCK_SIZE) - len(table) + (1 if shared_tail else 0)
+        if need > self.alloc.num_free_blocks:
+            before = list(table)
+            with pytest.raises(OutOfBlocksError):
+                self.alloc.append_slots(seq, n)
+            assert list(self.alloc.block_table(seq)) == before, "a failed append changes nothing"
+            return
+        free_before = self.alloc.num_free_blocks
+        copies = self.alloc.append_slots(seq, n)
+        assert free_before - self.alloc.num_free_blocks == need
+        assert len(copies) == (1 if shared_tail else 0)
+        for src, dst in copies:
+            self.gpu[dst] = list(self.gpu[src])
+        new = [next(self.fresh) for _ in range(n)]
+        self._write(seq, num_tokens, new)
+        self.tokens[seq].extend(new)
+
+    @rule(target=seqs, parent=seqs)
+    def fork(self, parent: int) -> int:
+        child = next(self.ids)
+        if parent not in self.tokens or parent in self.swapped:
+            return child
+        self.alloc.fork(parent, child)
+        self.tokens[child] = list(self.tokens[parent])
+        return child
+
+    @rule(seq=consumes(seqs))
+    def free(self, seq: int) -> None:
+        if seq not in self.tokens:
+            return
+        self.alloc.free(seq)
+        del self.tokens[seq]
+        self.swapped.discard(seq)
+
+    @rule(seq=seqs)
+    def cache_full_blocks(self, seq: int) -> None:
+        if seq not in self.tokens or seq in self.swapped:
+            return
+        tokens = self.tokens[seq]
+        for idx in range(len(tokens) // BLOCK_SIZE):
+            prefix = tuple(tokens[: (idx + 1) * BLOCK_SIZE])
+            key = content_key(prefix)
+            self.alloc.cache_block(seq, idx, key)
+            self.cached_content[key] = prefix[-BLOCK_SIZE:]
+
+    @rule(data=st.data())
+    def swap_out(self, data: st.DataObject) -> None:
+        on_gpu = self._on_gpu()
+        if not on_gpu:
+            return
+        group = data.draw(st.lists(st.sampled_from(on_gpu), min_size=1, max_size=2, unique=True))
+        distinct = {b for s in group for b in self.alloc.block_table(s)}
+        if len(distinct) > self.alloc.num_free_cpu_blocks:
+            assert not self.alloc.can_swap_out(group)
+            with pytest.raises(OutOfBlocksError):
+                self.alloc.swap_out(group)
+            return
+        pairs = self.alloc.swap_out(group)
+        assert {g for g, _ in pairs} == distinct
+        for gpu_block, cpu_block in pairs:
+            self.cpu[cpu_block] = list(self.gpu[gpu_block])
+        self.swapped.update(group)
+
+    @precondition(lambda self: bool(self.swapped))
+    @rule(data=st.data())
+    def swap_in(self, data: st.DataObject) -> None:
+        seq = data.draw(st.sampled_from(sorted(self.swapped)))
+        distinct = set(self.alloc.cpu_block_table(seq))
+        if len(distinct) > self.alloc.num_free_blocks:
+            with pytest.raises(OutOfBlocksError):
+                self.alloc.swap_in([seq])
+            return
+        pairs = self.alloc.swap_in([seq])
+        for cpu_block, gpu_block in pairs:
+            self.gpu[gpu_block] = list(self.cpu[cpu_block])
+        self.swapped.discard(seq)
+
+    # -- invariants ------------------------------------------------------------------------
+
+    @invariant()
+    def contents_match(self) -> None:
+        for seq, tokens in self.tokens.items():
+            if seq in self.swapped:
+                table, store = self.alloc.cpu_block_table(seq), self.cpu
+            else:
+                table, store = self.alloc.block_table(seq), self.gpu
+            assert len(table) == ceil_div(len(tokens), BLOCK_SIZE)
+            held = [t for block in table for t in store[block][:BLOCK_SIZE]]
+            assert held[: len(tokens)] == tokens, f"sequence {seq} reads back wrong tokens"
+            assert self.alloc.num_tokens(seq) == len(tokens)
+
+    @invariant()
+    def ref_counts_and_free_list(self) -> None:
+        holders: dict[int, int] = {}
+        for seq in self._on_gpu():
+            for block in self.alloc.block_table(seq):
+                holders[block] = holders.get(block, 0) + 1
+        for block in range(NUM_BLOCKS):
+            assert self.alloc.ref_count(block) == holders.get(block, 0)
+        used = len(holders)
+        cached = self.alloc.num_cached_free_blocks
+        uncached_free = self.alloc.num_free_blocks - cached
+        assert uncached_free + used + cached == NUM_BLOCKS
+        assert self.alloc.num_used_blocks == used
+        assert self.alloc.num_shared_refs == sum(c - 1 for c in holders.values())
+        filled = sum(len(self.gpu[b][:BLOCK_SIZE]) for b in holders)
+        assert self.alloc.num_filled_slots == filled
+
+    @invariant()
+    def prefix_cache_entries_hold_their_tokens(self) -> None:
+        for key, block in self.alloc.prefix_cache().items():
+            assert self.alloc.block_key(block) == key
+            assert tuple(self.gpu[block]) == self.cached_content[key]
+
+
+BlockAllocatorMachine.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=60, deadline=None
+)
+TestBlockAllocator = BlockAllocatorMachine.TestCase
+
+
+def test_copy_on_write_names_the_copy() -> None:
+    alloc = BlockAllocator(num_blocks=8, block_size=4)
+    alloc.allocate(0, 6)  # blocks [a, b], b half full
+    alloc.fork(0, 1)
+    tail = alloc.block_table(0)[-1]
+    assert alloc.ref_count(tail) == 2
+    copies = alloc.append_slots(1, 1)
+    assert len(copies) == 1 and copies[0][0] == tail
+    assert alloc.block_table(1)[-1] == copies[0][1] != tail
+    assert alloc.append_slots(0, 1) == []  # the last holder writes in place
+    assert alloc.ref_count(tail) == 1
+
+
+def test_evicts_least_recently_freed_cached_block_first() -> None:
+    alloc = BlockAllocator(num_blocks=3, block_size=2)
+    for seq, key in ((0, 11), (1, 22)):
+        alloc.allocate(seq, 2)
+        alloc.cache_block(seq, 0, key)
+    alloc.free(0)
+    alloc.free(1)
+    assert alloc.num_cached_free_blocks == 2
+    alloc.allocate(2, 4)  # takes the one free block, then evicts key 11 (freed first)
+    assert alloc.cached_block(11) is None
+    assert alloc.cached_block(22) is not None
+    assert alloc.num_evictions == 1

@@ -1,0 +1,50 @@
+"""The layering rule: engine/core is standard library only, and importing the simulator or the
+core never loads torch or triton."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = ROOT / "engine" / "core"
+
+
+def _imported_roots(path: Path) -> set[str]:
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("path", sorted(CORE.rglob("*.py")), ids=lambda p: p.name)
+def test_core_imports_only_the_standard_library(path: Path) -> None:
+    outside = {
+        root
+        for root in _imported_roots(path)
+        if root not in sys.stdlib_module_names and root not in {"engine", "__future__"}
+    }
+    assert not outside, f"{path.relative_to(ROOT)} imports {sorted(outside)}"
+
+
+def test_importing_sim_and_core_loads_neither_torch_nor_triton() -> None:
+    code = (
+        "import sys, importlib, pkgutil\n"
+        "import sim, engine.core, traces\n"
+        "for pkg in (sim, engine.core):\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        importlib.import_module(m.name)\n"
+        "heavy = sorted(m for m in ('torch', 'triton') if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "", f"loaded: {out.stdout.strip()}"

@@ -1,0 +1,194 @@
+"""The analytic roofline cost model: sanity targets, monotonicity, TP, block moves, speed path."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.cost_model import (
+    TERMS,
+    CostModel,
+    CostModelConfig,
+    RooflineCostModel,
+    StepShape,
+    make_cost_model,
+)
+from sim.hardware_spec import HARDWARE_PRESETS
+from sim.model_spec import MODEL_PRESETS
+
+LLAMA = MODEL_PRESETS["Llama-2-7B"]
+A100 = HARDWARE_PRESETS["A100-80GB"]
+
+
+@pytest.fixture(scope="module")
+def roofline() -> RooflineCostModel:
+    return RooflineCostModel(LLAMA, A100)
+
+
+def test_batch1_decode_is_weight_read_bound(roofline: RooflineCostModel) -> None:
+    shape = StepShape(decode_context_tokens=(1024,))
+    breakdown = roofline.step_breakdown(shape)
+    # 12.95 GB of linear weights / (0.8 x 2.039 TB/s) ~= 7.9 ms
+    weights_s = (
+        LLAMA.num_layers * LLAMA.params_per_layer * 2 / (0.8 * A100.hbm_bandwidth_bytes_per_s)
+    )
+    assert breakdown["linear"] == pytest.approx(weights_s, rel=0.01)
+    assert 5e-3 <= roofline.step_time_s(shape) <= 20e-3
+    assert max(breakdown, key=lambda term: breakdown[term]) == "linear"
+
+
+def test_2048_prefill_is_compute_bound(roofline: RooflineCostModel) -> None:
+    shape = StepShape(prefill_chunks=((2048, 0),))
+    flops = 2 * LLAMA.num_layers * LLAMA.params_per_layer * 2048
+    compute_s = flops / (0.7 * 312e12)
+    weights_s = (
+        LLAMA.num_layers * LLAMA.params_per_layer * 2 / (0.8 * A100.hbm_bandwidth_bytes_per_s)
+    )
+    assert compute_s > 10 * weights_s
+    assert roofline.step_breakdown(shape)["linear"] == pytest.approx(compute_s, rel=1e-9)
+    assert 0.1 <= roofline.step_time_s(shape) <= 0.2
+
+
+def test_breakdown_sums_to_step_time(roofline: RooflineCostModel) -> None:
+    shape = StepShape(
+        prefill_chunks=((100, 50), (7, 0)),
+        decode_context_tokens=(5, 17, 300),
+        num_padding_tokens=3,
+        num_copy_blocks=2,
+        num_swap_out_blocks=1,
+        num_swap_in_blocks=4,
+    )
+    breakdown = roofline.step_breakdown(shape)
+    assert tuple(breakdown) == TERMS
+    assert sum(breakdown.values()) == pytest.approx(roofline.step_time_s(shape), rel=1e-12)
+    assert all(value > 0 for key, value in breakdown.items() if key != "allreduce")
+
+
+def test_empty_step_costs_nothing(roofline: RooflineCostModel) -> None:
+    assert roofline.step_time_s(StepShape()) == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    contexts=st.lists(st.integers(1, 8192), min_size=1, max_size=64),
+    extra_context=st.integers(0, 4096),
+    chunk=st.tuples(st.integers(1, 4096), st.integers(0, 4096)),
+    extra_tokens=st.integers(1, 512),
+)
+def test_monotone_in_tokens_and_context(
+    contexts: list[int], extra_context: int, chunk: tuple[int, int], extra_tokens: int
+) -> None:
+    model = RooflineCostModel(LLAMA, A100)
+    base = StepShape(prefill_chunks=(chunk,), decode_context_tokens=tuple(contexts))
+    longer = StepShape(
+        prefill_chunks=(chunk,), decode_context_tokens=(contexts[0] + extra_context, *contexts[1:])
+    )
+    bigger_chunk = StepShape(
+        prefill_chunks=((chunk[0] + extra_tokens, chunk[1]),), decode_context_tokens=tuple(contexts)
+    )
+    more_context = StepShape(
+        prefill_chunks=((chunk[0], chunk[1] + extra_tokens),), decode_context_tokens=tuple(contexts)
+    )
+    more_seqs = StepShape(prefill_chunks=(chunk,), decode_context_tokens=(*contexts, 1))
+    for other in (longer, bigger_chunk, more_context, more_seqs):
+        assert model.step_time_s(other) >= model.step_time_s(base)
+
+
+def test_decode_reads_whole_blocks(roofline: RooflineCostModel) -> None:
+    one = roofline.step_breakdown(StepShape(decode_context_tokens=(1,)))["decode_attention"]
+    sixteen = roofline.step_breakdown(StepShape(decode_context_tokens=(16,)))["decode_attention"]
+    seventeen = roofline.step_breakdown(StepShape(decode_context_tokens=(17,)))["decode_attention"]
+    assert one == pytest.approx(sixteen, rel=0.01)
+    assert seventeen > 1.5 * sixteen
+
+
+def test_tp2_halves_linear_and_adds_allreduce(roofline: RooflineCostModel) -> None:
+    tp2 = RooflineCostModel(LLAMA, A100, tp=2)
+    for shape in (StepShape(prefill_chunks=((2048, 0),)), StepShape(decode_context_tokens=(512,))):
+        one, two = roofline.step_breakdown(shape), tp2.step_breakdown(shape)
+        assert two["linear"] == pytest.approx(one["linear"] / 2, rel=0.05)
+        assert one["allreduce"] == 0.0
+        assert two["allreduce"] > 0.0
+
+
+def test_allreduce_matches_ring_formula() -> None:
+    tp4 = RooflineCostModel(LLAMA, A100, tp=4)
+    num_bytes = 1e6
+    expected = 6 * (num_bytes / 4 / (300e9 * 0.75) + A100.interconnect_latency_s)
+    assert tp4.allreduce_call_s(num_bytes) == pytest.approx(expected)
+
+
+def test_block_moves_cost_time(roofline: RooflineCostModel) -> None:
+    block_bytes = 8 * 2**20  # Llama-2-7B, block 16, tp 1
+    copies = roofline.step_breakdown(StepShape(num_copy_blocks=10))
+    assert copies["copy_blocks"] == pytest.approx(2 * 10 * block_bytes / (0.8 * 2039e9))
+    swaps = roofline.step_breakdown(StepShape(num_swap_out_blocks=3, num_swap_in_blocks=2))
+    assert swaps["swap"] == pytest.approx(5 * block_bytes / (0.8 * 32e9))
+    assert swaps["linear"] == 0.0
+
+
+def test_kv_transfer_time(roofline: RooflineCostModel) -> None:
+    seconds = roofline.kv_transfer_time_s(1000, 25e9, 1e-5)
+    assert seconds == pytest.approx(1e-5 + 1000 * LLAMA.kv_bytes_per_token() / 25e9)
+    assert roofline.kv_transfer_time_s(0, 25e9, 1e-5) == 0.0
+    with pytest.raises(ValueError, match="link_bandwidth_bytes_per_s"):
+        roofline.kv_transfer_time_s(10, 0.0, 0.0)
+
+
+def test_decode_fast_path_matches_step_time(roofline: RooflineCostModel) -> None:
+    contexts = tuple(range(100, 100 + 128 * 13, 13))
+    shape = StepShape(decode_context_tokens=contexts)
+    blocks = sum(math.ceil(c / 16) for c in contexts)
+    fast = roofline.decode_step_time_s(len(contexts), sum(contexts), blocks)
+    assert fast == pytest.approx(roofline.step_time_s(shape), rel=1e-12)
+
+
+def test_deterministic(roofline: RooflineCostModel) -> None:
+    shape = StepShape(prefill_chunks=((300, 20),), decode_context_tokens=(40, 50))
+    again = RooflineCostModel(LLAMA, A100)
+    assert roofline.step_time_s(shape) == again.step_time_s(shape)
+
+
+def test_config_validation_and_effect() -> None:
+    with pytest.raises(ValueError, match=r"CostModelConfig\.matmul_flops_efficiency.*1\.5"):
+        CostModelConfig(matmul_flops_efficiency=1.5)
+    with pytest.raises(ValueError, match=r"CostModelConfig\.step_overhead_s"):
+        CostModelConfig(step_overhead_s=-1.0)
+    shape = StepShape(decode_context_tokens=(1,))
+    quiet = RooflineCostModel(LLAMA, A100, config=CostModelConfig(step_overhead_s=0.0))
+    assert quiet.step_time_s(shape) < RooflineCostModel(LLAMA, A100).step_time_s(shape)
+
+
+def test_step_shape_validation_and_properties() -> None:
+    shape = StepShape(prefill_chunks=((10, 0), (5, 3)), decode_context_tokens=(4, 9))
+    assert (shape.num_prefill_tokens, shape.num_decode_tokens) == (15, 2)
+    assert shape.num_batched_tokens == 17
+    with pytest.raises(ValueError, match="prefill_chunks"):
+        StepShape(prefill_chunks=((0, 5),))
+    with pytest.raises(ValueError, match="decode_context_tokens"):
+        StepShape(decode_context_tokens=(3, 0))
+    with pytest.raises(ValueError, match=r"StepShape\.num_copy_blocks.*-1"):
+        StepShape(num_copy_blocks=-1)
+
+
+def test_make_cost_model_without_profile_is_roofline() -> None:
+    model: CostModel = make_cost_model(LLAMA, A100, tp=2)
+    assert isinstance(model, RooflineCostModel)
+    assert model.tp == 2
+    with pytest.raises(ValueError, match="tp=3"):
+        make_cost_model(LLAMA, A100, tp=3)
+
+
+def test_cost_model_imports_neither_torch_nor_triton() -> None:
+    code = (
+        "import sys, sim.cost_model, sim.model_spec, sim.hardware_spec\n"
+        "assert 'torch' not in sys.modules and 'triton' not in sys.modules, "
+        "[m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
