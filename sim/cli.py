@@ -1,0 +1,269 @@
+"""Command line: ``python -m sim run TRACE`` simulates a trace; ``python -m sim trace ...``
+generates or inspects traces."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.core.config import MEMORY_MODELS, PREEMPTION_MODES, RESERVATION_RULES
+from engine.core.policies import POLICIES
+from sim.hardware_spec import HARDWARE_PRESETS
+from sim.model_spec import MODEL_PRESETS
+from sim.run import RunConfig, RunResult, simulate
+from traces import cli as traces_cli
+from traces.loaders import FORMATS, load_trace
+
+DEFAULTS = RunConfig()
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "trace",
+        help="trace file (servesim CSV, Vidur CSV, Azure CSV, Mooncake JSONL, BurstGPT CSV)",
+    )
+    parser.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", *sorted(FORMATS)],
+        help="trace format (default: detect from the header)",
+    )
+    parser.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="skip malformed trace rows (the summary counts them) instead of failing",
+    )
+    parser.add_argument(
+        "--policy",
+        default=DEFAULTS.policy,
+        choices=sorted(POLICIES),
+        help="batching policy (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--model",
+        default=DEFAULTS.model,
+        help=f"model preset ({', '.join(MODEL_PRESETS)}) or a Hugging Face config.json path "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--hardware",
+        default=DEFAULTS.hardware,
+        choices=sorted(HARDWARE_PRESETS),
+        help="GPU preset (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tp",
+        type=_positive_int,
+        default=DEFAULTS.tp,
+        help="tensor-parallel degree (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--memory",
+        choices=MEMORY_MODELS,
+        default=None,
+        help="KV memory model (default: the policy's own: contiguous for static/dynamic, "
+        "paged otherwise)",
+    )
+    parser.add_argument(
+        "--reservation",
+        choices=RESERVATION_RULES,
+        default=DEFAULTS.reservation,
+        help="contiguous reservation rule (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=_positive_int,
+        default=DEFAULTS.block_size,
+        help="KV block size in tokens (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--num-blocks",
+        type=_positive_int,
+        default=None,
+        help="KV blocks per replica (default: derived from GPU memory, as vLLM does)",
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=DEFAULTS.gpu_memory_utilization,
+        help="share of GPU memory the engine may use (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--swap-space-gib",
+        type=float,
+        default=DEFAULTS.swap_space_gib,
+        help="CPU swap space per replica in GiB (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=_positive_int,
+        default=DEFAULTS.max_num_seqs,
+        help="max sequences per step (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=_positive_int,
+        default=DEFAULTS.max_num_batched_tokens,
+        help="token budget per step (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=DEFAULTS.batch_size,
+        help="static/dynamic batch size B (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-wait-s",
+        type=float,
+        default=DEFAULTS.max_wait_s,
+        help="dynamic batching: start a batch once the oldest has waited this long "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--preemption",
+        choices=PREEMPTION_MODES,
+        default=DEFAULTS.preemption_mode,
+        help="preemption mode (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--prefix-caching", action="store_true", help="enable prefix caching (paged memory)"
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=_positive_int,
+        default=None,
+        help="max tokens per request (default: the model's)",
+    )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="calibrated cost-model profile (JSON); default: analytic roofline",
+    )
+    parser.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO in ms for goodput")
+    parser.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO in ms for goodput")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULTS.seed,
+        help="recorded with the run (the simulation itself is deterministic)",
+    )
+    parser.add_argument(
+        "--out", default=None, help="write requests.csv, steps.csv, summary.json here"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    return RunConfig(
+        policy=args.policy,
+        model=args.model,
+        hardware=args.hardware,
+        tp=args.tp,
+        memory_model=args.memory,
+        reservation=args.reservation,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        swap_space_gib=args.swap_space_gib,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_batch_tokens,
+        batch_size=args.batch_size,
+        max_wait_s=args.max_wait_s,
+        preemption_mode=args.preemption,
+        enable_prefix_caching=args.prefix_caching,
+        max_model_len=args.max_model_len,
+        profile=args.profile,
+        slo_ttft_s=args.slo_ttft / 1000.0 if args.slo_ttft is not None else None,
+        slo_tpot_s=args.slo_tpot / 1000.0 if args.slo_tpot is not None else None,
+        seed=args.seed,
+    )
+
+
+def print_summary(result: RunResult) -> None:
+    s = result.summary
+    c = result.config
+    lines = [
+        f"trace        {result.trace_name}: {s['num_requests']} requests ({s['completed']} "
+        f"finished, {s['rejected']} rejected, {result.num_skipped_rows} bad rows skipped)",
+        f"config       {c.policy} / {result.memory_model} memory, {c.model} on {c.hardware} "
+        f"x{c.tp}, {result.num_blocks} KV blocks of {c.block_size}",
+        f"duration     {s['duration_s']:.3f} s simulated",
+        f"throughput   {s['request_throughput']:.3f} req/s, "
+        f"{s['output_throughput']:.1f} output tok/s, {s['total_token_throughput']:.1f} total tok/s",
+    ]
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        mean = s.get(f"mean_{metric}_ms")
+        if mean is None:
+            continue
+        lines.append(
+            f"{metric.upper():<12} mean {mean:9.2f}  median {s[f'median_{metric}_ms']:9.2f}  "
+            f"p90 {s[f'p90_{metric}_ms']:9.2f}  p99 {s[f'p99_{metric}_ms']:9.2f}  ms"
+        )
+    lines.append(
+        f"preemptions  {s['num_preemptions']}, recomputed tokens {s['num_recomputed_tokens']}, "
+        f"swapped-out blocks {s['num_blocks_swapped_out']}, "
+        f"prefix hit rate {s['prefix_hit_rate']:.1%}"
+    )
+    lines.append(
+        f"KV memory    {result.mean_real_token_share:.1%} of allocated slots held real tokens "
+        "(mean over steps)"
+    )
+    print("\n".join(lines))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    on_error = "skip" if args.skip_bad_rows else "raise"
+    trace = load_trace(args.trace, format=args.format, on_error=on_error)
+    result = simulate(trace, config_from_args(args), progress=not args.quiet)
+    if not args.quiet:
+        print_summary(result)
+    if args.out:
+        out = Path(args.out)
+        result.write(out)
+        if not args.quiet:
+            print(f"wrote {out}/requests.csv, steps.csv, summary.json")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sim",
+        description="servesim: simulate LLM inference serving on a request trace.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "run",
+        help="simulate one configuration on a trace",
+        description="Replay TRACE through a serving configuration and report TTFT, TPOT, "
+        "ITL, E2E latency, throughput and KV memory use.",
+    )
+    add_run_arguments(run)
+    run.set_defaults(func=run_command)
+    trace = commands.add_parser("trace", help="generate or inspect traces")
+    trace_commands = trace.add_subparsers(dest="trace_command", required=True)
+    generate = trace_commands.add_parser("generate", help="write a synthetic trace as our CSV")
+    traces_cli.add_generate_arguments(generate)
+    generate.set_defaults(func=traces_cli.run_generate)
+    info = trace_commands.add_parser("info", help="summarise a trace file of any format")
+    traces_cli.add_info_arguments(info)
+    info.set_defaults(func=traces_cli.run_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, OSError) as error:
+        # Bad input (trace rows, configs, files) is reported, never a traceback.
+        print(f"error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,108 @@
+"""The run summary, named after vLLM's serving benchmark (``mean_ttft_ms``, ``p99_itl_ms``,
+``request_throughput``...).
+
+Definitions (all latencies from the request's own timestamps):
+- TTFT: first token time − arrival time.
+- TPOT: (last token time − first token time) / (token emissions − 1), per request; a request
+  with one output token has none. With ``n > 1`` one emission is one step's tokens for all
+  samples.
+- ITL: every gap between consecutive token emissions of a request, pooled over all requests.
+- E2EL: finish time − arrival time (a static batch finishes its members when it ends).
+- Goodput: finished requests per second whose TTFT and TPOT meet the given SLOs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.core.request import Request, RequestStatus
+
+PERCENTILES = (50, 90, 99)
+
+
+def weighted_percentile(values: Sequence[float], counts: Sequence[int], q: float) -> float:
+    """The ``q``-th percentile (numpy's linear method) of ``values`` repeated ``counts`` times,
+    without expanding them (run-length encoded ITLs can hold tens of millions of gaps)."""
+    order = np.argsort(np.asarray(values, dtype=float), kind="stable")
+    v = np.asarray(values, dtype=float)[order]
+    c = np.cumsum(np.asarray(counts, dtype=np.int64)[order])
+    h = (c[-1] - 1) * q / 100.0
+    lo, hi = math.floor(h), math.ceil(h)
+    v_lo = v[np.searchsorted(c, lo, side="right")]
+    v_hi = v[np.searchsorted(c, hi, side="right")]
+    return float(v_lo + (v_hi - v_lo) * (h - lo))
+
+
+def _stats(prefix: str, values: list[float], out: dict[str, float | int | None]) -> None:
+    arr = np.asarray(values, dtype=float) * 1000.0
+    out[f"mean_{prefix}_ms"] = float(arr.mean()) if arr.size else None
+    out[f"std_{prefix}_ms"] = float(arr.std()) if arr.size else None
+    for p in PERCENTILES:
+        name = "median" if p == 50 else f"p{p}"
+        out[f"{name}_{prefix}_ms"] = float(np.percentile(arr, p)) if arr.size else None
+
+
+def summarize(
+    requests: Sequence[Request],
+    duration_s: float,
+    slo_ttft_s: float | None = None,
+    slo_tpot_s: float | None = None,
+) -> dict[str, float | int | None]:
+    finished = [r for r in requests if r.status is RequestStatus.FINISHED]
+    out: dict[str, float | int | None] = {
+        "num_requests": len(requests),
+        "completed": len(finished),
+        "rejected": sum(r.status is RequestStatus.REJECTED for r in requests),
+        "duration_s": duration_s,
+    }
+    output_tokens = sum(r.num_output_tokens * r.n for r in finished)
+    input_tokens = sum(r.num_prompt_tokens for r in finished)
+    out["total_input_tokens"] = input_tokens
+    out["total_output_tokens"] = output_tokens
+    out["request_throughput"] = len(finished) / duration_s if duration_s > 0 else None
+    out["output_throughput"] = output_tokens / duration_s if duration_s > 0 else None
+    out["total_token_throughput"] = (
+        (input_tokens + output_tokens) / duration_s if duration_s > 0 else None
+    )
+    _stats("ttft", [r.ttft_s for r in finished if r.ttft_s is not None], out)
+    _stats("tpot", [r.tpot_s for r in finished if r.tpot_s is not None], out)
+    _stats("e2el", [r.e2e_s for r in finished if r.e2e_s is not None], out)
+    _stats("queueing", [r.queueing_s for r in finished if r.queueing_s is not None], out)
+    _itl_stats(finished, out)
+    good = [
+        r
+        for r in finished
+        if (slo_ttft_s is None or (r.ttft_s or 0.0) <= slo_ttft_s)
+        and (slo_tpot_s is None or (r.tpot_s or 0.0) <= slo_tpot_s)
+    ]
+    out["request_goodput"] = len(good) / duration_s if duration_s > 0 else None
+    out["num_preemptions"] = sum(r.num_preemptions for r in requests)
+    out["num_recomputed_tokens"] = sum(r.num_recomputed_tokens for r in requests)
+    out["num_blocks_swapped_out"] = sum(r.num_blocks_swapped_out for r in requests)
+    hit_tokens = sum(r.num_prefix_hit_tokens for r in requests)
+    out["num_prefix_hit_tokens"] = hit_tokens
+    out["prefix_hit_rate"] = hit_tokens / input_tokens if input_tokens else 0.0
+    return out
+
+
+def _itl_stats(finished: Sequence[Request], out: dict[str, float | int | None]) -> None:
+    gaps: list[float] = []
+    counts: list[int] = []
+    for r in finished:
+        gaps.extend(r.tokens.run_gaps_s)
+        counts.extend(r.tokens.run_counts)
+    if not gaps:
+        for key in ("mean", "std", "median", "p90", "p99"):
+            out[f"{key}_itl_ms"] = None
+        return
+    g = np.asarray(gaps) * 1000.0
+    c = np.asarray(counts, dtype=np.int64)
+    mean = float((g * c).sum() / c.sum())
+    out["mean_itl_ms"] = mean
+    out["std_itl_ms"] = float(math.sqrt(max(0.0, (c * (g - mean) ** 2).sum() / c.sum())))
+    for p in PERCENTILES:
+        name = "median" if p == 50 else f"p{p}"
+        out[f"{name}_itl_ms"] = weighted_percentile(g.tolist(), counts, p)

@@ -1,0 +1,117 @@
+"""Run records: per-step columns kept compactly while simulating, and per-request rows built
+at the end (both as pandas DataFrames for files and reports)."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+
+import pandas as pd
+
+from engine.core.batch import ScheduledBatch
+from engine.core.request import Request
+
+STEP_COLUMNS = (
+    "start_s",
+    "duration_s",
+    "num_requests",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "num_padding_tokens",
+    "num_running",
+    "num_waiting",
+    "num_swapped",
+    "num_preempted",
+    "num_copies",
+    "num_swap_out_blocks",
+    "num_swap_in_blocks",
+    "real_token_slots",
+    "internal_fragmentation_slots",
+    "reservation_waste_slots",
+    "cached_free_slots",
+    "external_fragmentation_slots",
+    "free_slots",
+    "shared_saved_slots",
+)
+
+
+class StepRecorder:
+    """One row per executed step, stored column-wise in compact arrays."""
+
+    def __init__(self, on_step: Callable[[float], None] | None = None) -> None:
+        self.columns = {name: array("d") for name in STEP_COLUMNS}
+        self.on_step = on_step
+
+    def __len__(self) -> int:
+        return len(self.columns["start_s"])
+
+    def record(self, batch: ScheduledBatch, start_s: float, duration_s: float) -> None:
+        c = self.columns
+        memory = batch.memory
+        assert memory is not None
+        c["start_s"].append(start_s)
+        c["duration_s"].append(duration_s)
+        c["num_requests"].append(len(batch.requests))
+        c["num_prefill_tokens"].append(batch.num_prefill_tokens)
+        c["num_decode_tokens"].append(batch.num_decode_tokens)
+        c["num_padding_tokens"].append(batch.num_padding_tokens)
+        c["num_running"].append(batch.num_running)
+        c["num_waiting"].append(batch.num_waiting)
+        c["num_swapped"].append(batch.num_swapped)
+        c["num_preempted"].append(len(batch.preempted_ids))
+        c["num_copies"].append(len(batch.copies) + len(batch.range_copies))
+        c["num_swap_out_blocks"].append(len(batch.swap_out))
+        c["num_swap_in_blocks"].append(len(batch.swap_in))
+        c["real_token_slots"].append(memory.real_token_slots)
+        c["internal_fragmentation_slots"].append(memory.internal_fragmentation_slots)
+        c["reservation_waste_slots"].append(memory.reservation_waste_slots)
+        c["cached_free_slots"].append(memory.cached_free_slots)
+        c["external_fragmentation_slots"].append(memory.external_fragmentation_slots)
+        c["free_slots"].append(memory.free_slots)
+        c["shared_saved_slots"].append(memory.shared_saved_slots)
+        if self.on_step is not None:
+            self.on_step(start_s + duration_s)
+
+    def to_frame(self) -> pd.DataFrame:
+        frame = pd.DataFrame({name: list(col) for name, col in self.columns.items()})
+        ints = [n for n in STEP_COLUMNS if n not in ("start_s", "duration_s")]
+        return frame.astype({n: "int64" for n in ints})
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else value * 1000.0
+
+
+def request_frame(requests: list[Request]) -> pd.DataFrame:
+    """Per-request rows: timestamps (s), latencies (ms), counters and the outcome."""
+    rows = []
+    for r in requests:
+        t = r.tokens
+        gaps = t.run_gaps_s
+        rows.append(
+            {
+                "request_id": r.request_id,
+                "status": r.status.value,
+                "reject_reason": r.reject_reason or "",
+                "arrival_s": r.arrival_s,
+                "first_scheduled_s": r.first_scheduled_s,
+                "first_token_s": r.first_token_s,
+                "finish_s": r.finish_s,
+                "prompt_tokens": r.num_prompt_tokens,
+                "output_tokens": r.num_output_tokens,
+                "num_samples": r.n,
+                "queueing_ms": _ms(r.queueing_s),
+                "ttft_ms": _ms(r.ttft_s),
+                "tpot_ms": _ms(r.tpot_s),
+                "itl_max_ms": _ms(max(gaps)) if gaps else None,
+                "itl_min_ms": _ms(min(gaps)) if gaps else None,
+                "e2el_ms": _ms(r.e2e_s),
+                "num_preemptions": r.num_preemptions,
+                "num_recomputed_tokens": r.num_recomputed_tokens,
+                "num_blocks_swapped_out": r.num_blocks_swapped_out,
+                "num_blocks_swapped_in": r.num_blocks_swapped_in,
+                "num_prefix_hit_tokens": r.num_prefix_hit_tokens,
+                "num_cow_copies": r.num_cow_copies,
+            }
+        )
+    return pd.DataFrame(rows)

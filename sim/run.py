@@ -1,0 +1,174 @@
+"""One simulation run: its configuration (``RunConfig``), the wiring from specs to the shared
+core and the cost model (``simulate``), and its results and files (``RunResult``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from engine.core.config import (
+    CacheConfig,
+    MemoryModel,
+    PreemptionMode,
+    ReservationRule,
+    SchedulerConfig,
+)
+from engine.core.policies import POLICIES
+from engine.core.request import Request
+from sim.cost_model import make_cost_model
+from sim.executor import CostModelExecutor
+from sim.hardware_spec import derive_num_blocks, get_hardware_preset
+from sim.metrics import summarize
+from sim.model_spec import ModelSpec, get_model_preset, model_spec_from_hf_config
+from sim.records import StepRecorder, request_frame
+from sim.simulator import run_single_replica
+from traces.schema import Trace
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """Everything that defines a simulated deployment (the CLI's defaults are these)."""
+
+    policy: str = "chunked"
+    model: str = "Llama-3-8B"
+    hardware: str = "H100-SXM"
+    tp: int = 1
+    memory_model: MemoryModel | None = None  # None: the policy's default
+    reservation: ReservationRule = "max"
+    block_size: int = 16
+    num_blocks: int | None = None  # None: derived from GPU memory
+    gpu_memory_utilization: float = 0.9
+    swap_space_gib: float = 4.0
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    batch_size: int = 8
+    max_wait_s: float = 1.0
+    preemption_mode: PreemptionMode = "recompute"
+    enable_prefix_caching: bool = False
+    max_model_len: int | None = None  # None: the model's
+    profile: str | None = None
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
+        if self.swap_space_gib < 0:
+            raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib!r}")
+
+    def resolved_memory_model(self) -> MemoryModel:
+        return self.memory_model or POLICIES[self.policy].default_memory_model
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    if Path(name_or_path).exists():
+        return model_spec_from_hf_config(name_or_path)
+    return get_model_preset(name_or_path)
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    trace_name: str
+    memory_model: MemoryModel
+    num_blocks: int
+    requests: list[Request]
+    steps: StepRecorder
+    summary: dict[str, float | int | None]
+    num_skipped_rows: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mean_real_token_share(self) -> float:
+        """Step-averaged share of allocated KV slots (real + internal + reserved) that hold
+        real tokens (the vLLM paper's Figure 2 metric)."""
+        c = self.steps.columns
+        used = [
+            r + i + w
+            for r, i, w in zip(
+                c["real_token_slots"],
+                c["internal_fragmentation_slots"],
+                c["reservation_waste_slots"],
+                strict=True,
+            )
+        ]
+        shares = [r / u for r, u in zip(c["real_token_slots"], used, strict=True) if u > 0]
+        return sum(shares) / len(shares) if shares else 1.0
+
+    def write(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        request_frame(self.requests).to_csv(out / "requests.csv", index=False)
+        self.steps.to_frame().to_csv(out / "steps.csv", index=False)
+        payload = {
+            "trace": self.trace_name,
+            "config": asdict(self.config),
+            "memory_model": self.memory_model,
+            "num_blocks": self.num_blocks,
+            "num_skipped_rows": self.num_skipped_rows,
+            "notes": self.notes,
+            "mean_real_token_share": self.mean_real_token_share,
+            "summary": self.summary,
+        }
+        (out / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+    def requests_frame(self) -> pd.DataFrame:
+        return request_frame(self.requests)
+
+
+def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResult:
+    """Run ``trace`` through one replica configured by ``config``."""
+    model = load_model(config.model)
+    hardware = get_hardware_preset(config.hardware)
+    kv_bytes_per_block = model.kv_bytes_per_block(config.block_size, config.tp)
+    num_blocks = config.num_blocks or derive_num_blocks(
+        model, hardware, config.tp, config.block_size, config.gpu_memory_utilization
+    )
+    cache = CacheConfig(
+        num_blocks=num_blocks,
+        block_size=config.block_size,
+        memory_model=config.resolved_memory_model(),
+        reservation=config.reservation,
+        num_cpu_blocks=int(config.swap_space_gib * GIB // kv_bytes_per_block),
+        enable_prefix_caching=config.enable_prefix_caching,
+        max_model_len=config.max_model_len or model.max_model_len,
+    )
+    scheduler_config = SchedulerConfig(
+        policy=config.policy,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        preemption_mode=config.preemption_mode,
+        batch_size=config.batch_size,
+        max_wait_s=config.max_wait_s,
+    )
+    cost_model = make_cost_model(model, hardware, config.tp, config.profile)
+    executor = CostModelExecutor(cost_model, config.block_size)
+    end_s = trace.requests[-1].arrival_s
+    bar = tqdm(total=round(end_s, 3), unit="sim-s", disable=not (progress and sys.stderr.isatty()))
+
+    def on_step(now_s: float) -> None:
+        bar.n = round(min(now_s, end_s), 3)
+        bar.refresh() if bar.n == end_s else None
+
+    output = run_single_replica(trace, cache, scheduler_config, executor, on_step)
+    bar.close()
+    summary = summarize(output.requests, output.end_s, config.slo_ttft_s, config.slo_tpot_s)
+    notes = list(trace.notes)
+    return RunResult(
+        config=config,
+        trace_name=trace.name,
+        memory_model=cache.memory_model,
+        num_blocks=num_blocks,
+        requests=output.requests,
+        steps=output.steps,
+        summary=summary,
+        num_skipped_rows=trace.num_skipped,
+        notes=notes,
+    )

@@ -1,0 +1,222 @@
+"""Command line for traces: `generate` writes a synthetic trace CSV, `info` summarises any trace.
+
+The simulator mounts these as `python -m sim trace generate|info`; `python -m traces.cli` runs
+them directly. `main(argv)` returns the exit code, so tests call it in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from traces.distributions import (
+    ArrivalProcess,
+    FixedLengths,
+    GammaArrivals,
+    LengthDistribution,
+    LognormalLengths,
+    PoissonArrivals,
+    TableLengths,
+    UniformLengths,
+)
+from traces.generators import SharedPrefix, generate_trace
+from traces.loaders import FORMATS, load_length_table, load_trace
+from traces.problems import TraceFormatError
+from traces.schema import Trace
+from traces.writer import write_trace
+
+LENGTH_CHOICES = ("fixed", "uniform", "lognormal", "table")
+
+
+def _default(cls: type, name: str) -> Any:
+    """A dataclass field's default, so the CLI defaults never drift from the classes."""
+    return next(f.default for f in fields(cls) if f.name == name)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(",", " ").split()]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected ints like '2' or '1,2,4': {text!r}") from error
+
+
+def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `trace generate` (defaults equal the generator dataclasses' defaults)."""
+    parser.add_argument("-o", "--output", required=True, help="CSV file to write")
+    parser.add_argument("--num-requests", type=int, default=200, help="requests (default 200)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--name", default=None, help="trace name (default: output file stem)")
+    arrivals = parser.add_argument_group("arrivals")
+    arrivals.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
+    arrivals.add_argument("--rate", type=float, default=4.0, help="mean req/s (default 4)")
+    arrivals.add_argument(
+        "--cv",
+        type=float,
+        default=_default(GammaArrivals, "cv"),
+        help="gamma: coefficient of variation of gaps; 1 = Poisson, >1 bursty (default 1)",
+    )
+    lengths = parser.add_argument_group("lengths (tokens)")
+    lengths.add_argument("--lengths", choices=LENGTH_CHOICES, default="lognormal")
+    for cls, name, what in (
+        (FixedLengths, "prompt_tokens", "fixed: prompt length"),
+        (FixedLengths, "output_tokens", "fixed: output length"),
+        (UniformLengths, "min_prompt_tokens", "uniform: shortest prompt"),
+        (UniformLengths, "min_output_tokens", "uniform: shortest output"),
+        (LognormalLengths, "max_prompt_tokens", "uniform/lognormal: longest prompt"),
+        (LognormalLengths, "max_output_tokens", "uniform/lognormal: longest output"),
+        (LognormalLengths, "prompt_median", "lognormal: median prompt"),
+        (LognormalLengths, "prompt_sigma", "lognormal: sigma of log prompt length"),
+        (LognormalLengths, "output_median", "lognormal: median output"),
+        (LognormalLengths, "output_sigma", "lognormal: sigma of log output length"),
+    ):
+        default = _default(cls, name)
+        lengths.add_argument(
+            "--" + name.replace("_", "-"),
+            type=type(default),
+            default=default,
+            help=f"{what} (default {default})",
+        )
+    lengths.add_argument("--length-table", help="lengths: 'table' draws rows of this file")
+    prefix = parser.add_argument_group("shared system prompts (prefix caching)")
+    prefix.add_argument("--num-prefixes", type=int, default=0, help="system prompts (0 = none)")
+    for name, what in (
+        ("prefix_tokens", "tokens in each system prompt"),
+        ("hash_block_tokens", "tokens per prefix hash id"),
+    ):
+        default = _default(SharedPrefix, name)
+        prefix.add_argument(
+            "--" + name.replace("_", "-"), type=int, default=default, help=f"{what} ({default})"
+        )
+    prefix.add_argument(
+        "--prefix-ids",
+        choices=("hash", "tokens"),
+        default=_default(SharedPrefix, "ids"),
+        help="write prefix hash ids (compact) or full prompt token ids",
+    )
+    parser.add_argument(
+        "--num-samples",
+        type=_int_list,
+        default=[1],
+        help="parallel samples n per request; a list like '1,2,4' draws one per request",
+    )
+
+
+def _arrivals(args: argparse.Namespace) -> ArrivalProcess:
+    if args.arrival == "gamma":
+        return GammaArrivals(args.rate, args.cv)
+    return PoissonArrivals(args.rate)
+
+
+def _lengths(args: argparse.Namespace) -> LengthDistribution:
+    if args.lengths == "fixed":
+        return FixedLengths(args.prompt_tokens, args.output_tokens)
+    if args.lengths == "uniform":
+        return UniformLengths(
+            args.min_prompt_tokens,
+            args.max_prompt_tokens,
+            args.min_output_tokens,
+            args.max_output_tokens,
+        )
+    if args.lengths == "table":
+        if not args.length_table:
+            raise ValueError("--lengths table needs --length-table FILE")
+        return TableLengths(load_length_table(args.length_table))
+    return LognormalLengths(
+        args.prompt_median,
+        args.prompt_sigma,
+        args.output_median,
+        args.output_sigma,
+        args.max_prompt_tokens,
+        args.max_output_tokens,
+    )
+
+
+def build_trace(args: argparse.Namespace) -> Trace:
+    """The trace that `trace generate` would write for these parsed arguments."""
+    shared = None
+    if args.num_prefixes > 0:
+        shared = SharedPrefix(
+            args.num_prefixes, args.prefix_tokens, args.prefix_ids, args.hash_block_tokens
+        )
+    name = args.name or Path(args.output).stem
+    return generate_trace(
+        args.num_requests,
+        _arrivals(args),
+        _lengths(args),
+        seed=args.seed,
+        name=name,
+        num_samples=args.num_samples,
+        shared_prefix=shared,
+    )
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """Generate and write the trace; 0 on success, 2 (with a message on stderr) on bad input."""
+    try:
+        trace = build_trace(args)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    path = write_trace(trace, args.output)
+    stats = trace.length_stats()
+    print(
+        f"wrote {len(trace)} requests to {path}: {trace.duration_s:.1f} s,"
+        f" {stats['mean_rate_per_s']:.2f} req/s, prompt mean {stats['prompt_mean']:.0f},"
+        f" output mean {stats['output_mean']:.0f} tokens"
+    )
+    return 0
+
+
+def add_info_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", help="trace file (any supported format)")
+    parser.add_argument("--format", default="auto", choices=("auto", *FORMATS))
+    parser.add_argument(
+        "--on-error",
+        default="raise",
+        choices=("raise", "skip"),
+        help="raise: fail listing every bad row; skip: leave bad rows out and count them",
+    )
+
+
+def run_info(args: argparse.Namespace) -> int:
+    """Print a trace's size, rate and length statistics, and anything the loader left out."""
+    try:
+        trace = load_trace(args.path, format=args.format, on_error=args.on_error)
+    except (TraceFormatError, ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"{trace.name} ({trace.format}, {trace.source})")
+    for key, value in trace.length_stats().items():
+        print(f"  {key:18s} {value:.6g}")
+    for line in (trace.describe_skipped(), *trace.notes):
+        if line:
+            print(f"  note: {line}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m traces.cli", description="Generate or inspect request traces."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="write a synthetic trace as our CSV")
+    add_generate_arguments(generate)
+    generate.set_defaults(run=run_generate)
+    info = commands.add_parser("info", help="summarise a trace file of any supported format")
+    add_info_arguments(info)
+    info.set_defaults(run=run_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
