@@ -107,11 +107,12 @@ class Scheduler:
         for queue in (self.waiting, self.swapped):
             if request in queue:
                 queue.remove(request)
-        if request in self.running:
-            self.running.remove(request)
         if request in self.held:
             self.held.remove(request)
-            self.num_held_samples -= request.n
+        if request in self.running:
+            self.running.remove(request)
+        if self.policy.holds_until_batch_end:
+            self.num_held_samples -= len(request.seq_ids) - len(request.live_seq_ids)
         request.status = RequestStatus.ABORTED
         request.finish_s = now_s
         self.kv.free(request)
@@ -182,17 +183,19 @@ class Scheduler:
             if token_id is not None:
                 request.output_token_ids.setdefault(seq_id, []).append(token_id)
         done_all = request.num_output_tokens >= request.max_output_tokens
+        hold = self.policy.holds_until_batch_end
         for seq_id in list(request.live_seq_ids):
             if done_all or seq_id in result.stopped_seq_ids:
                 request.live_seq_ids.remove(seq_id)
-                if request.live_seq_ids and not self.policy.holds_until_batch_end:
+                if hold:
+                    self.num_held_samples += 1  # keeps its slot, computed for nothing
+                elif request.live_seq_ids:
                     self.kv.free_sequence(request, seq_id)
 
     def _finish(self, request: Request, now_s: float, finished: list[Request]) -> None:
         self.running.remove(request)
         if self.policy.holds_until_batch_end:
             self.held.append(request)
-            self.num_held_samples += request.n
             return
         request.status = RequestStatus.FINISHED
         request.finish_s = now_s
@@ -323,7 +326,8 @@ class _Step:
                 f"which has {self.pending_positions(request)} pending"
             )
         width = request.width
-        if num_positions * width > self._token_budget or width > self._seq_budget:
+        seqs = len(request.live_seq_ids)  # a sample group counts whole, forked or not
+        if num_positions * width > self._token_budget or seqs > self._seq_budget:
             return False
         status = request.status
         if status is RequestStatus.RUNNING:
@@ -399,9 +403,8 @@ class _Step:
         if range_copies:
             self.batch.range_copies.extend(range_copies)
         self._scheduled.add(request.internal_idx)
-        width = request.width
-        self._token_budget -= num_positions * width
-        self._seq_budget -= width
+        self._token_budget -= num_positions * request.width
+        self._seq_budget -= len(request.live_seq_ids)
         self.batch.requests.append(
             ScheduledRequest(
                 request=request,

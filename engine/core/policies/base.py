@@ -67,6 +67,15 @@ class Policy:
 
     def rejection_reason(self, request: Request) -> str | None:
         """Why this policy could never serve ``request`` (None if it can)."""
+        seqs = self.seq_budget()
+        if seqs is not None and request.n > seqs:
+            return f"{request.n} parallel samples exceed max_num_seqs={seqs}"
+        tokens = self.token_budget()
+        if tokens is not None and request.n > tokens:
+            return (
+                f"{request.n} parallel samples need {request.n} tokens per decode step, more "
+                f"than max_num_batched_tokens={tokens}"
+            )
         return None
 
     def schedule(self, ctx: StepContext) -> None:

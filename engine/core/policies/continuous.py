@@ -17,7 +17,7 @@ class ContinuousBatching(Policy):
                 f"max_num_batched_tokens={self.config.max_num_batched_tokens} and this policy "
                 "does not chunk prompts"
             )
-        return None
+        return super().rejection_reason(request)
 
     def schedule(self, ctx: StepContext) -> None:
         for request in ctx.running:

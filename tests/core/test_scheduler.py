@@ -1,0 +1,511 @@
+"""Targeted scheduler scenarios: rejection, abort, preemption (recompute and swap), parallel
+sampling with copy-on-write, early stops, prefix caching, static and dynamic batching."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.core.batch import ScheduledBatch, StepResult
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.contiguous_allocator import ContiguousKVManager
+from engine.core.kv_manager import PagedKVManager
+from engine.core.policies import POLICIES
+from engine.core.policies.static import StaticBatching
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
+from tests.core.driver import replay
+
+STATIC_POLICIES = [p for p, cls in POLICIES.items() if issubclass(cls, StaticBatching)]
+
+
+def make_scheduler(
+    policy: str = "continuous",
+    *,
+    memory_model: str = "paged",
+    num_blocks: int = 64,
+    block_size: int = 4,
+    num_cpu_blocks: int = 0,
+    prefix_caching: bool = False,
+    preemption: str = "recompute",
+    max_model_len: int = 256,
+    budget: int = 256,
+    batch_size: int = 1,
+    max_wait_s: float = 0.0,
+    reservation: str = "oracle",
+) -> Scheduler:
+    cache = CacheConfig(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        memory_model=memory_model,  # type: ignore[arg-type]
+        reservation=reservation,  # type: ignore[arg-type]
+        num_cpu_blocks=num_cpu_blocks,
+        enable_prefix_caching=prefix_caching,
+        watermark=0.0,
+        max_model_len=max_model_len,
+    )
+    config = SchedulerConfig(
+        policy=policy,
+        max_num_batched_tokens=budget,
+        preemption_mode=preemption,  # type: ignore[arg-type]
+        batch_size=batch_size,
+        max_wait_s=max_wait_s,
+    )
+    return Scheduler(cache, config)
+
+
+def step(
+    scheduler: Scheduler, now_s: float, stopped: frozenset[int] = frozenset()
+) -> tuple[ScheduledBatch, list[Request], float]:
+    """One schedule → execute → update at ``now_s``; a non-empty step takes 10 ms."""
+    batch = scheduler.schedule(now_s)
+    duration_s = 0.0 if batch.is_empty else 0.01
+    end_s = now_s + duration_s
+    result = StepResult(duration_s, stopped_seq_ids=stopped)
+    return batch, scheduler.update(batch, result, end_s), end_s
+
+
+def paged(scheduler: Scheduler) -> PagedKVManager:
+    assert isinstance(scheduler.kv, PagedKVManager)
+    return scheduler.kv
+
+
+def assert_all_free(scheduler: Scheduler) -> None:
+    assert not (scheduler.waiting or scheduler.running or scheduler.swapped or scheduler.held)
+    assert not scheduler.has_unfinished()
+    if isinstance(scheduler.kv, PagedKVManager):
+        alloc = scheduler.kv.allocator
+        assert alloc.num_free_blocks == alloc.num_blocks
+        assert alloc.num_free_cpu_blocks == alloc.num_cpu_blocks
+        assert alloc.num_used_blocks == 0 and alloc.num_filled_slots == 0
+    else:
+        assert isinstance(scheduler.kv, ContiguousKVManager)
+        alloc_c = scheduler.kv.allocator
+        assert alloc_c.num_reserved_slots == 0 and alloc_c.holes() == [(0, alloc_c.num_slots)]
+        assert scheduler.kv.num_token_slots == 0
+
+
+# -- rejection -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_request_too_large_for_paged_cache_is_rejected(policy: str) -> None:
+    s = make_scheduler(policy, num_blocks=4, block_size=16)
+    request = Request("big", 0.5, 100, 10)  # ceil(110 / 16) = 7 blocks > 4
+    assert not s.add_request(request, 0.5)
+    assert request.status is RequestStatus.REJECTED and request.finish_s == 0.5
+    assert request.reject_reason is not None
+    assert "7" in request.reject_reason and "4" in request.reject_reason
+    assert_all_free(s)
+    fits = Request("fits", 0.5, 50, 10)  # 4 blocks: exactly the cache
+    assert s.add_request(fits, 0.5)
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_request_too_large_for_contiguous_cache_is_rejected(policy: str) -> None:
+    s = make_scheduler(policy, memory_model="contiguous", num_blocks=4, block_size=16)
+    request = Request("big", 0.0, 60, 10, n=2)  # 2 samples x 70 slots > 64
+    assert not s.add_request(request, 0.0)
+    reason = request.reject_reason
+    assert reason is not None and "140" in reason and "64" in reason
+    assert_all_free(s)
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_request_longer_than_max_model_len_is_rejected(policy: str) -> None:
+    s = make_scheduler(policy, max_model_len=128)
+    request = Request("long", 0.0, 100, 50)
+    assert not s.add_request(request, 0.0)
+    reason = request.reject_reason
+    assert reason is not None and all(n in reason for n in ("100", "50", "128"))
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_prompt_longer_than_token_budget(policy: str) -> None:
+    """Either rejected with a reason naming both numbers, or served within the budget."""
+    requests = [Request("long", 0.0, 100, 3)]
+    result = replay(requests, make_scheduler(policy).cache_config, _budget_config(policy, 32))
+    request = requests[0]
+    budget = POLICIES[policy](_budget_config(policy, 32)).token_budget()
+    if request.status is RequestStatus.REJECTED:
+        assert request.reject_reason is not None
+        assert "100" in request.reject_reason and "32" in request.reject_reason
+        return
+    assert request.status is RequestStatus.FINISHED
+    if budget is not None:
+        assert all(b.num_batched_tokens <= budget for b in result.batches)
+    prompt_steps = [e.num_positions for e in result.entries_of("long") if e.is_prefill]
+    assert sum(prompt_steps) == 100
+
+
+def _budget_config(policy: str, budget: int) -> SchedulerConfig:
+    return SchedulerConfig(policy=policy, max_num_batched_tokens=budget, batch_size=1)
+
+
+def test_continuous_rejects_and_chunked_chunks_a_prompt_over_budget() -> None:
+    requests = [Request("long", 0.0, 100, 3)]
+    cache = make_scheduler().cache_config
+    replay(requests, cache, _budget_config("continuous", 32))
+    assert requests[0].status is RequestStatus.REJECTED
+    requests = [Request("long", 0.0, 100, 3)]
+    result = replay(requests, cache, _budget_config("chunked", 32))
+    assert requests[0].status is RequestStatus.FINISHED
+    shares = [(e.num_computed_tokens, e.num_positions) for e in result.entries_of("long")]
+    assert shares == [(0, 32), (32, 32), (64, 32), (96, 4), (100, 1), (101, 1)]
+
+
+# -- abort -----------------------------------------------------------------------------------
+
+
+def three_requests(s: Scheduler) -> list[Request]:
+    """A, B, C: 8-token prompts (two 4-token blocks each) that fill a 6-block cache."""
+    requests = [Request(name, 0.0, 8, 4) for name in "ABC"]
+    for request in requests:
+        assert s.add_request(request, 0.0)
+    return requests
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+@pytest.mark.parametrize("state", ["waiting", "running", "swapped"])
+def test_abort_frees_everything(state: str, prefix_caching: bool) -> None:
+    s = make_scheduler(
+        num_blocks=6, num_cpu_blocks=8, preemption="swap", prefix_caching=prefix_caching
+    )
+    a, b, c = three_requests(s)
+    d = Request("D", 0.0, 8, 4)
+    assert s.add_request(d, 0.0)
+    step(s, 0.0)  # A, B, C admitted (6 blocks), D waits
+    batch, _, _ = step(s, 0.1)  # A and B each need a block: C is swapped out
+    assert batch.preempted_ids == ["C"] and c.status is RequestStatus.SWAPPED
+    assert d.status is RequestStatus.WAITING and a.status is RequestStatus.RUNNING
+    target = {"waiting": d, "running": a, "swapped": c}[state]
+    assert s.abort(target.request_id, 0.2) is target
+    assert target.status is RequestStatus.ABORTED and target.finish_s == 0.2
+    assert target not in (*s.waiting, *s.running, *s.swapped, *s.held)
+    assert s.abort(target.request_id, 0.3) is None
+    for other in (a, b, c, d):
+        if other is not target:
+            s.abort(other.request_id, 0.3)
+    assert_all_free(s)
+
+
+@pytest.mark.parametrize("memory_model", ["paged", "contiguous"])
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_abort_while_step_runs(policy: str, memory_model: str) -> None:
+    s = make_scheduler(policy, memory_model=memory_model)
+    request = Request("A", 0.0, 8, 4)
+    assert s.add_request(request, 0.0)
+    batch = s.schedule(0.0)
+    assert batch.requests and request.status is RequestStatus.RUNNING
+    s.abort("A", 0.005)
+    assert s.update(batch, StepResult(0.01), 0.01) == []
+    assert request.status is RequestStatus.ABORTED and request.num_output_tokens == 0
+    assert_all_free(s)
+
+
+# -- preemption -------------------------------------------------------------------------------
+
+
+def test_recompute_preempts_latest_arrival_and_counts_tokens() -> None:
+    s = make_scheduler(num_blocks=6)
+    # Added out of arrival order: the victim must be the latest *arrival*, not the latest add.
+    a = Request("A", 0.0, 8, 4)
+    late = Request("late", 0.2, 8, 4)
+    mid = Request("mid", 0.1, 8, 4)
+    for request in (a, late, mid):
+        assert s.add_request(request, 0.2)
+    batch, _, now_s = step(s, 0.2)
+    assert [r.request_id for r in batch.requests] == ["A", "mid", "late"]
+    batch, _, now_s = step(s, now_s)
+    assert batch.preempted_ids == ["late"]
+    assert not batch.swap_out
+    assert [r.request_id for r in batch.requests] == ["A", "mid"]
+    assert late.status is RequestStatus.WAITING and late.num_preemptions == 1
+    assert late.num_recomputed_tokens == 8 and late.num_computed_tokens == 0
+    while s.has_unfinished():
+        batch, _, now_s = step(s, now_s)
+        for scheduled in batch.requests:
+            if scheduled.request is late and scheduled.is_prefill:
+                # Prompt plus the token sampled before the preemption are recomputed at once.
+                assert (scheduled.num_computed_tokens, scheduled.num_positions) == (0, 9)
+    assert late.status is RequestStatus.FINISHED and late.tokens.num_emissions == 4
+    assert late.num_recomputed_tokens >= 8
+    assert_all_free(s)
+
+
+def test_swap_preemption_swaps_out_then_in_the_same_blocks() -> None:
+    s = make_scheduler(num_blocks=6, num_cpu_blocks=8, preemption="swap")
+    _, _, c = three_requests(s)
+    _, _, now_s = step(s, 0.0)
+    c_table = list(paged(s).allocator.block_table(c.live_seq_ids[0]))
+    batch, _, now_s = step(s, now_s)
+    assert batch.preempted_ids == ["C"] and c.status is RequestStatus.SWAPPED
+    assert sorted(gpu for gpu, _ in batch.swap_out) == sorted(c_table)
+    cpu_blocks = sorted(cpu for _, cpu in batch.swap_out)
+    swap_in: list[tuple[int, int]] = []
+    while s.has_unfinished():
+        batch, _, now_s = step(s, now_s)
+        assert not batch.swap_out or not swap_in, "swapped out again after coming back"
+        swap_in.extend(batch.swap_in)
+    assert sorted(cpu for cpu, _ in swap_in) == cpu_blocks
+    assert c.num_blocks_swapped_out == c.num_blocks_swapped_in == len(c_table) == 2
+    assert c.num_recomputed_tokens == 0 and c.tokens.num_emissions == 4
+    assert c.status is RequestStatus.FINISHED
+    assert_all_free(s)
+
+
+# -- parallel sampling ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("prompt", "expected_copies"), [(10, 2), (8, 0)])
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_parallel_sampling_shares_prompt_and_copies_on_write(
+    policy: str, prompt: int, expected_copies: int
+) -> None:
+    s = make_scheduler(policy)
+    request = Request("par", 0.0, prompt, 4, n=3)
+    assert s.add_request(request, 0.0)
+    s.mark_arrivals_done()
+    batch, finished, now_s = step(s, 0.0)
+    assert [r.num_new_tokens for r in batch.requests] == [prompt]
+    assert request.forked and not finished
+    alloc = paged(s).allocator
+    tables = [list(alloc.block_table(seq)) for seq in request.seq_ids]
+    assert tables[0] == tables[1] == tables[2]
+    for block_id in tables[0]:
+        assert alloc.ref_count(block_id) == 3
+    num_full = prompt // 4
+    assert paged(s).snapshot(None).shared_saved_slots == 2 * len(tables[0]) * 4
+
+    batch, _, now_s = step(s, now_s)
+    assert len(batch.copies) == expected_copies == request.num_cow_copies
+    assert [r.num_new_tokens for r in batch.requests] == [3]
+    for src, dst in batch.copies:
+        assert src == tables[0][-1] and alloc.ref_count(dst) == 1
+    new_tables = [list(alloc.block_table(seq)) for seq in request.seq_ids]
+    for block_id in tables[0][:num_full]:
+        assert alloc.ref_count(block_id) == 3
+    assert len({t[-1] for t in new_tables}) == 3, "each sample writes its own last block"
+    assert batch.memory is not None and batch.memory.shared_saved_slots == 2 * num_full * 4
+    while not finished:
+        assert request.status is RequestStatus.RUNNING
+        _, finished, now_s = step(s, now_s)
+    assert finished == [request] and request.tokens.num_emissions == 4
+    assert_all_free(s)
+
+
+def test_parallel_sampling_contiguous_copies_the_prompt_range() -> None:
+    s = make_scheduler(memory_model="contiguous")
+    request = Request("par", 0.0, 10, 4, n=3)
+    assert s.add_request(request, 0.0)
+    _, _, now_s = step(s, 0.0)
+    batch, _, _ = step(s, now_s)
+    starts = [s.kv.allocator.range_of(seq)[0] for seq in request.seq_ids]  # type: ignore[attr-defined]
+    assert batch.range_copies == [(starts[0], starts[1], 10), (starts[0], starts[2], 10)]
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_sample_stopped_early_frees_its_sequence(policy: str) -> None:
+    holds = POLICIES[policy].holds_until_batch_end
+    s = make_scheduler(policy)
+    request = Request("par", 0.0, 8, 6, n=3)
+    assert s.add_request(request, 0.0)
+    s.mark_arrivals_done()
+    _, _, now_s = step(s, 0.0)
+    stopped_seq = request.seq_ids[1]
+    _, finished, now_s = step(s, now_s, stopped=frozenset({stopped_seq}))
+    assert not finished and request.live_seq_ids == [request.seq_ids[0], request.seq_ids[2]]
+    # Static batching keeps a finished sequence's memory until the batch ends.
+    assert paged(s).allocator.has_table(stopped_seq) == holds
+    batch, finished, now_s = step(s, now_s)
+    assert [r.seq_ids for r in batch.requests] == [(request.seq_ids[0], request.seq_ids[2])]
+    assert batch.num_batched_tokens == 2
+    while not finished:
+        _, finished, now_s = step(s, now_s)
+    assert finished == [request] and request.tokens.num_emissions == 6
+    assert_all_free(s)
+
+
+@pytest.mark.parametrize("policy", STATIC_POLICIES)
+def test_static_charges_padding_for_a_stopped_sample(policy: str) -> None:
+    s = make_scheduler(policy)
+    request = Request("par", 0.0, 8, 6, n=3)
+    assert s.add_request(request, 0.0)
+    s.mark_arrivals_done()
+    _, _, now_s = step(s, 0.0)
+    _, _, now_s = step(s, now_s, stopped=frozenset({request.seq_ids[1]}))
+    batch, _, _ = step(s, now_s)
+    assert batch.num_padding_tokens == 1
+
+
+# -- prefix caching --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("second_arrival_s", [0.05, 5.0], ids=["first-running", "first-done"])
+@pytest.mark.parametrize("prompt", [37, 48, 64, 15])
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_prefix_hit_on_identical_prompt(policy: str, prompt: int, second_arrival_s: float) -> None:
+    ids = tuple(range(100, 100 + prompt))
+    requests = [
+        Request("first", 0.0, prompt, 20, prompt_token_ids=ids),
+        Request("second", second_arrival_s, prompt, 3, prompt_token_ids=ids),
+    ]
+    cache = CacheConfig(num_blocks=64, block_size=16, enable_prefix_caching=True)
+    config = SchedulerConfig(policy=policy, batch_size=1, max_wait_s=0.0)
+    result = replay(requests, cache, config)
+    expected = (prompt - 1) // 16 * 16
+    assert requests[0].num_prefix_hit_tokens == 0
+    assert requests[1].num_prefix_hit_tokens == expected
+    first_share = result.entries_of("second")[0]
+    assert first_share.num_computed_tokens == expected
+    assert first_share.num_positions == prompt - expected
+    assert all(r.status is RequestStatus.FINISHED for r in requests)
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_prefix_hit_on_mooncake_hash_ids(policy: str) -> None:
+    requests = [
+        Request("a", 0.0, 1536, 2, prefix_hash_ids=(11, 12, 13)),
+        Request("b", 1.0, 1536, 2, prefix_hash_ids=(11, 12, 99)),
+        Request("c", 2.0, 1536, 2, prefix_hash_ids=(50, 12, 13)),
+    ]
+    cache = CacheConfig(num_blocks=512, block_size=16, enable_prefix_caching=True)
+    config = SchedulerConfig(policy=policy, max_num_batched_tokens=2048, batch_size=1)
+    result = replay(requests, cache, config)
+    assert [r.num_prefix_hit_tokens for r in requests] == [0, 1024, 0]
+    assert result.entries_of("b")[0].num_computed_tokens == 1024
+
+
+def test_no_prefix_hit_without_prefix_caching() -> None:
+    ids = tuple(range(40))
+    requests = [Request(f"r{i}", float(i), 40, 2, prompt_token_ids=ids) for i in range(2)]
+    replay(requests, CacheConfig(num_blocks=64, block_size=16), SchedulerConfig())
+    assert [r.num_prefix_hit_tokens for r in requests] == [0, 0]
+
+
+# -- static and dynamic batching --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("memory_model", ["paged", "contiguous"])
+@pytest.mark.parametrize("policy", STATIC_POLICIES)
+def test_static_batches_run_to_completion(policy: str, memory_model: str) -> None:
+    requests = [
+        Request("r0", 0.0, 10, 3),
+        Request("r1", 0.001, 30, 8),
+        Request("r2", 0.002, 5, 2),
+        Request("r3", 0.003, 7, 2),
+        Request("r4", 0.5, 9, 1),
+    ]
+    cache = CacheConfig(
+        num_blocks=64,
+        block_size=4,
+        memory_model=memory_model,  # type: ignore[arg-type]
+        max_model_len=64,
+    )
+    config = SchedulerConfig(policy=policy, batch_size=2, max_wait_s=100.0)
+    result = replay(requests, cache, config)
+    assert all(r.status is RequestStatus.FINISHED for r in requests)
+    batches = [b for b in result.batches if not b.is_empty]
+    # No batch while only one request waits: the first starts when B = 2 are waiting.
+    assert batches[0].now_s == requests[1].arrival_s
+    assert batches[0].request_ids == ("r0", "r1")
+    assert batches[0].num_padding_tokens == 30 - 10
+    groups: list[set[str]] = [set()]
+    for batch in batches:
+        ids = set(batch.request_ids)
+        if not ids & groups[-1] and groups[-1]:
+            groups.append(set())
+        groups[-1] |= ids
+    assert groups == [{"r0", "r1"}, {"r2", "r3"}, {"r4"}]
+    # Members finish together, when the batch's last sequence does.
+    assert requests[0].finish_s == requests[1].finish_s
+    assert requests[0].tokens.last_s is not None and requests[1].finish_s is not None
+    assert requests[0].tokens.last_s < requests[1].finish_s
+    assert result.finished[:2] == [requests[0], requests[1]]
+    # r4 is a partial last batch: it runs only because arrivals are done.
+    assert batches[-1].request_ids == ("r4",)
+
+
+@pytest.mark.parametrize("memory_model", ["paged", "contiguous"])
+@pytest.mark.parametrize("policy", STATIC_POLICIES)
+def test_static_finished_member_keeps_memory_until_batch_ends(
+    policy: str, memory_model: str
+) -> None:
+    s = make_scheduler(policy, memory_model=memory_model, batch_size=2, max_wait_s=100.0)
+    short, long = Request("short", 0.0, 8, 2), Request("long", 0.0, 8, 5)
+    assert s.add_request(short, 0.0) and s.add_request(long, 0.0)
+    seq = short.seq_ids[0]
+
+    def holds_memory() -> bool:
+        if isinstance(s.kv, PagedKVManager):
+            return s.kv.allocator.has_table(seq)
+        return seq in s.kv.allocator.ranges()  # type: ignore[attr-defined]
+
+    now_s = 0.0
+    for _ in range(2):
+        _, finished, now_s = step(s, now_s)
+    assert short.num_output_tokens == 2 and not finished
+    assert short in s.held and holds_memory()
+    while not finished:
+        batch, finished, now_s = step(s, now_s)
+        assert batch.num_padding_tokens == 1, "the held sample computes for nothing"
+        assert finished or holds_memory()
+    assert finished == [short, long] and short.finish_s == long.finish_s == now_s
+    assert not holds_memory()
+    assert_all_free(s)
+
+
+@pytest.mark.parametrize("policy", STATIC_POLICIES)
+def test_partial_batch_runs_after_arrivals_done(policy: str) -> None:
+    s = make_scheduler(policy, batch_size=4, max_wait_s=100.0)
+    requests = [Request(f"r{i}", 0.0, 8, 2) for i in range(2)]
+    for request in requests:
+        assert s.add_request(request, 0.0)
+    batch, _, _ = step(s, 0.0)
+    assert batch.is_empty
+    s.mark_arrivals_done()
+    batch, _, _ = step(s, 0.0)
+    assert [r.request for r in batch.requests] == requests
+
+
+def test_static_never_wakes_itself() -> None:
+    s = make_scheduler("static", batch_size=4, max_wait_s=0.1)
+    assert s.add_request(Request("r0", 0.0, 8, 2), 0.0)
+    batch, _, _ = step(s, 5.0)
+    assert batch.is_empty and batch.next_wakeup_s is None
+
+
+def test_dynamic_starts_after_max_wait() -> None:
+    s = make_scheduler("dynamic", batch_size=4, max_wait_s=0.5)
+    first, second = Request("r0", 0.1, 8, 2), Request("r1", 0.2, 8, 2)
+    assert s.add_request(first, 0.1)
+    batch, _, _ = step(s, 0.1)
+    assert batch.is_empty and batch.next_wakeup_s == first.arrival_s + 0.5
+    assert s.add_request(second, 0.2)
+    batch, _, _ = step(s, 0.2)
+    assert batch.is_empty and batch.next_wakeup_s == first.arrival_s + 0.5
+    batch, _, _ = step(s, 0.59)
+    assert batch.is_empty
+    batch, _, _ = step(s, first.arrival_s + 0.5)
+    assert [r.request for r in batch.requests] == [first, second]
+    assert batch.next_wakeup_s is None
+
+
+def test_dynamic_replay_wakes_without_arrivals() -> None:
+    requests = [Request("r0", 0.1, 8, 2), Request("r1", 0.2, 8, 2), Request("r2", 9.0, 8, 2)]
+    config = SchedulerConfig(policy="dynamic", batch_size=4, max_wait_s=0.5)
+    result = replay(requests, CacheConfig(num_blocks=64, block_size=4), config)
+    first = next(b for b in result.batches if not b.is_empty)
+    assert first.now_s == 0.1 + 0.5 and first.request_ids == ("r0", "r1")
+
+
+@pytest.mark.parametrize(("max_num_seqs", "budget"), [(2, 256), (256, 2)], ids=["seqs", "tokens"])
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_request_wider_than_step_budgets_is_rejected_or_served(
+    policy: str, max_num_seqs: int, budget: int
+) -> None:
+    request = Request("wide", 0.0, 2, 4, n=3)
+    config = SchedulerConfig(
+        policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, batch_size=1
+    )
+    replay([request], CacheConfig(num_blocks=64, block_size=4), config, max_steps=500)
+    assert request.status is RequestStatus.FINISHED or request.reject_reason is not None
