@@ -15,6 +15,11 @@ Entry points (each wrapper checks shapes, dtypes, strides and devices, then laun
 - ``store_kv(k, v, k_cache, v_cache, slot_mapping)`` and ``copy_blocks(k_cache, v_cache, pairs)``
 - ``<name>_ref``: the torch references; ``resolve_backend(device, backend)``.
 
+Attention metadata is built once per step and passed explicitly; nothing is module-global.
+Prefill reads the chunk's own K/V from the cache, so a step runs store_kv before attention.
+Optional keywords: decode ``max_seq_len``/``num_splits``/``tile_tokens``, prefill
+``max_query_len`` (else one device sync) and ``tiles``. GPU sweep: ``python -m kernels.bench``.
+
 Every wrapper takes ``backend="auto" | "triton" | "torch"``: "auto" runs Triton on CUDA and,
 under ``TRITON_INTERPRET=1``, on CPU; otherwise the torch reference. ``import kernels`` loads
 neither torch nor triton: names resolve on first use, and only the wrappers' modules import

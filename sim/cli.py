@@ -159,6 +159,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", default=None, help="write requests.csv, steps.csv, summary.json here"
     )
+    parser.add_argument(
+        "--no-fast-forward",
+        action="store_true",
+        help="simulate every decode step one by one (slower; results are identical)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
 
 
@@ -185,6 +190,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         slo_ttft_s=args.slo_ttft / 1000.0 if args.slo_ttft is not None else None,
         slo_tpot_s=args.slo_tpot / 1000.0 if args.slo_tpot is not None else None,
         seed=args.seed,
+        fast_forward=not args.no_fast_forward,
     )
 
 

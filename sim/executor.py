@@ -30,14 +30,83 @@ def step_shape(batch: ScheduledBatch, block_size: int) -> StepShape:
     )
 
 
+def _is_plain_decode(batch: ScheduledBatch) -> bool:
+    return not (
+        batch.num_padding_tokens
+        or batch.copies
+        or batch.range_copies
+        or batch.swap_out
+        or batch.swap_in
+        or any(r.is_prefill for r in batch.requests)
+    )
+
+
 class CostModelExecutor:
-    """Executes a batch by asking the cost model how long it would take."""
+    """Executes a batch by asking the cost model how long it would take.
+
+    A decode-only step is priced from its aggregates (sequences, summed context, summed
+    blocks) when the cost model offers that fast path; ``repeat_end_times`` prices the same
+    step repeated with the very same arithmetic, so skipping ahead changes no result.
+    """
 
     def __init__(self, cost_model: CostModel, block_size: int) -> None:
         self.cost_model = cost_model
         self.block_size = block_size
+        self._decode_time = getattr(cost_model, "decode_step_time_s", None)
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         if batch.is_empty and not (batch.swap_out or batch.copies):
             return StepResult(duration_s=0.0)
+        if self._decode_time is not None and _is_plain_decode(batch):
+            contexts = _decode_contexts(batch)
+            bs = self.block_size
+            blocks = sum(-(-c // bs) for c in contexts)
+            return StepResult(self._decode_time(len(contexts), sum(contexts), blocks, bs))
         return StepResult(self.cost_model.step_time_s(step_shape(batch, self.block_size)))
+
+    def repeat_end_times(
+        self, batch: ScheduledBatch, start_s: float, max_steps: int, stop_at_s: float
+    ) -> list[float]:
+        """End times of up to ``max_steps`` repeats of the (already executed) decode ``batch``
+        from ``start_s``, stopping after the first step that ends at or after ``stop_at_s``."""
+        # Contexts of the next step: each sequence has computed one more token.
+        contexts = [c + 1 for c in _decode_contexts(batch)]
+        bs = self.block_size
+        ends: list[float] = []
+        now_s = start_s
+        if self._decode_time is None or not _is_plain_decode(batch):
+            padding = batch.num_padding_tokens  # static batching: finished members ride along
+            for _ in range(max_steps):
+                shape = StepShape(
+                    decode_context_tokens=tuple(contexts), num_padding_tokens=padding, block_size=bs
+                )
+                now_s += self.cost_model.step_time_s(shape)
+                ends.append(now_s)
+                if now_s >= stop_at_s:
+                    break
+                contexts = [c + 1 for c in contexts]
+            return ends
+        num_seqs = len(contexts)
+        total = sum(contexts)
+        blocks = sum(-(-c // bs) for c in contexts)
+        # A sequence starts a new block when its context becomes k * bs + 1.
+        by_phase = [0] * bs
+        for c in contexts:
+            by_phase[c % bs] += 1
+        decode_time = self._decode_time
+        for step in range(max_steps):
+            now_s += decode_time(num_seqs, total, blocks, bs)
+            ends.append(now_s)
+            if now_s >= stop_at_s:
+                break
+            total += num_seqs
+            blocks += by_phase[(1 - step - 1) % bs]
+        return ends
+
+
+def _decode_contexts(batch: ScheduledBatch) -> list[int]:
+    """Context length (including the new token) of every decoding sequence in ``batch``."""
+    contexts: list[int] = []
+    for scheduled in batch.requests:
+        contexts.extend([scheduled.num_computed_tokens + 1] * len(scheduled.seq_ids))
+    return contexts

@@ -23,7 +23,9 @@ from engine.core.request import Request, RequestStatus
 PERCENTILES = (50, 90, 99)
 
 
-def weighted_percentile(values: Sequence[float], counts: Sequence[int], q: float) -> float:
+def weighted_percentile(
+    values: Sequence[float] | np.ndarray, counts: Sequence[int] | np.ndarray, q: float
+) -> float:
     """The ``q``-th percentile (numpy's linear method) of ``values`` repeated ``counts`` times,
     without expanding them (run-length encoded ITLs can hold tens of millions of gaps)."""
     order = np.argsort(np.asarray(values, dtype=float), kind="stable")
@@ -88,21 +90,57 @@ def summarize(
     return out
 
 
+def itl_samples(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
+    """Every inter-token latency of ``requests`` as (values_s, counts), without expanding runs.
+
+    Within a run of consecutive steps a request's gap is that step's end minus the previous
+    step's end, so those gaps are the replica's step gaps weighted by how many requests were
+    mid-run in each step; gaps between runs (after a preemption) are added one by one.
+    """
+    values: list[np.ndarray] = []
+    counts: list[np.ndarray] = []
+    irregular: list[float] = []
+    by_clock: dict[int, list[Request]] = {}
+    for r in requests:
+        by_clock.setdefault(id(r.tokens.step_end_s), []).append(r)
+    for group in by_clock.values():
+        ends = np.frombuffer(group[0].tokens.step_end_s, dtype=np.float64)
+        if ends.size < 2:
+            continue
+        diff = np.zeros(ends.size + 1, dtype=np.int64)
+        starts: list[int] = []
+        stops: list[int] = []
+        for r in group:
+            t = r.tokens
+            prev_last: int | None = None
+            for start, count in zip(t.run_starts, t.run_counts, strict=True):
+                if prev_last is not None:
+                    irregular.append(float(ends[start] - ends[prev_last]))
+                starts.append(start + 1)
+                stops.append(start + count)
+                prev_last = start + count - 1
+        np.add.at(diff, np.asarray(starts, dtype=np.int64), 1)
+        np.add.at(diff, np.asarray(stops, dtype=np.int64), -1)
+        weights = np.cumsum(diff)[1 : ends.size]
+        keep = weights > 0
+        values.append(np.diff(ends)[keep])
+        counts.append(weights[keep])
+    values.append(np.asarray(irregular, dtype=np.float64))
+    counts.append(np.ones(len(irregular), dtype=np.int64))
+    return np.concatenate(values), np.concatenate(counts)
+
+
 def _itl_stats(finished: Sequence[Request], out: dict[str, float | int | None]) -> None:
-    gaps: list[float] = []
-    counts: list[int] = []
-    for r in finished:
-        gaps.extend(r.tokens.run_gaps_s)
-        counts.extend(r.tokens.run_counts)
-    if not gaps:
+    gaps, counts = itl_samples(finished)
+    if not gaps.size:
         for key in ("mean", "std", "median", "p90", "p99"):
             out[f"{key}_itl_ms"] = None
         return
-    g = np.asarray(gaps) * 1000.0
-    c = np.asarray(counts, dtype=np.int64)
-    mean = float((g * c).sum() / c.sum())
+    g = gaps * 1000.0
+    total = counts.sum()
+    mean = float((g * counts).sum() / total)
     out["mean_itl_ms"] = mean
-    out["std_itl_ms"] = float(math.sqrt(max(0.0, (c * (g - mean) ** 2).sum() / c.sum())))
+    out["std_itl_ms"] = float(math.sqrt(max(0.0, float((counts * (g - mean) ** 2).sum() / total))))
     for p in PERCENTILES:
         name = "median" if p == 50 else f"p{p}"
-        out[f"{name}_itl_ms"] = weighted_percentile(g.tolist(), counts, p)
+        out[f"{name}_itl_ms"] = weighted_percentile(g, counts, p)

@@ -3,17 +3,21 @@ at the end (both as pandas DataFrames for files and reports)."""
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 
 from engine.core.batch import ScheduledBatch
+from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 
 STEP_COLUMNS = (
     "start_s",
     "duration_s",
+    "num_steps",
     "num_requests",
     "num_prefill_tokens",
     "num_decode_tokens",
@@ -36,7 +40,8 @@ STEP_COLUMNS = (
 
 
 class StepRecorder:
-    """One row per executed step, stored column-wise in compact arrays."""
+    """One row per executed step, or per run of identical decode steps skipped over at once
+    (``num_steps`` > 1), stored column-wise in compact arrays."""
 
     def __init__(self, on_step: Callable[[float], None] | None = None) -> None:
         self.columns = {name: array("d") for name in STEP_COLUMNS}
@@ -46,15 +51,38 @@ class StepRecorder:
         return len(self.columns["start_s"])
 
     def record(self, batch: ScheduledBatch, start_s: float, duration_s: float) -> None:
-        c = self.columns
         memory = batch.memory
         assert memory is not None
+        self._row(batch, start_s, duration_s, 1, memory)
+
+    def record_repeat(
+        self,
+        batch: ScheduledBatch,
+        start_s: float,
+        step_end_s: list[float],
+        memory: MemorySnapshot,
+    ) -> None:
+        """One row for a run of steps identical to ``batch``: token counts and memory slots
+        are sums over its steps (``memory`` is the sum of their snapshots), so column sums
+        are the same whether steps were recorded one by one or in runs."""
+        self._row(batch, start_s, step_end_s[-1] - start_s, len(step_end_s), memory)
+
+    def _row(
+        self,
+        batch: ScheduledBatch,
+        start_s: float,
+        duration_s: float,
+        num_steps: int,
+        memory: MemorySnapshot,
+    ) -> None:
+        c = self.columns
         c["start_s"].append(start_s)
         c["duration_s"].append(duration_s)
+        c["num_steps"].append(num_steps)
         c["num_requests"].append(len(batch.requests))
-        c["num_prefill_tokens"].append(batch.num_prefill_tokens)
-        c["num_decode_tokens"].append(batch.num_decode_tokens)
-        c["num_padding_tokens"].append(batch.num_padding_tokens)
+        c["num_prefill_tokens"].append(batch.num_prefill_tokens * num_steps)
+        c["num_decode_tokens"].append(batch.num_decode_tokens * num_steps)
+        c["num_padding_tokens"].append(batch.num_padding_tokens * num_steps)
         c["num_running"].append(batch.num_running)
         c["num_waiting"].append(batch.num_waiting)
         c["num_swapped"].append(batch.num_swapped)
@@ -82,12 +110,30 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else value * 1000.0
 
 
+def _itl_extremes(request: Request) -> tuple[float, float] | None:
+    """Smallest and largest gap between the request's token emissions."""
+    t = request.tokens
+    if t.num_emissions < 2:
+        return None
+    ends = np.frombuffer(t.step_end_s, dtype=np.float64)
+    lo, hi = math.inf, -math.inf
+    prev_last: int | None = None
+    for start, count in zip(t.run_starts, t.run_counts, strict=True):
+        if prev_last is not None:
+            gap = float(ends[start] - ends[prev_last])
+            lo, hi = min(lo, gap), max(hi, gap)
+        if count > 1:
+            run = np.diff(ends[start : start + count])
+            lo, hi = min(lo, float(run.min())), max(hi, float(run.max()))
+        prev_last = start + count - 1
+    return lo, hi
+
+
 def request_frame(requests: list[Request]) -> pd.DataFrame:
     """Per-request rows: timestamps (s), latencies (ms), counters and the outcome."""
     rows = []
     for r in requests:
-        t = r.tokens
-        gaps = t.run_gaps_s
+        gaps = _itl_extremes(r)
         rows.append(
             {
                 "request_id": r.request_id,
@@ -103,8 +149,8 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
                 "queueing_ms": _ms(r.queueing_s),
                 "ttft_ms": _ms(r.ttft_s),
                 "tpot_ms": _ms(r.tpot_s),
-                "itl_max_ms": _ms(max(gaps)) if gaps else None,
-                "itl_min_ms": _ms(min(gaps)) if gaps else None,
+                "itl_max_ms": _ms(gaps[1]) if gaps else None,
+                "itl_min_ms": _ms(gaps[0]) if gaps else None,
                 "e2el_ms": _ms(r.e2e_s),
                 "num_preemptions": r.num_preemptions,
                 "num_recomputed_tokens": r.num_recomputed_tokens,

@@ -4,6 +4,7 @@ timer wakes it."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -11,9 +12,9 @@ import simpy
 
 from engine.core.batch import ScheduledBatch, StepResult
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.executor import Executor
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
+from sim.executor import CostModelExecutor
 from sim.records import StepRecorder
 from traces.schema import Trace, TraceRequest
 
@@ -45,21 +46,44 @@ class RunOutput:
     notes: list[str] = field(default_factory=list)
 
 
+class ArrivalCursor:
+    """Where the arrival process is in the trace: when the next request comes."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.next_idx = 0
+
+    @property
+    def next_arrival_s(self) -> float:
+        requests = self.trace.requests
+        return requests[self.next_idx].arrival_s if self.next_idx < len(requests) else math.inf
+
+
 class Replica:
-    """One serving instance: a scheduler over its own KV cache, and an executor."""
+    """One serving instance: a scheduler over its own KV cache, and an executor.
+
+    The replica keeps its own clock (``clock_s``, the exact sum of step durations) rather than
+    reading SimPy's, so that skipping ahead over identical decode steps (``fast_forward``)
+    gives bit-identical times to stepping through them.
+    """
 
     def __init__(
         self,
         env: simpy.Environment,
         scheduler: Scheduler,
-        executor: Executor,
+        executor: CostModelExecutor,
         recorder: StepRecorder,
+        cursor: ArrivalCursor,
+        fast_forward: bool = True,
     ) -> None:
         self.env = env
         self.scheduler = scheduler
         self.executor = executor
         self.recorder = recorder
+        self.cursor = cursor
+        self.fast_forward = fast_forward
         self.arrivals_done = False
+        self.clock_s = 0.0
         self._wake: simpy.Event | None = None
 
     def add(self, request: Request) -> bool:
@@ -79,18 +103,35 @@ class Replica:
     def step_loop(self) -> simpy.events.ProcessGenerator:
         env, scheduler = self.env, self.scheduler
         while True:
-            batch = scheduler.schedule(env.now)
+            now_s = self.clock_s
+            batch = scheduler.schedule(now_s)
             if batch.is_empty:
-                scheduler.update(batch, StepResult(0.0), env.now)
+                scheduler.update(batch, StepResult(0.0), now_s)
                 if self.arrivals_done and not scheduler.has_unfinished():
                     return
                 yield from self._sleep(batch)
                 continue
             result = self.executor.execute(batch)
-            start_s = env.now
+            end_s = now_s + result.duration_s
             yield env.timeout(result.duration_s)
-            scheduler.update(batch, result, env.now)
-            self.recorder.record(batch, start_s, result.duration_s)
+            self.clock_s = end_s
+            scheduler.update(batch, result, end_s)
+            self.recorder.record(batch, now_s, result.duration_s)
+            if self.fast_forward:
+                yield from self._repeat(batch)
+
+    def _repeat(self, batch: ScheduledBatch) -> simpy.events.ProcessGenerator:
+        """Skip over the steps that repeat ``batch`` exactly, up to the next arrival."""
+        limit = self.scheduler.repeat_limit(batch)
+        if limit <= 0:
+            return
+        start_s = self.clock_s
+        ends = self.executor.repeat_end_times(batch, start_s, limit, self.cursor.next_arrival_s)
+        memory = self.scheduler.repeat_memory_sum(batch, len(ends))
+        yield self.env.timeout(max(0.0, ends[-1] - self.env.now))
+        self.clock_s = ends[-1]
+        self.scheduler.repeat(batch, ends)
+        self.recorder.record_repeat(batch, start_s, ends, memory)
 
     def _sleep(self, batch: ScheduledBatch) -> simpy.events.ProcessGenerator:
         env = self.env
@@ -106,14 +147,17 @@ class Replica:
             )
         yield env.any_of(events)
         self._wake = None
+        # Woken by an arrival or a policy timer: the replica's clock jumps to that moment.
+        self.clock_s = max(self.clock_s, env.now)
 
 
 def arrival_loop(
-    env: simpy.Environment, trace: Trace, requests: list[Request], replica: Replica
+    env: simpy.Environment, cursor: ArrivalCursor, requests: list[Request], replica: Replica
 ) -> simpy.events.ProcessGenerator:
-    for item in trace.requests:
+    for item in cursor.trace.requests:
         if item.arrival_s > env.now:
             yield env.timeout(item.arrival_s - env.now)
+        cursor.next_idx += 1
         request = to_request(item)
         requests.append(request)
         replica.add(request)
@@ -124,15 +168,18 @@ def run_single_replica(
     trace: Trace,
     cache_config: CacheConfig,
     scheduler_config: SchedulerConfig,
-    executor: Executor,
+    executor: CostModelExecutor,
     on_step: Callable[[float], None] | None = None,
+    fast_forward: bool = True,
 ) -> RunOutput:
     """Replay ``trace`` through one replica and return what happened."""
     env = simpy.Environment()
     recorder = StepRecorder(on_step=on_step)
-    replica = Replica(env, Scheduler(cache_config, scheduler_config), executor, recorder)
+    cursor = ArrivalCursor(trace)
+    scheduler = Scheduler(cache_config, scheduler_config)
+    replica = Replica(env, scheduler, executor, recorder, cursor, fast_forward)
     requests: list[Request] = []
-    env.process(arrival_loop(env, trace, requests, replica))
+    env.process(arrival_loop(env, cursor, requests, replica))
     done = env.process(replica.step_loop())
     env.run(until=done)
     return RunOutput(requests=requests, steps=recorder, end_s=env.now)

@@ -155,6 +155,27 @@ class ContiguousKVManager:
     def can_grow(self, request: Request, num_positions: int) -> bool:
         return True
 
+    def growth_capacity(self, requests: Sequence[Request], limit: int) -> int:
+        return limit  # reservations already cover every request's final length
+
+    def repeat_memory_sum(
+        self, requests: Sequence[Request], count: int, next_waiting: Request | None
+    ) -> MemorySnapshot:
+        width = sum(len(r.active_seq_ids) for r in requests)
+        now = self.snapshot(next_waiting)
+        # Real tokens grow by ``width`` per step inside the reservations; nothing else moves.
+        added = width * count * (count + 1) // 2
+        return MemorySnapshot(
+            total_slots=now.total_slots * count,
+            real_token_slots=now.real_token_slots * count + added,
+            internal_fragmentation_slots=0,
+            reservation_waste_slots=now.reservation_waste_slots * count - added,
+            cached_free_slots=0,
+            external_fragmentation_slots=now.external_fragmentation_slots * count,
+            free_slots=now.free_slots * count,
+            shared_saved_slots=0,
+        )
+
     def grow(self, request: Request, num_positions: int) -> list[BlockPair]:
         for seq_id in request.active_seq_ids:
             self._add_tokens(seq_id, num_positions)

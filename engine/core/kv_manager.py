@@ -25,6 +25,10 @@ class KVCacheManager(Protocol):
     def can_admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> bool: ...
     def admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> None: ...
     def can_grow(self, request: Request, num_positions: int) -> bool: ...
+    def growth_capacity(self, requests: Sequence[Request], limit: int) -> int: ...
+    def repeat_memory_sum(
+        self, requests: Sequence[Request], count: int, next_waiting: Request | None
+    ) -> MemorySnapshot: ...
     def grow(self, request: Request, num_positions: int) -> list[BlockPair]: ...
     def take_range_copies(self, request: Request) -> list[RangeCopy]: ...
     def fork(self, request: Request) -> None: ...
@@ -121,6 +125,69 @@ class PagedKVManager:
 
     def can_grow(self, request: Request, num_positions: int) -> bool:
         return self._blocks_to_grow(request, num_positions) <= self.allocator.num_free_blocks
+
+    def growth_capacity(self, requests: Sequence[Request], limit: int) -> int:
+        """The most positions (up to ``limit``) every active sequence of ``requests`` can grow
+        by together without running out of blocks (no copy-on-write pending)."""
+        alloc = self.allocator
+        bs = self.block_size
+        seqs = [
+            (alloc.num_tokens(s), len(alloc.block_table(s)))
+            for r in requests
+            for s in r.active_seq_ids
+        ]
+        free = alloc.num_free_blocks
+
+        def need(k: int) -> int:
+            return sum(_blocks(t + k, bs) - held for t, held in seqs)
+
+        if need(limit) <= free:
+            return limit
+        lo, hi = 0, limit  # need(lo) <= free < need(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def repeat_memory_sum(
+        self, requests: Sequence[Request], count: int, next_waiting: Request | None
+    ) -> MemorySnapshot:
+        """The sum of the snapshots ``count`` repeated decode steps would take, each after
+        growing every active sequence by one more position (computed, not applied)."""
+        alloc = self.allocator
+        bs = self.block_size
+        by_phase = [0] * bs  # sequences by tokens held, modulo the block size
+        width = 0
+        for request in requests:
+            for seq_id in request.active_seq_ids:
+                by_phase[alloc.num_tokens(seq_id) % bs] += 1
+                width += 1
+        cached0 = alloc.num_cached_free_blocks
+        free0 = alloc.num_free_blocks - cached0
+        real = internal = cached = free = 0
+        new_blocks = 0
+        for step in range(count):
+            # Step s adds a block to every sequence that held a multiple of bs tokens.
+            new_blocks += by_phase[(-step) % bs]
+            used = alloc.num_used_blocks + new_blocks
+            step_real = alloc.num_filled_slots + (step + 1) * width
+            real += step_real
+            internal += used * bs - step_real
+            cached += (cached0 - max(0, new_blocks - free0)) * bs
+            free += max(0, free0 - new_blocks) * bs
+        return MemorySnapshot(
+            total_slots=alloc.num_blocks * bs * count,
+            real_token_slots=real,
+            internal_fragmentation_slots=internal,
+            reservation_waste_slots=0,
+            cached_free_slots=cached,
+            external_fragmentation_slots=0,
+            free_slots=free,
+            shared_saved_slots=alloc.num_shared_refs * bs * count,
+        )
 
     def grow(self, request: Request, num_positions: int) -> list[BlockPair]:
         copies: list[BlockPair] = []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import itertools
+from array import array
 from dataclasses import dataclass, field
 
 
@@ -20,42 +22,49 @@ class RequestStatus(enum.Enum):
 
 
 class TokenTimeline:
-    """Times at which a request emitted tokens, stored as run-length encoded gaps.
+    """When a request emitted tokens, as runs of consecutive steps of its replica.
 
-    Every emission (one step that sampled tokens for the request) is kept exactly: the first
-    time, then runs of ``(gap_s, count)`` where consecutive gaps are bit-identical. Long decodes
-    in a steady batch collapse to a few runs, so 100k requests stay small in memory while TTFT,
-    TPOT and every inter-token latency can still be computed exactly.
+    The scheduler keeps one array of step end times (``step_end_s``); an emission is the end
+    of a step, and a request that decodes in every step from its first token to its last is
+    a single run ``(first_step_idx, count)``. So 100k requests of 500 tokens stay small in
+    memory, yet TTFT, TPOT and every inter-token latency can be computed exactly.
     """
 
-    __slots__ = ("first_s", "last_s", "num_emissions", "run_counts", "run_gaps_s")
+    __slots__ = ("first_s", "last_s", "num_emissions", "run_counts", "run_starts", "step_end_s")
 
-    def __init__(self) -> None:
+    def __init__(self, step_end_s: array[float] | None = None) -> None:
+        self.step_end_s: array[float] = step_end_s if step_end_s is not None else array("d")
         self.first_s: float | None = None
         self.last_s: float | None = None
         self.num_emissions = 0
-        self.run_gaps_s: list[float] = []
+        self.run_starts: list[int] = []
         self.run_counts: list[int] = []
 
-    def add(self, now_s: float) -> None:
-        if self.last_s is None:
-            self.first_s = now_s
+    def add(self, step_idx: int, count: int = 1) -> None:
+        """Emissions at the ends of steps ``step_idx .. step_idx + count - 1``."""
+        starts, counts = self.run_starts, self.run_counts
+        if counts and starts[-1] + counts[-1] == step_idx:
+            counts[-1] += count
         else:
-            gap_s = now_s - self.last_s
-            if self.run_gaps_s and self.run_gaps_s[-1] == gap_s:
-                self.run_counts[-1] += 1
-            else:
-                self.run_gaps_s.append(gap_s)
-                self.run_counts.append(1)
-        self.last_s = now_s
-        self.num_emissions += 1
+            starts.append(step_idx)
+            counts.append(count)
+        if self.first_s is None:
+            self.first_s = self.step_end_s[step_idx]
+        self.last_s = self.step_end_s[step_idx + count - 1]
+        self.num_emissions += count
+
+    def times_s(self) -> list[float]:
+        """Every emission time, expanded."""
+        ends = self.step_end_s
+        out: list[float] = []
+        for start, count in zip(self.run_starts, self.run_counts, strict=True):
+            out.extend(ends[start : start + count])
+        return out
 
     def gaps_s(self) -> list[float]:
-        """Every inter-emission gap, expanded (for metrics that need each value)."""
-        out: list[float] = []
-        for gap_s, count in zip(self.run_gaps_s, self.run_counts, strict=True):
-            out.extend([gap_s] * count)
-        return out
+        """Every inter-emission gap, expanded."""
+        times = self.times_s()
+        return [b - a for a, b in itertools.pairwise(times)]
 
 
 @dataclass(eq=False, slots=True)

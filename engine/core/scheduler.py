@@ -4,6 +4,7 @@ admission, allocation, preemption (recompute or swap), forking, finishing and ab
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import deque
 from collections.abc import Sequence
 
@@ -12,8 +13,9 @@ from engine.core.block_allocator import BlockPair
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.contiguous_allocator import ContiguousKVManager
 from engine.core.kv_manager import KVCacheManager, PagedKVManager
+from engine.core.memory import MemorySnapshot
 from engine.core.policies import POLICIES, Policy
-from engine.core.request import Request, RequestStatus
+from engine.core.request import Request, RequestStatus, TokenTimeline
 
 
 def make_kv_manager(config: CacheConfig) -> KVCacheManager:
@@ -60,6 +62,9 @@ class Scheduler:
         self.step_idx = 0
         self.num_held_samples = 0
         self._requests: dict[str, Request] = {}
+        # End time of every executed step; token timelines point into it.
+        self.step_end_s: array[float] = array("d")
+        self._changed_since_schedule = False  # an arrival or abort the last schedule missed
         self._next_seq_id = 0
         self._next_internal_idx = 0
 
@@ -79,6 +84,8 @@ class Scheduler:
             request.reject_reason = reason
             request.finish_s = now_s
             return False
+        request.tokens = TokenTimeline(self.step_end_s)
+        self._changed_since_schedule = True
         request.seq_ids = list(range(self._next_seq_id, self._next_seq_id + request.n))
         request.live_seq_ids = list(request.seq_ids)
         self._next_seq_id += request.n
@@ -115,6 +122,7 @@ class Scheduler:
             self.num_held_samples -= len(request.seq_ids) - len(request.live_seq_ids)
         request.status = RequestStatus.ABORTED
         request.finish_s = now_s
+        self._changed_since_schedule = True
         self.kv.free(request)
         return request
 
@@ -135,6 +143,7 @@ class Scheduler:
         them, so drivers call ``update`` for every batch, empty ones included.
         """
         batch = ScheduledBatch(step_idx=self.step_idx, now_s=now_s)
+        self._changed_since_schedule = False
         while True:
             if not self.running and self.held:
                 batch.finished.extend(self._release_held(now_s))
@@ -147,13 +156,16 @@ class Scheduler:
         batch.num_running = len(self.running)
         batch.num_waiting = len(self.waiting)
         batch.num_swapped = len(self.swapped)
-        batch.memory = self.kv.snapshot(self.waiting[0] if self.waiting else None)
+        batch.memory = self.memory_snapshot()
         self.step_idx += 1
         return batch
 
     def update(self, batch: ScheduledBatch, result: StepResult, now_s: float) -> list[Request]:
         """Apply a finished step at ``now_s`` (its end); returns requests that finished."""
         finished: list[Request] = list(batch.finished)
+        step_idx = len(self.step_end_s)
+        if batch.requests:
+            self.step_end_s.append(now_s)
         for scheduled in batch.requests:
             request = scheduled.request
             if request.status is not RequestStatus.RUNNING:
@@ -164,28 +176,33 @@ class Scheduler:
                 self.kv.fork(request)
                 request.forked = True
             if request.num_computed_tokens == request.num_tokens:
-                self._sample(request, result, now_s)
-                if not request.live_seq_ids:
-                    self._finish(request, now_s, finished)
-                    continue
+                self._sample(request, result, step_idx)
             self.kv.commit(request)
+            if not request.live_seq_ids:
+                self._finish(request, now_s, finished)
         if not self.running and self.held:
             finished.extend(self._release_held(now_s))
         return finished
 
-    def _sample(self, request: Request, result: StepResult, now_s: float) -> None:
-        request.num_output_tokens += 1
+    def _sample(
+        self, request: Request, result: StepResult | None, step_idx: int, count: int = 1
+    ) -> None:
+        """Every live sample samples ``count`` tokens, at steps ``step_idx`` onwards."""
+        request.num_output_tokens += count
         if request.first_token_s is None:
-            request.first_token_s = now_s
-        request.tokens.add(now_s)
-        for seq_id in request.live_seq_ids:
-            token_id = result.sampled_token_ids.get(seq_id)
-            if token_id is not None:
-                request.output_token_ids.setdefault(seq_id, []).append(token_id)
+            request.first_token_s = self.step_end_s[step_idx]
+        request.tokens.add(step_idx, count)
+        stopped: frozenset[int] = frozenset()
+        if result is not None:
+            stopped = result.stopped_seq_ids
+            for seq_id in request.live_seq_ids:
+                token_id = result.sampled_token_ids.get(seq_id)
+                if token_id is not None:
+                    request.output_token_ids.setdefault(seq_id, []).append(token_id)
         done_all = request.num_output_tokens >= request.max_output_tokens
         hold = self.policy.holds_until_batch_end
         for seq_id in list(request.live_seq_ids):
-            if done_all or seq_id in result.stopped_seq_ids:
+            if done_all or seq_id in stopped:
                 request.live_seq_ids.remove(seq_id)
                 if hold:
                     self.num_held_samples += 1  # keeps its slot, computed for nothing
@@ -199,7 +216,6 @@ class Scheduler:
             return
         request.status = RequestStatus.FINISHED
         request.finish_s = now_s
-        self.kv.commit(request)
         self.kv.free(request)
         del self._requests[request.request_id]
         finished.append(request)
@@ -214,6 +230,85 @@ class Scheduler:
             self.kv.free(request)
             del self._requests[request.request_id]
         return released
+
+    # -- fast-forwarding identical decode steps -----------------------------------------------
+
+    def repeat_limit(self, batch: ScheduledBatch) -> int:
+        """How many more steps exactly like ``batch`` the scheduler would now produce if nothing
+        arrives: 0 unless ``batch`` (already updated) was a steady decode step.
+
+        A steady step decodes one position for every running request and moves no memory;
+        the next one is then the same step again until a request finishes or the cache runs
+        out of blocks for growth. Repeating it in bulk (``repeat``) gives the same state as
+        scheduling it step by step, which is what lets a simulator skip ahead exactly.
+        """
+        if self._changed_since_schedule:
+            return 0
+        return self._steady_limit(batch)
+
+    def _steady_limit(self, batch: ScheduledBatch) -> int:
+        if (
+            not batch.requests
+            or len(batch.requests) != len(self.running)
+            or batch.copies
+            or batch.range_copies
+            or batch.swap_out
+            or batch.swap_in
+            or batch.preempted_ids
+            or batch.finished
+        ):
+            return 0
+        limit = 1 << 62
+        for scheduled in batch.requests:
+            request = scheduled.request
+            if (
+                scheduled.is_prefill
+                or scheduled.num_positions != 1
+                or request.status is not RequestStatus.RUNNING
+                or request.num_pending_positions != 1
+                or len(scheduled.seq_ids) != len(request.active_seq_ids)
+            ):
+                return 0
+            limit = min(limit, request.max_output_tokens - request.num_output_tokens)
+        requests = [scheduled.request for scheduled in batch.requests]
+        return self.kv.growth_capacity(requests, limit)
+
+    def repeat(self, batch: ScheduledBatch, step_end_s: Sequence[float]) -> list[Request]:
+        """Apply ``len(step_end_s)`` more steps identical to ``batch`` (see ``repeat_limit``),
+        ending at the given times; returns the requests that finished.
+
+        Requests that arrived during the last of these steps wait for the next ``schedule``.
+        """
+        count = len(step_end_s)
+        if not 0 < count <= self._steady_limit(batch):
+            raise ValueError(f"cannot repeat this batch {count} times")
+        first_idx = len(self.step_end_s)
+        self.step_end_s.extend(step_end_s)
+        finished: list[Request] = []
+        # Grow everyone before anyone finishes, as the steps themselves would.
+        for scheduled in batch.requests:
+            self.kv.grow(scheduled.request, count)
+        for scheduled in batch.requests:
+            request = scheduled.request
+            request.num_computed_tokens += count
+            self._sample(request, None, first_idx, count)
+            self.kv.commit(request)
+            if not request.live_seq_ids:
+                self._finish(request, step_end_s[-1], finished)
+        if not self.running and self.held:
+            finished.extend(self._release_held(step_end_s[-1]))
+        self.step_idx += count
+        return finished
+
+    def repeat_memory_sum(self, batch: ScheduledBatch, count: int) -> MemorySnapshot:
+        """The sum of the memory snapshots the next ``count`` repeats of ``batch`` would take
+        (call before ``repeat``): what a step-by-step record would add up to."""
+        requests = [scheduled.request for scheduled in batch.requests]
+        head = self.waiting[0] if self.waiting else None
+        return self.kv.repeat_memory_sum(requests, count, head)
+
+    def memory_snapshot(self) -> MemorySnapshot:
+        return self.kv.snapshot(self.waiting[0] if self.waiting else None)
 
     # -- mechanism used by _Step -------------------------------------------------------------
 

@@ -288,7 +288,7 @@ def fingerprint(result: ReplayResult) -> tuple[Any, ...]:
             r.tokens.first_s,
             r.tokens.last_s,
             r.tokens.num_emissions,
-            tuple(r.tokens.run_gaps_s),
+            tuple(r.tokens.run_starts),
             tuple(r.tokens.run_counts),
             r.num_preemptions,
             r.num_recomputed_tokens,

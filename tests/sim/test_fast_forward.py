@@ -1,0 +1,73 @@
+"""Skipping over identical decode steps must change nothing: every request's timeline and
+counters, the summary, and the sums of every per-step column equal step-by-step simulation."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.core.policies import POLICIES
+from sim.run import RunConfig, simulate
+from traces.loaders import load_trace
+
+DATA = Path(__file__).resolve().parents[2] / "traces" / "data"
+SUM_COLUMNS = (
+    "num_steps",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "num_padding_tokens",
+    "real_token_slots",
+    "internal_fragmentation_slots",
+    "reservation_waste_slots",
+    "cached_free_slots",
+    "external_fragmentation_slots",
+    "free_slots",
+    "shared_saved_slots",
+)
+CASES = [
+    (policy, memory, preemption, trace, blocks, prefix)
+    for policy in sorted(POLICIES)
+    for memory in ("paged", "contiguous")
+    for preemption in ("recompute", "swap")
+    for trace, blocks, prefix in (
+        ("bursty.csv", 300, False),
+        ("parallel_sampling.csv", 400, False),
+        ("shared_prefix.csv", 250, True),
+    )
+    if not (prefix and memory == "contiguous")
+]
+
+
+@pytest.mark.parametrize(("policy", "memory", "preemption", "trace", "blocks", "prefix"), CASES)
+def test_fast_forward_equals_step_by_step(
+    policy: str, memory: str, preemption: str, trace: str, blocks: int, prefix: bool
+) -> None:
+    config = RunConfig(
+        policy=policy,
+        memory_model=memory,  # type: ignore[arg-type]
+        preemption_mode=preemption,  # type: ignore[arg-type]
+        enable_prefix_caching=prefix,
+        model="Llama-2-7B",
+        hardware="A100-80GB",
+        num_blocks=blocks,
+        swap_space_gib=0.05,
+    )
+    loaded = load_trace(DATA / trace)
+    fast = simulate(loaded, config)
+    slow = simulate(loaded, replace(config, fast_forward=False))
+    assert fast.requests_frame().equals(slow.requests_frame())
+    assert fast.summary == slow.summary
+    fast_steps, slow_steps = fast.steps.to_frame(), slow.steps.to_frame()
+    for column in SUM_COLUMNS:
+        assert fast_steps[column].sum() == slow_steps[column].sum(), column
+    assert fast_steps["duration_s"].sum() == pytest.approx(slow_steps["duration_s"].sum())
+    assert len(slow_steps) == slow_steps["num_steps"].sum()
+
+
+def test_fast_forward_skips_most_steps_on_a_decode_heavy_trace() -> None:
+    config = RunConfig(policy="continuous", model="Llama-2-7B", hardware="A100-80GB")
+    result = simulate(load_trace(DATA / "example.csv"), config)
+    rows = result.steps.to_frame()
+    assert rows["num_steps"].sum() > 5 * len(rows)
