@@ -4,12 +4,17 @@ generates or inspects traces."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from engine.core.config import MEMORY_MODELS, PREEMPTION_MODES, RESERVATION_RULES
 from engine.core.policies import POLICIES
+from reports.cli import add_report_arguments, run_report
+from reports.html import write_report
+from reports.records import records_from_result
 from sim.hardware_spec import HARDWARE_PRESETS
 from sim.model_spec import MODEL_PRESETS
 from sim.run import RunConfig, RunResult, simulate
@@ -164,6 +169,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="simulate every decode step one by one (slower; results are identical)",
     )
+    parser.add_argument(
+        "--report", default=None, help="write a self-contained HTML report to this file"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
 
 
@@ -226,17 +234,76 @@ def print_summary(result: RunResult) -> None:
     print("\n".join(lines))
 
 
+def _command_line() -> str:
+    return shlex.join(["python", "-m", "sim", *sys.argv[1:]])
+
+
+def _write_outputs(args: argparse.Namespace, results: list[RunResult], names: list[str]) -> None:
+    if args.out:
+        out = Path(args.out)
+        for result, name in zip(results, names, strict=True):
+            target = out / name if name else out
+            result.write(target)
+            if not args.quiet:
+                print(f"wrote {target}/requests.csv, steps.csv, summary.json")
+    if args.report:
+        runs = [records_from_result(r, command=r.command) for r in results]
+        path = write_report(runs, Path(args.report))
+        if not args.quiet:
+            print(f"wrote report {path}")
+
+
 def run_command(args: argparse.Namespace) -> int:
     on_error = "skip" if args.skip_bad_rows else "raise"
     trace = load_trace(args.trace, format=args.format, on_error=on_error)
     result = simulate(trace, config_from_args(args), progress=not args.quiet)
+    result.command = _command_line()
     if not args.quiet:
         print_summary(result)
-    if args.out:
-        out = Path(args.out)
-        result.write(out)
+    _write_outputs(args, [result], [""])
+    return 0
+
+
+def parse_variants(text: str) -> list[tuple[str, str | None, str | None]]:
+    """``policy[:memory[:reservation]]`` items, comma-separated."""
+    variants: list[tuple[str, str | None, str | None]] = []
+    for item in text.split(","):
+        parts: list[str | None] = list(item.strip().split(":"))
+        if not parts[0] or len(parts) > 3:
+            raise ValueError(f"--policies item {item!r}: expected policy[:memory[:reservation]]")
+        policy, memory, reservation = [*parts, None, None][:3]
+        if policy is None or policy not in POLICIES:
+            raise ValueError(f"--policies item {item!r}: unknown policy {policy!r}")
+        if memory is not None and memory not in MEMORY_MODELS:
+            raise ValueError(f"--policies item {item!r}: memory must be one of {MEMORY_MODELS}")
+        if reservation is not None and reservation not in RESERVATION_RULES:
+            raise ValueError(
+                f"--policies item {item!r}: reservation must be one of {RESERVATION_RULES}"
+            )
+        variants.append((policy, memory, reservation))
+    return variants
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    on_error = "skip" if args.skip_bad_rows else "raise"
+    trace = load_trace(args.trace, format=args.format, on_error=on_error)
+    base = config_from_args(args)
+    results, names = [], []
+    for policy, memory, reservation in parse_variants(args.policies):
+        config = replace(
+            base,
+            policy=policy,
+            memory_model=memory or base.memory_model,  # type: ignore[arg-type]
+            reservation=reservation or base.reservation,  # type: ignore[arg-type]
+        )
+        result = simulate(trace, config, progress=not args.quiet)
+        result.command = _command_line()
         if not args.quiet:
-            print(f"wrote {out}/requests.csv, steps.csv, summary.json")
+            print_summary(result)
+            print()
+        results.append(result)
+        names.append("_".join(p for p in (policy, memory, reservation) if p))
+    _write_outputs(args, results, names)
     return 0
 
 
@@ -254,6 +321,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_run_arguments(run)
     run.set_defaults(func=run_command)
+    compare = commands.add_parser(
+        "compare",
+        help="simulate several policies / memory models on one trace",
+        description="Run TRACE once per --policies item (policy[:memory[:reservation]]), "
+        "writing one sub-folder per run under --out and one report comparing them.",
+    )
+    add_run_arguments(compare)
+    compare.add_argument(
+        "--policies",
+        required=True,
+        help="comma-separated policy[:memory[:reservation]] items, e.g. "
+        "'static,continuous,chunked' or 'continuous:contiguous:max,continuous:paged'",
+    )
+    compare.set_defaults(func=compare_command)
+    report = commands.add_parser(
+        "report", help="render saved runs (--out folders) as one HTML report"
+    )
+    add_report_arguments(report)
+    report.set_defaults(func=run_report)
     trace = commands.add_parser("trace", help="generate or inspect traces")
     trace_commands = trace.add_subparsers(dest="trace_command", required=True)
     generate = trace_commands.add_parser("generate", help="write a synthetic trace as our CSV")

@@ -3,6 +3,7 @@ core and the cost model (``simulate``), and its results and files (``RunResult``
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -70,6 +71,13 @@ class RunConfig:
         return self.memory_model or POLICIES[self.policy].default_memory_model
 
 
+def servesim_version() -> str:
+    try:
+        return importlib.metadata.version("servesim")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def load_model(name_or_path: str) -> ModelSpec:
     if Path(name_or_path).exists():
         return model_spec_from_hf_config(name_or_path)
@@ -87,6 +95,8 @@ class RunResult:
     summary: dict[str, float | int | None]
     num_skipped_rows: int = 0
     notes: list[str] = field(default_factory=list)
+    trace_stats: dict[str, float] = field(default_factory=dict)
+    command: str | None = None
 
     @property
     def mean_real_token_share(self) -> float:
@@ -110,6 +120,9 @@ class RunResult:
             "notes": self.notes,
             "mean_real_token_share": self.mean_real_token_share,
             "summary": self.summary,
+            "trace_stats": self.trace_stats,
+            "command": self.command,
+            "servesim_version": servesim_version(),
         }
         (out / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
@@ -167,4 +180,5 @@ def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResu
         summary=summary,
         num_skipped_rows=trace.num_skipped,
         notes=notes,
+        trace_stats=trace.length_stats(),
     )

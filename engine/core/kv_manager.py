@@ -227,19 +227,22 @@ class PagedKVManager:
         return self.allocator.swap_out(request.active_seq_ids)
 
     def can_swap_in(self, request: Request, num_positions: int) -> bool:
+        """Room to bring the request back and then grow it by ``num_positions``."""
         alloc = self.allocator
+        bs = self.block_size
         seq_ids = request.active_seq_ids
-        if not alloc.can_swap_in(seq_ids):
-            return False
-        distinct = len({b for s in seq_ids for b in alloc.cpu_block_table(s)})
-        # Growth after swap-in: the same count as growing the request once it is back.
-        grow = sum(
-            _blocks(alloc.num_tokens(s) + num_positions, self.block_size)
-            - len(alloc.cpu_block_table(s))
-            for s in seq_ids
-        )
-        grow += len(seq_ids) - 1 if len(seq_ids) > 1 else 0  # copy-on-write bound
-        return alloc.num_free_blocks - distinct - grow >= self.watermark_blocks
+        tables = [alloc.cpu_block_table(s) for s in seq_ids]
+        need = len({b for table in tables for b in table})
+        tails: dict[int, int] = {}
+        for seq_id, table in zip(seq_ids, tables, strict=True):
+            num_tokens = alloc.num_tokens(seq_id)
+            need += _blocks(num_tokens + num_positions, bs) - len(table)
+            if num_tokens % bs:
+                tails[table[-1]] = tails.get(table[-1], 0) + 1
+        # Swapped blocks belong to this request alone: every holder of a shared tail but the
+        # last copies it.
+        need += sum(holders - 1 for holders in tails.values())
+        return alloc.num_free_blocks - need >= self.watermark_blocks
 
     def swap_in(self, request: Request) -> list[BlockPair]:
         return self.allocator.swap_in(request.active_seq_ids)

@@ -463,7 +463,9 @@ class _Step:
     def _admit(self, request: Request, num_positions: int) -> bool:
         kv = self.s.kv
         hits = self._prefix_hits(request)
-        if not kv.can_admit(request, num_positions, hits):
+        # Like vLLM's v0 block manager, admit only if the whole known prompt fits, even when
+        # this step computes just a chunk: admitting on a chunk alone thrashes under load.
+        if not kv.can_admit(request, self.pending_positions(request), hits):
             return False
         kv.admit(request, num_positions, hits)
         hit_tokens = len(hits) * kv.block_size

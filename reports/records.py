@@ -1,0 +1,135 @@
+"""What a report reads: `RunRecords` (one run's config, summary, request and step frames),
+loaded from a run directory (`load_run`) or built from an in-memory result
+(`records_from_result`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, is_dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """One run as a report sees it. ``requests`` and ``steps`` are the frames that
+    ``requests.csv`` and ``steps.csv`` hold (latencies in ms, times in s)."""
+
+    label: str
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    trace_name: str = UNKNOWN
+    memory_model: str = UNKNOWN
+    num_blocks: int | None = None
+    mean_real_token_share: float | None = None
+    command: str | None = None
+    version: str | None = None
+    trace_stats: dict[str, float] | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    source: str | None = None
+
+
+def default_label(config: dict[str, Any], memory_model: str) -> str:
+    """``policy / memory`` plus the reservation rule for contiguous memory."""
+    label = f"{config.get('policy', UNKNOWN)} / {memory_model}"
+    if memory_model == "contiguous":
+        label += f" ({config.get('reservation', UNKNOWN)})"
+    return label
+
+
+def _installed_version() -> str | None:
+    try:
+        return metadata.version("servesim")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def load_run(run_dir: str | Path, label: str | None = None) -> RunRecords:
+    """Read a directory written by ``RunResult.write``: summary.json, requests.csv, steps.csv.
+
+    Optional summary.json keys ``command``, ``servesim_version`` and ``trace_stats`` are read
+    when present."""
+    root = Path(run_dir)
+    payload = json.loads((root / "summary.json").read_text())
+    if not isinstance(payload, dict) or not isinstance(payload.get("summary"), dict):
+        raise ValueError(f"{root / 'summary.json'} is not a servesim run summary")
+    config = dict(payload.get("config") or {})
+    memory_model = str(payload.get("memory_model") or config.get("memory_model") or UNKNOWN)
+    share = payload.get("mean_real_token_share")
+    stats = payload.get("trace_stats")
+    return RunRecords(
+        label=label or default_label(config, memory_model),
+        config=config,
+        summary=dict(payload["summary"]),
+        requests=pd.read_csv(root / "requests.csv", keep_default_na=False, na_values=[""]),
+        steps=per_step(pd.read_csv(root / "steps.csv")),
+        trace_name=str(payload.get("trace", UNKNOWN)),
+        memory_model=memory_model,
+        num_blocks=payload.get("num_blocks"),
+        mean_real_token_share=float(share) if share is not None else None,
+        command=payload.get("command"),
+        version=payload.get("servesim_version"),
+        trace_stats=dict(stats) if isinstance(stats, dict) else None,
+        notes=tuple(str(n) for n in payload.get("notes") or ()),
+        source=str(root),
+    )
+
+
+# Columns that a row covering several identical steps holds as sums over them.
+_SUMMED_COLUMNS = (
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "num_padding_tokens",
+    "real_token_slots",
+    "internal_fragmentation_slots",
+    "reservation_waste_slots",
+    "cached_free_slots",
+    "external_fragmentation_slots",
+    "free_slots",
+    "shared_saved_slots",
+)
+
+
+def per_step(steps: pd.DataFrame) -> pd.DataFrame:
+    """Turn rows that cover ``num_steps`` identical decode steps (the simulator skips over
+    them at once) into per-step means, so every row reads as one typical step."""
+    if "num_steps" not in steps.columns:
+        return steps
+    out = steps.copy()
+    n = out["num_steps"].to_numpy(float)
+    for column in _SUMMED_COLUMNS:
+        if column in out.columns:
+            out[column] = out[column].to_numpy(float) / n
+    return out
+
+
+def records_from_result(
+    result: Any, label: str | None = None, command: str | None = None
+) -> RunRecords:
+    """Build `RunRecords` from an in-memory ``sim.run.RunResult`` (duck-typed: config,
+    trace_name, memory_model, num_blocks, summary, requests_frame(), steps.to_frame(),
+    mean_real_token_share) without writing files."""
+    raw = result.config
+    config = asdict(raw) if is_dataclass(raw) and not isinstance(raw, type) else dict(raw)
+    memory_model = str(result.memory_model)
+    return RunRecords(
+        label=label or default_label(config, memory_model),
+        config=config,
+        summary=dict(result.summary),
+        requests=result.requests_frame(),
+        steps=per_step(result.steps.to_frame()),
+        trace_name=str(result.trace_name),
+        memory_model=memory_model,
+        num_blocks=int(result.num_blocks),
+        mean_real_token_share=float(result.mean_real_token_share),
+        command=command,
+        version=_installed_version(),
+        notes=tuple(str(n) for n in getattr(result, "notes", ())),
+    )
