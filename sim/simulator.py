@@ -126,7 +126,9 @@ class Replica:
         if limit <= 0:
             return
         start_s = self.clock_s
-        ends = self.executor.repeat_end_times(batch, start_s, limit, self.cursor.next_arrival_s)
+        # Stop at the next arrival only if it could join: behind a waiting request it cannot.
+        stop_at_s = self.cursor.next_arrival_s if self.scheduler.arrivals_matter else math.inf
+        ends = self.executor.repeat_end_times(batch, start_s, limit, stop_at_s)
         memory = self.scheduler.repeat_memory_sum(batch, len(ends))
         yield self.env.timeout(max(0.0, ends[-1] - self.env.now))
         self.clock_s = ends[-1]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.core.block_allocator import BlockPair
@@ -25,7 +24,6 @@ class ScheduledRequest:
     num_computed_tokens: int
     seq_ids: tuple[int, ...]
     is_prefill: bool
-    block_tables: tuple[Sequence[int], ...] = ()
 
     @property
     def request_id(self) -> str:

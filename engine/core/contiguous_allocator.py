@@ -155,6 +155,9 @@ class ContiguousKVManager:
     def can_grow(self, request: Request, num_positions: int) -> bool:
         return True
 
+    def try_grow(self, request: Request, num_positions: int) -> list[BlockPair] | None:
+        return self.grow(request, num_positions)
+
     def growth_capacity(self, requests: Sequence[Request], limit: int) -> int:
         return limit  # reservations already cover every request's final length
 

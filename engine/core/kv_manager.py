@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from engine.core.block_allocator import BlockAllocator, BlockPair
+from engine.core.block_allocator import BlockAllocator, BlockPair, OutOfBlocksError
 from engine.core.config import CacheConfig
 from engine.core.memory import MemorySnapshot
 from engine.core.prefix_cache import SequenceKeys
@@ -25,6 +25,10 @@ class KVCacheManager(Protocol):
     def can_admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> bool: ...
     def admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> None: ...
     def can_grow(self, request: Request, num_positions: int) -> bool: ...
+    def try_grow(self, request: Request, num_positions: int) -> list[BlockPair] | None:
+        """Grow like ``grow`` if there is room, else change nothing and return None."""
+        ...
+
     def growth_capacity(self, requests: Sequence[Request], limit: int) -> int: ...
     def repeat_memory_sum(
         self, requests: Sequence[Request], count: int, next_waiting: Request | None
@@ -125,6 +129,16 @@ class PagedKVManager:
 
     def can_grow(self, request: Request, num_positions: int) -> bool:
         return self._blocks_to_grow(request, num_positions) <= self.allocator.num_free_blocks
+
+    def try_grow(self, request: Request, num_positions: int) -> list[BlockPair] | None:
+        if request.forked and len(request.live_seq_ids) > 1:
+            if not self.can_grow(request, num_positions):
+                return None
+            return self.grow(request, num_positions)
+        try:  # one sequence: append_slots checks and changes nothing on failure
+            return self.allocator.append_slots(request.live_seq_ids[0], num_positions)
+        except OutOfBlocksError:
+            return None
 
     def growth_capacity(self, requests: Sequence[Request], limit: int) -> int:
         """The most positions (up to ``limit``) every active sequence of ``requests`` can grow

@@ -85,13 +85,21 @@ class Scheduler:
             request.finish_s = now_s
             return False
         request.tokens = TokenTimeline(self.step_end_s)
-        self._changed_since_schedule = True
         request.seq_ids = list(range(self._next_seq_id, self._next_seq_id + request.n))
         request.live_seq_ids = list(request.seq_ids)
         self._next_seq_id += request.n
         self._requests[request.request_id] = request
         self._insert_sorted(self.waiting, request)
+        # Policies admit in FCFS order and stop at the first waiting request that does not
+        # fit, so an arrival behind a waiting head cannot change the next step.
+        if self.waiting[0] is request:
+            self._changed_since_schedule = True
         return True
+
+    @property
+    def arrivals_matter(self) -> bool:
+        """Whether a new arrival could change the next step (only if nothing waits)."""
+        return not self.waiting
 
     def _rejection_reason(self, request: Request) -> str | None:
         max_len = self.cache_config.max_model_len
@@ -307,6 +315,10 @@ class Scheduler:
         head = self.waiting[0] if self.waiting else None
         return self.kv.repeat_memory_sum(requests, count, head)
 
+    def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:
+        """Block tables of the request's active sequences (paged memory), for an executor."""
+        return self.kv.block_tables(request)
+
     def memory_snapshot(self) -> MemorySnapshot:
         return self.kv.snapshot(self.waiting[0] if self.waiting else None)
 
@@ -354,6 +366,7 @@ class _Step:
         self._seq_budget = seqs if seqs is not None else 1 << 62
         self._scheduled: set[int] = set()
         self._preempted: set[int] = set()
+        self._range_copies = scheduler.cache_config.memory_model == "contiguous"
         self._hits: dict[int, Sequence[int]] = {}
 
     # -- read-only view ----------------------------------------------------------------------
@@ -415,22 +428,26 @@ class _Step:
         idx = request.internal_idx
         if num_positions <= 0 or idx in self._scheduled or idx in self._preempted:
             return False
-        if num_positions > self.pending_positions(request):
+        status = request.status
+        pending = request.num_pending_positions
+        if status is RequestStatus.WAITING:
+            pending -= len(self._prefix_hits(request)) * self.s.kv.block_size
+        if num_positions > pending:
             raise ValueError(
                 f"policy scheduled {num_positions} positions for {request.request_id!r}, "
-                f"which has {self.pending_positions(request)} pending"
+                f"which has {pending} pending"
             )
         width = request.width
         seqs = len(request.live_seq_ids)  # a sample group counts whole, forked or not
         if num_positions * width > self._token_budget or seqs > self._seq_budget:
             return False
-        status = request.status
+        copies: list[BlockPair] | None
         if status is RequestStatus.RUNNING:
             copies = self._grow_running(request, num_positions)
             if copies is None:
                 return False
         elif status is RequestStatus.WAITING:
-            if not self._admit(request, num_positions):
+            if not self._admit(request, num_positions, pending):
                 return False
             copies = []
         elif status is RequestStatus.SWAPPED:
@@ -440,18 +457,20 @@ class _Step:
             copies = self.s.kv.grow(request, num_positions)
         else:
             return False
-        self._record(request, num_positions, copies)
+        self._record(request, num_positions, copies, width, seqs)
         return True
 
     def _grow_running(self, request: Request, num_positions: int) -> list[BlockPair] | None:
         kv = self.s.kv
-        while not kv.can_grow(request, num_positions):
+        copies = kv.try_grow(request, num_positions)
+        while copies is None:
             victim = self._pick_victim(request)
             self._preempted.add(victim.internal_idx)
             self.s._preempt(victim, self.batch)
             if victim is request:
                 return None
-        return kv.grow(request, num_positions)
+            copies = kv.try_grow(request, num_positions)
+        return copies
 
     def _pick_victim(self, request: Request) -> Request:
         """The most recently arrived running request not already in this step."""
@@ -460,12 +479,12 @@ class _Step:
                 return candidate
         return request
 
-    def _admit(self, request: Request, num_positions: int) -> bool:
+    def _admit(self, request: Request, num_positions: int, pending: int) -> bool:
         kv = self.s.kv
         hits = self._prefix_hits(request)
         # Like vLLM's v0 block manager, admit only if the whole known prompt fits, even when
         # this step computes just a chunk: admitting on a chunk alone thrashes under load.
-        if not kv.can_admit(request, self.pending_positions(request), hits):
+        if not kv.can_admit(request, pending, hits):
             return False
         kv.admit(request, num_positions, hits)
         hit_tokens = len(hits) * kv.block_size
@@ -491,24 +510,32 @@ class _Step:
         request.status = RequestStatus.RUNNING
         bisect.insort(self.s.running, request, key=_order)
 
-    def _record(self, request: Request, num_positions: int, copies: list[BlockPair]) -> None:
-        kv = self.s.kv
+    def _record(
+        self,
+        request: Request,
+        num_positions: int,
+        copies: list[BlockPair],
+        width: int,
+        seqs: int,
+    ) -> None:
+        batch = self.batch
         if copies:
-            self.batch.copies.extend(copies)
+            batch.copies.extend(copies)
             request.num_cow_copies += len(copies)
-        range_copies = kv.take_range_copies(request)
-        if range_copies:
-            self.batch.range_copies.extend(range_copies)
+        if self._range_copies:
+            range_copies = self.s.kv.take_range_copies(request)
+            if range_copies:
+                batch.range_copies.extend(range_copies)
         self._scheduled.add(request.internal_idx)
-        self._token_budget -= num_positions * request.width
-        self._seq_budget -= len(request.live_seq_ids)
-        self.batch.requests.append(
+        self._token_budget -= num_positions * width
+        self._seq_budget -= seqs
+        computed = request.num_computed_tokens
+        batch.requests.append(
             ScheduledRequest(
-                request=request,
-                num_positions=num_positions,
-                num_computed_tokens=request.num_computed_tokens,
-                seq_ids=tuple(request.active_seq_ids),
-                is_prefill=request.is_prefill,
-                block_tables=kv.block_tables(request),
+                request,
+                num_positions,
+                computed,
+                tuple(request.live_seq_ids) if request.forked else (request.live_seq_ids[0],),
+                num_positions > 1 or computed < request.num_prompt_tokens,
             )
         )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from reports import load_run, records_from_result
-from sim.run import RunConfig, simulate
+from sim.run import RunConfig, servesim_version, simulate
 from tests.reports.conftest import EXAMPLE
 from traces.loaders import load_trace
 
@@ -28,7 +28,9 @@ def test_load_run_matches_records_from_result(tmp_path: Path) -> None:
     assert len(saved.requests) == len(live.requests) == 200
     np.testing.assert_allclose(saved.steps["start_s"], live.steps["start_s"])
     np.testing.assert_allclose(saved.requests["ttft_ms"], live.requests["ttft_ms"])
-    assert saved.command is None and saved.version is None and saved.source == str(tmp_path)
+    # simulate() leaves the command to the CLI; the version comes from the installed package.
+    assert saved.command is None and saved.source == str(tmp_path)
+    assert saved.version == servesim_version()
 
 
 def test_optional_summary_keys_are_read(example_dir: Path, tmp_path: Path) -> None:
