@@ -209,11 +209,18 @@ class BlockAllocator:
         A shared, partly filled last block is never written: it is copied first and the
         returned ``(src, dst)`` pair names the copy the executor must make.
         """
+        table = self._tables[seq_id]
+        num_tokens = self._num_tokens[seq_id]
+        partial = num_tokens % self.block_size
+        if partial and num_new_tokens <= self.block_size - partial and self._ref[table[-1]] == 1:
+            # The common decode case: room in an exclusively held last block.
+            self._fill[table[-1]] += num_new_tokens
+            self.num_filled_slots += num_new_tokens
+            self._num_tokens[seq_id] = num_tokens + num_new_tokens
+            return []
         need = self.num_blocks_to_append(seq_id, num_new_tokens)
         if need > self.num_free_blocks:
             raise OutOfBlocksError(f"need {need} blocks, {self.num_free_blocks} free")
-        table = self._tables[seq_id]
-        num_tokens = self._num_tokens[seq_id]
         copies: list[BlockPair] = []
         if num_tokens % self.block_size and self._ref[table[-1]] > 1 and num_new_tokens:
             src = table[-1]
@@ -226,6 +233,18 @@ class BlockAllocator:
         self._write(table, num_tokens, num_new_tokens)
         self._num_tokens[seq_id] = num_tokens + num_new_tokens
         return copies
+
+    def append_in_place(self, seq_id: int) -> bool:
+        """Append one token if the last block is held alone and has room; else do nothing and
+        return False (the caller takes the general ``append_slots`` path)."""
+        table = self._tables[seq_id]
+        num_tokens = self._num_tokens[seq_id]
+        if not num_tokens % self.block_size or self._ref[table[-1]] != 1:
+            return False
+        self._fill[table[-1]] += 1
+        self.num_filled_slots += 1
+        self._num_tokens[seq_id] = num_tokens + 1
+        return True
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         """Give ``child_seq_id`` all of the parent's blocks, shared (ref_count + 1 each)."""

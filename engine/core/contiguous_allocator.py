@@ -155,6 +155,10 @@ class ContiguousKVManager:
     def can_grow(self, request: Request, num_positions: int) -> bool:
         return True
 
+    def grow_in_place(self, seq_id: int) -> bool:
+        self._add_tokens(seq_id, 1)
+        return True
+
     def try_grow(self, request: Request, num_positions: int) -> list[BlockPair] | None:
         return self.grow(request, num_positions)
 

@@ -25,6 +25,11 @@ class KVCacheManager(Protocol):
     def can_admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> bool: ...
     def admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> None: ...
     def can_grow(self, request: Request, num_positions: int) -> bool: ...
+    def grow_in_place(self, seq_id: int) -> bool:
+        """Add one token to ``seq_id`` if that needs no new block and no copy (else change
+        nothing and return False)."""
+        ...
+
     def try_grow(self, request: Request, num_positions: int) -> list[BlockPair] | None:
         """Grow like ``grow`` if there is room, else change nothing and return None."""
         ...
@@ -129,6 +134,9 @@ class PagedKVManager:
 
     def can_grow(self, request: Request, num_positions: int) -> bool:
         return self._blocks_to_grow(request, num_positions) <= self.allocator.num_free_blocks
+
+    def grow_in_place(self, seq_id: int) -> bool:
+        return self.allocator.append_in_place(seq_id)
 
     def try_grow(self, request: Request, num_positions: int) -> list[BlockPair] | None:
         if request.forked and len(request.live_seq_ids) > 1:

@@ -174,18 +174,21 @@ class Scheduler:
         step_idx = len(self.step_end_s)
         if batch.requests:
             self.step_end_s.append(now_s)
+        commit = self.cache_config.enable_prefix_caching
         for scheduled in batch.requests:
             request = scheduled.request
             if request.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
-            request.num_computed_tokens += scheduled.num_positions
-            at_prompt_end = request.num_computed_tokens == request.num_prompt_tokens
-            if request.n > 1 and not request.forked and at_prompt_end:
+            computed = request.num_computed_tokens + scheduled.num_positions
+            request.num_computed_tokens = computed
+            prompt = request.num_prompt_tokens
+            if request.n > 1 and not request.forked and computed == prompt:
                 self.kv.fork(request)
                 request.forked = True
-            if request.num_computed_tokens == request.num_tokens:
+            if computed == prompt + request.num_output_tokens:
                 self._sample(request, result, step_idx)
-            self.kv.commit(request)
+            if commit:
+                self.kv.commit(request)
             if not request.live_seq_ids:
                 self._finish(request, now_s, finished)
         if not self.running and self.held:
@@ -203,11 +206,14 @@ class Scheduler:
         stopped: frozenset[int] = frozenset()
         if result is not None:
             stopped = result.stopped_seq_ids
-            for seq_id in request.live_seq_ids:
-                token_id = result.sampled_token_ids.get(seq_id)
-                if token_id is not None:
-                    request.output_token_ids.setdefault(seq_id, []).append(token_id)
+            if result.sampled_token_ids:
+                for seq_id in request.live_seq_ids:
+                    token_id = result.sampled_token_ids.get(seq_id)
+                    if token_id is not None:
+                        request.output_token_ids.setdefault(seq_id, []).append(token_id)
         done_all = request.num_output_tokens >= request.max_output_tokens
+        if not (done_all or stopped):
+            return
         hold = self.policy.holds_until_batch_end
         for seq_id in list(request.live_seq_ids):
             if done_all or seq_id in stopped:
@@ -429,6 +435,19 @@ class _Step:
         if num_positions <= 0 or idx in self._scheduled or idx in self._preempted:
             return False
         status = request.status
+        live = request.live_seq_ids
+        if (
+            num_positions == 1
+            and status is RequestStatus.RUNNING
+            and len(live) == 1
+            and self._token_budget >= 1
+            and self._seq_budget >= 1
+            and request.num_computed_tokens + 1 == request.num_tokens
+            and self.s.kv.grow_in_place(live[0])
+        ):
+            # The common case, kept short: one sequence decoding into room it already holds.
+            self._record(request, 1, [], 1, 1)
+            return True
         pending = request.num_pending_positions
         if status is RequestStatus.WAITING:
             pending -= len(self._prefix_hits(request)) * self.s.kv.block_size
