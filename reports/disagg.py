@@ -29,7 +29,10 @@ def has_transfers(run: RunRecords) -> bool:
 
 
 def has_pools(run: RunRecords) -> bool:
-    return POOL in run.steps.columns
+    """A run with separate prefill and decode pools (colocated runs name one pool)."""
+    if POOL not in run.steps.columns:
+        return False
+    return bool(set(run.steps[POOL].astype(str)) - {"colocated"})
 
 
 def has_disaggregation(run: RunRecords) -> bool:

@@ -15,9 +15,10 @@ from engine.core.policies import POLICIES
 from reports.cli import add_report_arguments, run_report
 from reports.html import write_report
 from reports.records import records_from_result
+from sim.deployment import ROUTERS
 from sim.hardware_spec import HARDWARE_PRESETS
 from sim.model_spec import MODEL_PRESETS
-from sim.run import RunConfig, RunResult, simulate
+from sim.run import POLICY_CHOICES, RunConfig, RunResult, simulate
 from traces import cli as traces_cli
 from traces.loaders import FORMATS, load_trace
 
@@ -50,7 +51,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy",
         default=DEFAULTS.policy,
-        choices=sorted(POLICIES),
+        choices=POLICY_CHOICES,
         help="batching policy (default: %(default)s)",
     )
     parser.add_argument(
@@ -169,6 +170,56 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="simulate every decode step one by one (slower; results are identical)",
     )
+    deployment = parser.add_argument_group("deployment")
+    deployment.add_argument(
+        "--replicas",
+        type=_positive_int,
+        default=DEFAULTS.num_replicas,
+        help="colocated replicas behind the router (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--router",
+        choices=ROUTERS,
+        default=DEFAULTS.router,
+        help="how arrivals are spread over replicas (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--prefill-replicas",
+        type=_positive_int,
+        default=DEFAULTS.num_prefill,
+        help="--policy disagg: prefill pool size (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--decode-replicas",
+        type=_positive_int,
+        default=DEFAULTS.num_decode,
+        help="--policy disagg: decode pool size (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--pool-policy",
+        choices=sorted(POLICIES),
+        default=DEFAULTS.pool_policy,
+        help="--policy disagg: batching inside each pool (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--link-gbps",
+        type=float,
+        default=DEFAULTS.link_bandwidth_gbps,
+        help="--policy disagg: KV link bandwidth in Gb/s (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--link-latency-us",
+        type=float,
+        default=DEFAULTS.link_latency_us,
+        help="--policy disagg: KV link latency in us (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--link-parallel",
+        type=_positive_int,
+        default=DEFAULTS.link_parallel_transfers,
+        help="--policy disagg: transfers the link carries at once; the "
+        "rest queue (default: %(default)s)",
+    )
     parser.add_argument(
         "--report", default=None, help="write a self-contained HTML report to this file"
     )
@@ -199,6 +250,14 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         slo_tpot_s=args.slo_tpot / 1000.0 if args.slo_tpot is not None else None,
         seed=args.seed,
         fast_forward=not args.no_fast_forward,
+        num_replicas=args.replicas,
+        router=args.router,
+        num_prefill=args.prefill_replicas,
+        num_decode=args.decode_replicas,
+        pool_policy=args.pool_policy,
+        link_bandwidth_gbps=args.link_gbps,
+        link_latency_us=args.link_latency_us,
+        link_parallel_transfers=args.link_parallel,
     )
 
 
@@ -272,7 +331,7 @@ def parse_variants(text: str) -> list[tuple[str, str | None, str | None]]:
         if not parts[0] or len(parts) > 3:
             raise ValueError(f"--policies item {item!r}: expected policy[:memory[:reservation]]")
         policy, memory, reservation = [*parts, None, None][:3]
-        if policy is None or policy not in POLICIES:
+        if policy is None or policy not in POLICY_CHOICES:
             raise ValueError(f"--policies item {item!r}: unknown policy {policy!r}")
         if memory is not None and memory not in MEMORY_MODELS:
             raise ValueError(f"--policies item {item!r}: memory must be one of {MEMORY_MODELS}")

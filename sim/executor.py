@@ -3,6 +3,8 @@ cost model instead of running a model."""
 
 from __future__ import annotations
 
+import math
+
 from engine.core.batch import ScheduledBatch, StepResult
 from sim.cost_model import CostModel, StepShape
 
@@ -65,7 +67,7 @@ class CostModelExecutor:
         return StepResult(self.cost_model.step_time_s(step_shape(batch, self.block_size)))
 
     def repeat_end_times(
-        self, batch: ScheduledBatch, start_s: float, max_steps: int, stop_at_s: float
+        self, batch: ScheduledBatch, start_s: float, max_steps: int, stop_at_s: float = math.inf
     ) -> list[float]:
         """End times of up to ``max_steps`` repeats of the (already executed) decode ``batch``
         from ``start_s``, stopping after the first step that ends at or after ``stop_at_s``."""

@@ -105,8 +105,6 @@ def itl_samples(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
         by_clock.setdefault(id(r.tokens.step_end_s), []).append(r)
     for group in by_clock.values():
         ends = np.frombuffer(group[0].tokens.step_end_s, dtype=np.float64)
-        if ends.size < 2:
-            continue
         diff = np.zeros(ends.size + 1, dtype=np.int64)
         starts: list[int] = []
         stops: list[int] = []
@@ -116,6 +114,8 @@ def itl_samples(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
             for start, count in zip(t.run_starts, t.run_counts, strict=True):
                 if prev_last is not None:
                     irregular.append(float(ends[start] - ends[prev_last]))
+                elif t.external_first_s is not None:  # first token from a prefill replica
+                    irregular.append(float(ends[start]) - t.external_first_s)
                 starts.append(start + 1)
                 stops.append(start + count)
                 prev_last = start + count - 1

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -14,7 +15,19 @@ from engine.core.batch import ScheduledBatch
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 
+
+class TransferLike(Protocol):
+    request_id: str
+    num_bytes: int
+    queued_s: float
+    start_s: float
+    end_s: float
+
+
+POOL_CODES = {"colocated": 0, "prefill": 1, "decode": 2}
 STEP_COLUMNS = (
+    "replica",
+    "pool",
     "start_s",
     "duration_s",
     "num_steps",
@@ -50,10 +63,17 @@ class StepRecorder:
     def __len__(self) -> int:
         return len(self.columns["start_s"])
 
-    def record(self, batch: ScheduledBatch, start_s: float, duration_s: float) -> None:
+    def record(
+        self,
+        batch: ScheduledBatch,
+        start_s: float,
+        duration_s: float,
+        replica: int = 0,
+        pool: str = "colocated",
+    ) -> None:
         memory = batch.memory
         assert memory is not None
-        self._row(batch, start_s, duration_s, 1, memory)
+        self._row(batch, start_s, duration_s, 1, memory, replica, pool)
 
     def record_repeat(
         self,
@@ -61,11 +81,13 @@ class StepRecorder:
         start_s: float,
         step_end_s: list[float],
         memory: MemorySnapshot,
+        replica: int = 0,
+        pool: str = "colocated",
     ) -> None:
         """One row for a run of steps identical to ``batch``: token counts and memory slots
         are sums over its steps (``memory`` is the sum of their snapshots), so column sums
         are the same whether steps were recorded one by one or in runs."""
-        self._row(batch, start_s, step_end_s[-1] - start_s, len(step_end_s), memory)
+        self._row(batch, start_s, step_end_s[-1] - start_s, len(step_end_s), memory, replica, pool)
 
     def _row(
         self,
@@ -74,8 +96,12 @@ class StepRecorder:
         duration_s: float,
         num_steps: int,
         memory: MemorySnapshot,
+        replica: int,
+        pool: str,
     ) -> None:
         c = self.columns
+        c["replica"].append(replica)
+        c["pool"].append(POOL_CODES[pool])
         c["start_s"].append(start_s)
         c["duration_s"].append(duration_s)
         c["num_steps"].append(num_steps)
@@ -102,8 +128,11 @@ class StepRecorder:
 
     def to_frame(self) -> pd.DataFrame:
         frame = pd.DataFrame({name: list(col) for name, col in self.columns.items()})
-        ints = [n for n in STEP_COLUMNS if n not in ("start_s", "duration_s")]
-        return frame.astype({n: "int64" for n in ints})
+        ints = [n for n in STEP_COLUMNS if n not in ("start_s", "duration_s", "pool")]
+        frame = frame.astype({n: "int64" for n in ints})
+        names = {code: name for name, code in POOL_CODES.items()}
+        frame["pool"] = [names[int(code)] for code in frame["pool"]]
+        return frame
 
 
 def _ms(value: float | None) -> float | None:
@@ -119,8 +148,12 @@ def _itl_extremes(request: Request) -> tuple[float, float] | None:
     lo, hi = math.inf, -math.inf
     prev_last: int | None = None
     for start, count in zip(t.run_starts, t.run_counts, strict=True):
+        gap = None
         if prev_last is not None:
             gap = float(ends[start] - ends[prev_last])
+        elif t.external_first_s is not None:  # first token from a prefill replica
+            gap = float(ends[start]) - t.external_first_s
+        if gap is not None:
             lo, hi = min(lo, gap), max(hi, gap)
         if count > 1:
             run = np.diff(ends[start : start + count])
@@ -129,8 +162,9 @@ def _itl_extremes(request: Request) -> tuple[float, float] | None:
     return lo, hi
 
 
-def request_frame(requests: list[Request]) -> pd.DataFrame:
-    """Per-request rows: timestamps (s), latencies (ms), counters and the outcome."""
+def request_frame(requests: list[Request], transfers: Sequence[TransferLike] = ()) -> pd.DataFrame:
+    """Per-request rows: timestamps (s), latencies (ms), counters and the outcome; with
+    disaggregation also each request's KV transfer (bytes, time queued, start)."""
     rows = []
     for r in requests:
         gaps = _itl_extremes(r)
@@ -160,4 +194,14 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
                 "num_cow_copies": r.num_cow_copies,
             }
         )
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if transfers:
+        by_id = {t.request_id: t for t in transfers}
+        found = [by_id.get(r.request_id) for r in requests]
+        frame["kv_transfer_bytes"] = [t.num_bytes if t else 0 for t in found]
+        frame["kv_transfer_queue_ms"] = [
+            (t.start_s - t.queued_s) * 1000.0 if t else None for t in found
+        ]
+        frame["kv_transfer_start_s"] = [t.start_s if t else None for t in found]
+        frame["kv_transfer_end_s"] = [t.end_s if t else None for t in found]
+    return frame

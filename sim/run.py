@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import simpy
 from tqdm import tqdm
 
 from engine.core.config import (
@@ -21,16 +22,19 @@ from engine.core.config import (
 )
 from engine.core.policies import POLICIES
 from engine.core.request import Request
+from engine.core.scheduler import Scheduler
 from sim.cost_model import make_cost_model
+from sim.deployment import ROUTERS, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
 from sim.hardware_spec import derive_num_blocks, get_hardware_preset
 from sim.metrics import summarize
 from sim.model_spec import ModelSpec, get_model_preset, model_spec_from_hf_config
 from sim.records import StepRecorder, request_frame
-from sim.simulator import run_single_replica
+from sim.simulator import Replica
 from traces.schema import Trace
 
 GIB = 1 << 30
+POLICY_CHOICES = (*sorted(POLICIES), "disagg")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +64,39 @@ class RunConfig:
     seed: int = 0
     # Skip over runs of identical decode steps in one go (results are identical).
     fast_forward: bool = True
+    # Deployment: colocated replicas behind a router, or (policy "disagg") two pools.
+    num_replicas: int = 1
+    router: str = "round_robin"
+    num_prefill: int = 1
+    num_decode: int = 1
+    pool_policy: str = "continuous"  # the batching policy inside each disagg pool
+    link_bandwidth_gbps: float = 400.0  # one 400 Gb/s InfiniBand NDR port
+    link_latency_us: float = 10.0
+    link_parallel_transfers: int = 1
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {sorted(POLICIES)}, got {self.policy!r}")
+        if self.policy not in POLICY_CHOICES:
+            raise ValueError(f"policy must be one of {POLICY_CHOICES}, got {self.policy!r}")
+        if self.pool_policy not in POLICIES:
+            raise ValueError(
+                f"pool_policy must be one of {sorted(POLICIES)}, got {self.pool_policy!r}"
+            )
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
+        for name in ("num_replicas", "num_prefill", "num_decode", "link_parallel_transfers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.link_bandwidth_gbps <= 0 or self.link_latency_us < 0:
+            raise ValueError(
+                f"link needs bandwidth > 0 and latency >= 0, got {self.link_bandwidth_gbps!r} "
+                f"Gb/s and {self.link_latency_us!r} us"
+            )
         if self.swap_space_gib < 0:
             raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib!r}")
 
     def resolved_memory_model(self) -> MemoryModel:
-        return self.memory_model or POLICIES[self.policy].default_memory_model
+        policy = self.pool_policy if self.policy == "disagg" else self.policy
+        return self.memory_model or POLICIES[policy].default_memory_model
 
 
 def servesim_version() -> str:
@@ -97,6 +125,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     trace_stats: dict[str, float] = field(default_factory=dict)
     command: str | None = None
+    transfers: list[Transfer] = field(default_factory=list)
 
     @property
     def mean_real_token_share(self) -> float:
@@ -109,7 +138,7 @@ class RunResult:
 
     def write(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        request_frame(self.requests).to_csv(out / "requests.csv", index=False)
+        request_frame(self.requests, self.transfers).to_csv(out / "requests.csv", index=False)
         self.steps.to_frame().to_csv(out / "steps.csv", index=False)
         payload = {
             "trace": self.trace_name,
@@ -127,28 +156,33 @@ class RunResult:
         (out / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
     def requests_frame(self) -> pd.DataFrame:
-        return request_frame(self.requests)
+        return request_frame(self.requests, self.transfers)
+
+
+def _pool_policy(config: RunConfig) -> str:
+    return config.pool_policy if config.policy == "disagg" else config.policy
 
 
 def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResult:
-    """Run ``trace`` through one replica configured by ``config``."""
+    """Run ``trace`` through the deployment ``config`` describes."""
     model = load_model(config.model)
     hardware = get_hardware_preset(config.hardware)
     kv_bytes_per_block = model.kv_bytes_per_block(config.block_size, config.tp)
     num_blocks = config.num_blocks or derive_num_blocks(
         model, hardware, config.tp, config.block_size, config.gpu_memory_utilization
     )
+    policy = _pool_policy(config)
     cache = CacheConfig(
         num_blocks=num_blocks,
         block_size=config.block_size,
-        memory_model=config.resolved_memory_model(),
+        memory_model=config.memory_model or POLICIES[policy].default_memory_model,
         reservation=config.reservation,
         num_cpu_blocks=int(config.swap_space_gib * GIB // kv_bytes_per_block),
         enable_prefix_caching=config.enable_prefix_caching,
         max_model_len=config.max_model_len or model.max_model_len,
     )
     scheduler_config = SchedulerConfig(
-        policy=config.policy,
+        policy=policy,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         preemption_mode=config.preemption_mode,
@@ -156,29 +190,58 @@ def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResu
         max_wait_s=config.max_wait_s,
     )
     cost_model = make_cost_model(model, hardware, config.tp, config.profile)
-    executor = CostModelExecutor(cost_model, config.block_size)
     end_s = trace.requests[-1].arrival_s
     bar = tqdm(total=round(end_s, 3), unit="sim-s", disable=not (progress and sys.stderr.isatty()))
 
     def on_step(now_s: float) -> None:
-        bar.n = round(min(now_s, end_s), 3)
-        bar.refresh() if bar.n == end_s else None
+        if now_s - bar.n >= 1.0 or now_s >= end_s:
+            bar.n = round(min(now_s, end_s), 3)
+            bar.refresh()
 
-    output = run_single_replica(
-        trace, cache, scheduler_config, executor, on_step, config.fast_forward
+    recorder = StepRecorder(on_step=on_step if not bar.disable else None)
+
+    def make_replica(env: simpy.Environment, index: int, pool: str, steps: StepRecorder) -> Replica:
+        executor = CostModelExecutor(cost_model, config.block_size)
+        scheduler = Scheduler(cache, scheduler_config)
+        return Replica(env, index, pool, scheduler, executor, steps, config.fast_forward)
+
+    bandwidth = config.link_bandwidth_gbps * 1e9 / 8
+    latency = config.link_latency_us * 1e-6
+
+    def make_link(env: simpy.Environment) -> KvLink:
+        return KvLink(
+            env,
+            bandwidth,
+            latency,
+            lambda tokens: cost_model.kv_transfer_time_s(tokens, bandwidth, latency),
+            model.kv_bytes_per_token(),
+            config.link_parallel_transfers,
+        )
+
+    output = run_deployment(
+        trace,
+        make_replica,
+        recorder,
+        num_replicas=config.num_replicas,
+        router=config.router,
+        disagg=(config.num_prefill, config.num_decode) if config.policy == "disagg" else None,
+        link=make_link,
     )
     bar.close()
     summary = summarize(output.requests, output.end_s, config.slo_ttft_s, config.slo_tpot_s)
-    notes = list(trace.notes)
+    if config.policy == "disagg":
+        summary["kv_transfer_bytes"] = sum(t.num_bytes for t in output.transfers)
+        summary["num_kv_transfers"] = len(output.transfers)
     return RunResult(
         config=config,
         trace_name=trace.name,
         memory_model=cache.memory_model,
         num_blocks=num_blocks,
         requests=output.requests,
-        steps=output.steps,
+        steps=recorder,
         summary=summary,
         num_skipped_rows=trace.num_skipped,
-        notes=notes,
+        notes=list(trace.notes),
         trace_stats=trace.length_stats(),
+        transfers=output.transfers,
     )

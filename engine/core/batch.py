@@ -54,6 +54,9 @@ class ScheduledBatch:
     swap_in: list[BlockPair] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)
+    # Decode side of disaggregated serving: requests whose blocks were reserved this step and
+    # whose KV transfer can start.
+    transfers: list[Request] = field(default_factory=list)
     num_padding_tokens: int = 0
     num_running: int = 0
     num_waiting: int = 0

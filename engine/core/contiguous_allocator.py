@@ -128,6 +128,9 @@ class ContiguousKVManager:
     def prefix_hit_blocks(self, request: Request) -> Sequence[int]:
         return ()
 
+    def cached_prefix_tokens(self, request: Request) -> int:
+        return 0
+
     def can_admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> bool:
         size = self._slots(request)
         if request.n == 1:

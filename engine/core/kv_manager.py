@@ -22,6 +22,7 @@ class KVCacheManager(Protocol):
 
     def rejection_reason(self, request: Request) -> str | None: ...
     def prefix_hit_blocks(self, request: Request) -> Sequence[int]: ...
+    def cached_prefix_tokens(self, request: Request) -> int: ...
     def can_admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> bool: ...
     def admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> None: ...
     def can_grow(self, request: Request, num_positions: int) -> bool: ...
@@ -101,6 +102,15 @@ class PagedKVManager:
         output_ids = request.output_token_ids.get(request.seq_ids[0], ())
         keys.extend_to(max_blocks, request, self.block_size, 0, output_ids)
         return self.allocator.match_prefix(keys.keys[:max_blocks])
+
+    def cached_prefix_tokens(self, request: Request) -> int:
+        """Prompt tokens of a (not yet added) request this cache holds now: read-only."""
+        if not self.prefix_caching:
+            return 0
+        keys = SequenceKeys()
+        keys.extend_to((request.num_prompt_tokens - 1) // self.block_size, request,
+                       self.block_size, 0, ())
+        return len(self.allocator.match_prefix(keys.keys)) * self.block_size
 
     def can_admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> bool:
         num_tokens = len(hits) * self.block_size + num_positions

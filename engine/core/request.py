@@ -30,7 +30,15 @@ class TokenTimeline:
     memory, yet TTFT, TPOT and every inter-token latency can be computed exactly.
     """
 
-    __slots__ = ("first_s", "last_s", "num_emissions", "run_counts", "run_starts", "step_end_s")
+    __slots__ = (
+        "external_first_s",
+        "first_s",
+        "last_s",
+        "num_emissions",
+        "run_counts",
+        "run_starts",
+        "step_end_s",
+    )
 
     def __init__(self, step_end_s: array[float] | None = None) -> None:
         self.step_end_s: array[float] = step_end_s if step_end_s is not None else array("d")
@@ -39,6 +47,15 @@ class TokenTimeline:
         self.num_emissions = 0
         self.run_starts: list[int] = []
         self.run_counts: list[int] = []
+        # A first token emitted elsewhere (a disaggregated prefill replica), before any run.
+        self.external_first_s: float | None = None
+
+    def add_external_first(self, time_s: float) -> None:
+        """The request's first token was emitted at ``time_s`` by another replica."""
+        if self.num_emissions:
+            raise ValueError("an external first token must come before every other")
+        self.external_first_s = self.first_s = self.last_s = time_s
+        self.num_emissions = 1
 
     def add(self, step_idx: int, count: int = 1) -> None:
         """Emissions at the ends of steps ``step_idx .. step_idx + count - 1``."""
@@ -56,7 +73,7 @@ class TokenTimeline:
     def times_s(self) -> list[float]:
         """Every emission time, expanded."""
         ends = self.step_end_s
-        out: list[float] = []
+        out: list[float] = [] if self.external_first_s is None else [self.external_first_s]
         for start, count in zip(self.run_starts, self.run_counts, strict=True):
             out.extend(ends[start : start + count])
         return out
@@ -100,6 +117,11 @@ class Request:
     output_token_ids: dict[int, list[int]] = field(default_factory=dict)
     # Set by the scheduler: a unique int used to name blocks whose content is unknown.
     internal_idx: int = -1
+    # Disaggregated serving. Prefill side: keep the KV after finishing, until it has been
+    # sent (``Scheduler.release_kv``). Decode side: the prompt's KV comes over a link, and
+    # the request cannot run until it is there (``Scheduler.kv_arrived``).
+    hold_kv_on_finish: bool = False
+    kv_ready: bool = True
 
     first_scheduled_s: float | None = None
     first_token_s: float | None = None

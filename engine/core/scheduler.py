@@ -58,6 +58,9 @@ class Scheduler:
         self.running: list[Request] = []  # sorted by arrival: the tail is preempted first
         self.swapped: deque[Request] = deque()
         self.held: list[Request] = []  # finished, but keeping memory until the batch ends
+        self.kv_held: dict[str, Request] = {}  # finished prefills whose KV is being sent
+        self.incoming: deque[Request] = deque()  # decode side: waiting for room for their KV
+        self._to_release: list[str] = []
         self.arrivals_done = False
         self.step_idx = 0
         self.num_held_samples = 0
@@ -78,7 +81,7 @@ class Scheduler:
             raise ValueError(f"request {request.request_id!r} was already added somewhere")
         request.internal_idx = self._next_internal_idx
         self._next_internal_idx += 1
-        reason = self._rejection_reason(request)
+        reason = self.rejection_reason(request)
         if reason is not None:
             request.status = RequestStatus.REJECTED
             request.reject_reason = reason
@@ -96,12 +99,12 @@ class Scheduler:
             self._changed_since_schedule = True
         return True
 
-    @property
-    def arrivals_matter(self) -> bool:
-        """Whether a new arrival could change the next step (only if nothing waits)."""
-        return not self.waiting
+    def cached_prefix_tokens(self, request: Request) -> int:
+        """Prompt tokens of ``request`` this replica's prefix cache holds now (for routing)."""
+        return self.kv.cached_prefix_tokens(request)
 
-    def _rejection_reason(self, request: Request) -> str | None:
+    def rejection_reason(self, request: Request) -> str | None:
+        """Why this replica could never serve ``request`` (None if it can)."""
         max_len = self.cache_config.max_model_len
         if request.max_total_tokens > max_len:
             return (
@@ -109,6 +112,60 @@ class Scheduler:
                 f"tokens exceeds the model's max length {max_len}"
             )
         return self.kv.rejection_reason(request) or self.policy.rejection_reason(request)
+
+    # -- disaggregated serving: KV handed from a prefill replica to a decode replica ----------
+
+    def release_kv(self, request_id: str) -> None:
+        """Prefill side: the finished request's KV has been sent; its blocks are freed when
+        the next step is scheduled (nothing looks at memory in between)."""
+        if request_id not in self.kv_held:
+            raise ValueError(f"request {request_id!r} holds no KV here")
+        self._to_release.append(request_id)
+        self._changed_since_schedule = True
+
+    @property
+    def changed_since_schedule(self) -> bool:
+        """Whether something (an arrival at the head of the queue, a transfer, a release)
+        happened since the last ``schedule`` that could change the next step."""
+        return self._changed_since_schedule
+
+    def add_transferred(self, request: Request, first_token_s: float, now_s: float) -> bool:
+        """Decode side: a request whose prompt was computed (and first token sampled at
+        ``first_token_s``) elsewhere. It waits in ``incoming`` until its KV fits; the step that
+        reserves the blocks lists it in ``batch.transfers``, and it runs once ``kv_arrived``.
+        Returns False if it could never fit here (``request.reject_reason``)."""
+        if not self.add_request(request, now_s):
+            return False
+        self.waiting.remove(request)
+        request.kv_ready = False
+        request.num_output_tokens = 1
+        request.first_token_s = first_token_s
+        request.tokens.add_external_first(first_token_s)
+        self.incoming.append(request)
+        self._changed_since_schedule = True
+        return True
+
+    def kv_arrived(self, request_id: str) -> None:
+        """Decode side: the request's KV is in its blocks; it may decode from the next step."""
+        self._requests[request_id].kv_ready = True
+        self._changed_since_schedule = True
+
+    def _reserve_incoming(self, batch: ScheduledBatch) -> None:
+        """Reserve blocks for transferred requests, FCFS, while they fit (with watermark)."""
+        while self.incoming:
+            request = self.incoming[0]
+            known = request.num_prompt_tokens  # KV arriving; the first token is computed here
+            if not self.kv.can_admit(request, known + 1, ()):
+                return
+            self.incoming.popleft()
+            self.kv.admit(request, known, ())
+            request.num_computed_tokens = known
+            request.status = RequestStatus.RUNNING
+            if request.n > 1:
+                self.kv.fork(request)
+                request.forked = True
+            bisect.insort(self.running, request, key=_order)
+            batch.transfers.append(request)
 
     def mark_arrivals_done(self) -> None:
         """No more requests will arrive (static batching then runs a partial last batch)."""
@@ -119,7 +176,7 @@ class Scheduler:
         request = self._requests.pop(request_id, None)
         if request is None:
             return None
-        for queue in (self.waiting, self.swapped):
+        for queue in (self.waiting, self.swapped, self.incoming):
             if request in queue:
                 queue.remove(request)
         if request in self.held:
@@ -152,6 +209,11 @@ class Scheduler:
         """
         batch = ScheduledBatch(step_idx=self.step_idx, now_s=now_s)
         self._changed_since_schedule = False
+        for request_id in self._to_release:
+            self.kv.free(self.kv_held.pop(request_id))
+        self._to_release.clear()
+        if self.incoming:
+            self._reserve_incoming(batch)
         while True:
             if not self.running and self.held:
                 batch.finished.extend(self._release_held(now_s))
@@ -230,8 +292,11 @@ class Scheduler:
             return
         request.status = RequestStatus.FINISHED
         request.finish_s = now_s
-        self.kv.free(request)
         del self._requests[request.request_id]
+        if request.hold_kv_on_finish:
+            self.kv_held[request.request_id] = request
+        else:
+            self.kv.free(request)
         finished.append(request)
 
     def _release_held(self, now_s: float) -> list[Request]:
@@ -314,12 +379,14 @@ class Scheduler:
         self.step_idx += count
         return finished
 
-    def repeat_memory_sum(self, batch: ScheduledBatch, count: int) -> MemorySnapshot:
-        """The sum of the memory snapshots the next ``count`` repeats of ``batch`` would take
-        (call before ``repeat``): what a step-by-step record would add up to."""
+    def repeat_memory_sum(
+        self, batch: ScheduledBatch, count: int, next_waiting: Request | None
+    ) -> MemorySnapshot:
+        """The sum of the memory snapshots ``count`` repeats of ``batch`` take (call before
+        ``repeat``; ``next_waiting`` is the waiting head when they started): what a
+        step-by-step record would add up to."""
         requests = [scheduled.request for scheduled in batch.requests]
-        head = self.waiting[0] if self.waiting else None
-        return self.kv.repeat_memory_sum(requests, count, head)
+        return self.kv.repeat_memory_sum(requests, count, next_waiting)
 
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:
         """Block tables of the request's active sequences (paged memory), for an executor."""
@@ -435,6 +502,8 @@ class _Step:
         if num_positions <= 0 or idx in self._scheduled or idx in self._preempted:
             return False
         status = request.status
+        if not request.kv_ready:
+            return False
         live = request.live_seq_ids
         if (
             num_positions == 1
@@ -494,7 +563,7 @@ class _Step:
     def _pick_victim(self, request: Request) -> Request:
         """The most recently arrived running request not already in this step."""
         for candidate in reversed(self.s.running):
-            if candidate.internal_idx not in self._scheduled:
+            if candidate.internal_idx not in self._scheduled and candidate.kv_ready:
                 return candidate
         return request
 

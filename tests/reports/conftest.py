@@ -67,6 +67,7 @@ def fabricate_run(
     frame["real_token_slots"] = rng.integers(0, total // 2, num_steps)
     frame["internal_fragmentation_slots"] = frame["num_running"] * 8
     frame["free_slots"] = total - frame["real_token_slots"] - frame["internal_fragmentation_slots"]
+    frame["pool"] = "colocated"
     if disagg:
         requests["kv_transfer_start_s"] = requests["first_token_s"]
         requests["kv_transfer_bytes"] = requests["prompt_tokens"] * 131072.0
