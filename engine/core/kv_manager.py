@@ -108,8 +108,9 @@ class PagedKVManager:
         if not self.prefix_caching:
             return 0
         keys = SequenceKeys()
-        keys.extend_to((request.num_prompt_tokens - 1) // self.block_size, request,
-                       self.block_size, 0, ())
+        keys.extend_to(
+            (request.num_prompt_tokens - 1) // self.block_size, request, self.block_size, 0, ()
+        )
         return len(self.allocator.match_prefix(keys.keys)) * self.block_size
 
     def can_admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> bool:
