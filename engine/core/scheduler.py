@@ -400,9 +400,13 @@ class Scheduler:
     def _insert_sorted(self, queue: deque[Request], request: Request) -> None:
         """FCFS insert; preempted requests land ahead of everything that arrived later."""
         key = _order(request)
-        idx = len(queue)
-        while idx > 0 and _order(queue[idx - 1]) > key:
-            idx -= 1
+        if not queue or _order(queue[-1]) <= key:
+            queue.append(request)  # an arrival: the common case
+            return
+        # A preempted request is older than most of the queue: search from the front.
+        idx = 0
+        while _order(queue[idx]) <= key:
+            idx += 1
         queue.insert(idx, request)
 
     def _preempt(self, victim: Request, batch: ScheduledBatch) -> None:
@@ -454,7 +458,8 @@ class _Step:
 
     @property
     def waiting(self) -> Sequence[Request]:
-        return tuple(self.s.waiting)
+        # The live queue, not a copy (it can be very long): admitting its head removes it.
+        return self.s.waiting
 
     @property
     def swapped(self) -> Sequence[Request]:

@@ -18,7 +18,9 @@ class StepContext(Protocol):
     @property
     def running(self) -> Sequence[Request]: ...
     @property
-    def waiting(self) -> Sequence[Request]: ...
+    def waiting(self) -> Sequence[Request]:
+        """The live waiting queue (FCFS); admitting a request removes it from here."""
+        ...
     @property
     def swapped(self) -> Sequence[Request]: ...
     @property
@@ -87,7 +89,10 @@ class Policy:
         With ``chunked`` a request may start with part of its prompt; otherwise a prompt must
         fit whole, except a recompute after preemption, which may be split.
         """
-        for request in ctx.waiting:
+        waiting = ctx.waiting  # live: each admitted request leaves it
+        idx = 0
+        while idx < len(waiting):
+            request = waiting[idx]
             pending = ctx.pending_positions(request)
             fit = ctx.token_budget_left // request.width
             if pending > fit and not (chunked or request.num_preemptions):
@@ -95,6 +100,8 @@ class Policy:
             num_positions = min(pending, fit)
             if num_positions <= 0 or not ctx.schedule(request, num_positions):
                 break
+            if idx < len(waiting) and waiting[idx] is request:
+                idx += 1  # scheduled but still waiting (never happens today; stay safe)
 
     def resume_swapped(self, ctx: StepContext) -> bool:
         """Swap requests back in FCFS; True if every swapped request is back."""

@@ -38,7 +38,8 @@ class StaticBatching(Policy):
         if not self.ready(ctx):
             return
         admitted: list[int] = []
-        for request in list(ctx.waiting)[: self.config.batch_size]:
+        waiting = ctx.waiting
+        for request in [waiting[i] for i in range(min(len(waiting), self.config.batch_size))]:
             if not ctx.schedule(request, ctx.pending_positions(request)):
                 break
             admitted.append(request.num_prompt_tokens)
