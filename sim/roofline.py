@@ -264,8 +264,22 @@ class RooflineCostModel:
         self, num_seqs: int, sum_context_tokens: int, sum_context_blocks: int, block_size: int = 16
     ) -> float:
         """A decode-only step from aggregates alone: O(1) whatever the batch."""
-        decode = (num_seqs, sum_context_tokens, sum_context_blocks * block_size)
-        return sum(self._terms((), decode, 0, (0, 0), block_size))
+        return self.aggregate_step_time_s(
+            (), num_seqs, sum_context_tokens, sum_context_blocks, block_size
+        )
+
+    def aggregate_step_time_s(
+        self,
+        prefill_chunks: tuple[tuple[int, int], ...],
+        num_decode_seqs: int,
+        sum_context_tokens: int,
+        sum_context_blocks: int,
+        block_size: int = 16,
+    ) -> float:
+        """A step without padding, copies or swaps, its decodes given by aggregates alone.
+        Equal, to the last bit, to ``step_time_s`` of the same step."""
+        decode = (num_decode_seqs, sum_context_tokens, sum_context_blocks * block_size)
+        return sum(self._terms(prefill_chunks, decode, 0, (0, 0), block_size))
 
     def kv_transfer_time_s(
         self, num_tokens: int, link_bandwidth_bytes_per_s: float, link_latency_s: float

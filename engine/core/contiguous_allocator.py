@@ -165,13 +165,13 @@ class ContiguousKVManager:
     def try_grow(self, request: Request, num_positions: int) -> list[BlockPair] | None:
         return self.grow(request, num_positions)
 
-    def growth_capacity(self, requests: Sequence[Request], limit: int) -> int:
+    def growth_capacity(self, growth: Sequence[tuple[Request, int]], limit: int) -> int:
         return limit  # reservations already cover every request's final length
 
     def repeat_memory_sum(
-        self, requests: Sequence[Request], count: int, next_waiting: Request | None
+        self, growth: Sequence[tuple[Request, int]], count: int, next_waiting: Request | None
     ) -> MemorySnapshot:
-        width = sum(len(r.active_seq_ids) for r in requests)
+        width = sum(len(r.active_seq_ids) * per_step for r, per_step in growth)
         now = self.snapshot(next_waiting)
         # Real tokens grow by ``width`` per step inside the reservations; nothing else moves.
         added = width * count * (count + 1) // 2

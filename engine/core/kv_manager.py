@@ -35,10 +35,18 @@ class KVCacheManager(Protocol):
         """Grow like ``grow`` if there is room, else change nothing and return None."""
         ...
 
-    def growth_capacity(self, requests: Sequence[Request], limit: int) -> int: ...
+    def growth_capacity(self, growth: Sequence[tuple[Request, int]], limit: int) -> int:
+        """The most steps (up to ``limit``) in which every (request, positions per step)
+        can grow together without running out of memory (no copy-on-write pending)."""
+        ...
+
     def repeat_memory_sum(
-        self, requests: Sequence[Request], count: int, next_waiting: Request | None
-    ) -> MemorySnapshot: ...
+        self, growth: Sequence[tuple[Request, int]], count: int, next_waiting: Request | None
+    ) -> MemorySnapshot:
+        """The sum of the snapshots ``count`` repeated steps would take, each after growing
+        every (request, positions per step) once more (computed, not applied)."""
+        ...
+
     def grow(self, request: Request, num_positions: int) -> list[BlockPair]: ...
     def take_range_copies(self, request: Request) -> list[RangeCopy]: ...
     def fork(self, request: Request) -> None: ...
@@ -159,20 +167,18 @@ class PagedKVManager:
         except OutOfBlocksError:
             return None
 
-    def growth_capacity(self, requests: Sequence[Request], limit: int) -> int:
-        """The most positions (up to ``limit``) every active sequence of ``requests`` can grow
-        by together without running out of blocks (no copy-on-write pending)."""
+    def growth_capacity(self, growth: Sequence[tuple[Request, int]], limit: int) -> int:
         alloc = self.allocator
         bs = self.block_size
         seqs = [
-            (alloc.num_tokens(s), len(alloc.block_table(s)))
-            for r in requests
-            for s in r.active_seq_ids
+            (alloc.num_tokens(s), len(alloc.block_table(s)), per_step)
+            for request, per_step in growth
+            for s in request.active_seq_ids
         ]
         free = alloc.num_free_blocks
 
         def need(k: int) -> int:
-            return sum(_blocks(t + k, bs) - held for t, held in seqs)
+            return sum(_blocks(t + g * k, bs) - held for t, held, g in seqs)
 
         if need(limit) <= free:
             return limit
@@ -186,25 +192,31 @@ class PagedKVManager:
         return lo
 
     def repeat_memory_sum(
-        self, requests: Sequence[Request], count: int, next_waiting: Request | None
+        self, growth: Sequence[tuple[Request, int]], count: int, next_waiting: Request | None
     ) -> MemorySnapshot:
-        """The sum of the snapshots ``count`` repeated decode steps would take, each after
-        growing every active sequence by one more position (computed, not applied)."""
         alloc = self.allocator
         bs = self.block_size
-        by_phase = [0] * bs  # sequences by tokens held, modulo the block size
-        width = 0
-        for request in requests:
+        by_phase = [0] * bs  # one-position sequences by tokens held, modulo the block size
+        width = 0  # tokens added per step
+        chunks: list[tuple[int, int]] = []  # (tokens held, positions per step), others
+        for request, per_step in growth:
             for seq_id in request.active_seq_ids:
-                by_phase[alloc.num_tokens(seq_id) % bs] += 1
-                width += 1
+                width += per_step
+                if per_step == 1:
+                    by_phase[alloc.num_tokens(seq_id) % bs] += 1
+                else:
+                    chunks.append((alloc.num_tokens(seq_id), per_step))
         cached0 = alloc.num_cached_free_blocks
         free0 = alloc.num_free_blocks - cached0
         real = internal = cached = free = 0
         new_blocks = 0
         for step in range(count):
-            # Step s adds a block to every sequence that held a multiple of bs tokens.
+            # A decoding sequence holding a multiple of bs tokens starts a block each step.
             new_blocks += by_phase[(-step) % bs]
+            for held, per_step in chunks:
+                new_blocks += _blocks(held + (step + 1) * per_step, bs) - _blocks(
+                    held + step * per_step, bs
+                )
             used = alloc.num_used_blocks + new_blocks
             step_real = alloc.num_filled_slots + (step + 1) * width
             real += step_real

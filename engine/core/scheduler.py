@@ -326,6 +326,9 @@ class Scheduler:
         return self._steady_limit(batch)
 
     def _steady_limit(self, batch: ScheduledBatch) -> int:
+        """Repeats allowed for ``batch``: one position per decoding request, plus at most one
+        prompt chunk that used up the step's token budget (the policy would cut the same
+        chunk again) and does not reach the end of its prompt."""
         if (
             not batch.requests
             or len(batch.requests) != len(self.running)
@@ -338,19 +341,38 @@ class Scheduler:
         ):
             return 0
         limit = 1 << 62
+        chunked: Request | None = None
         for scheduled in batch.requests:
             request = scheduled.request
-            if (
-                scheduled.is_prefill
-                or scheduled.num_positions != 1
-                or request.status is not RequestStatus.RUNNING
-                or request.num_pending_positions != 1
-                or len(scheduled.seq_ids) != len(request.active_seq_ids)
+            if request.status is not RequestStatus.RUNNING or len(scheduled.seq_ids) != len(
+                request.active_seq_ids
             ):
                 return 0
-            limit = min(limit, request.max_output_tokens - request.num_output_tokens)
-        requests = [scheduled.request for scheduled in batch.requests]
-        return self.kv.growth_capacity(requests, limit)
+            if (
+                scheduled.num_positions == 1
+                and not scheduled.is_prefill
+                and request.num_pending_positions == 1
+            ):
+                limit = min(limit, request.max_output_tokens - request.num_output_tokens)
+                continue
+            if chunked is not None or not self._repeatable_chunk(batch, scheduled):
+                return 0
+            chunked = request
+            limit = min(limit, (request.num_pending_positions - 1) // scheduled.num_positions)
+        if limit <= 0:
+            return 0
+        growth = [(s.request, s.num_positions) for s in batch.requests]
+        return self.kv.growth_capacity(growth, limit)
+
+    def _repeatable_chunk(self, batch: ScheduledBatch, scheduled: ScheduledRequest) -> bool:
+        budget = self.policy.token_budget()
+        return (
+            self.policy.repeats_budget_chunks
+            and budget is not None
+            and len(scheduled.seq_ids) == 1
+            and scheduled.is_prefill
+            and batch.num_batched_tokens == budget
+        )
 
     def repeat(self, batch: ScheduledBatch, step_end_s: Sequence[float]) -> list[Request]:
         """Apply ``len(step_end_s)`` more steps identical to ``batch`` (see ``repeat_limit``),
@@ -366,11 +388,12 @@ class Scheduler:
         finished: list[Request] = []
         # Grow everyone before anyone finishes, as the steps themselves would.
         for scheduled in batch.requests:
-            self.kv.grow(scheduled.request, count)
+            self.kv.grow(scheduled.request, count * scheduled.num_positions)
         for scheduled in batch.requests:
             request = scheduled.request
-            request.num_computed_tokens += count
-            self._sample(request, None, first_idx, count)
+            request.num_computed_tokens += count * scheduled.num_positions
+            if scheduled.num_positions == 1:
+                self._sample(request, None, first_idx, count)
             self.kv.commit(request)
             if not request.live_seq_ids:
                 self._finish(request, step_end_s[-1], finished)
@@ -385,8 +408,8 @@ class Scheduler:
         """The sum of the memory snapshots ``count`` repeats of ``batch`` take (call before
         ``repeat``; ``next_waiting`` is the waiting head when they started): what a
         step-by-step record would add up to."""
-        requests = [scheduled.request for scheduled in batch.requests]
-        return self.kv.repeat_memory_sum(requests, count, next_waiting)
+        growth = [(s.request, s.num_positions) for s in batch.requests]
+        return self.kv.repeat_memory_sum(growth, count, next_waiting)
 
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:
         """Block tables of the request's active sequences (paged memory), for an executor."""

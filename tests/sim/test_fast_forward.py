@@ -71,3 +71,27 @@ def test_fast_forward_skips_most_steps_on_a_decode_heavy_trace() -> None:
     result = simulate(load_trace(DATA / "example.csv"), config)
     rows = result.steps.to_frame()
     assert rows["num_steps"].sum() > 5 * len(rows)
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_chunk_stretches_are_exact(prefix: bool) -> None:
+    """A small token budget makes prompts go in budget-sized chunks next to running
+    decodes; those steps repeat too, and skipping them must change nothing."""
+    config = RunConfig(
+        policy="chunked",
+        model="Llama-2-7B",
+        hardware="A100-80GB",
+        num_blocks=300,
+        max_num_batched_tokens=96,
+        enable_prefix_caching=prefix,
+    )
+    loaded = load_trace(DATA / ("shared_prefix.csv" if prefix else "example.csv"))
+    fast = simulate(loaded, config)
+    slow = simulate(loaded, replace(config, fast_forward=False))
+    assert fast.requests_frame().equals(slow.requests_frame())
+    assert fast.summary == slow.summary
+    rows = fast.steps.to_frame()
+    chunk_runs = rows[(rows["num_steps"] > 1) & (rows["num_prefill_tokens"] > 0)]
+    assert len(chunk_runs) > 0, "no run of repeated prompt chunks was skipped"
+    for column in SUM_COLUMNS:
+        assert rows[column].sum() == slow.steps.to_frame()[column].sum(), column

@@ -21,6 +21,7 @@ class StepContext(Protocol):
     def waiting(self) -> Sequence[Request]:
         """The live waiting queue (FCFS); admitting a request removes it from here."""
         ...
+
     @property
     def swapped(self) -> Sequence[Request]: ...
     @property
@@ -55,6 +56,10 @@ class Policy:
     default_memory_model: ClassVar[MemoryModel] = "paged"
     # Static batching keeps finished sequences (and their memory) until the whole batch ends.
     holds_until_batch_end: ClassVar[bool] = False
+    # True if, when a step's token budget is used up by decodes plus one running prompt's
+    # chunk, the next step (nothing else changing) gives that prompt the same chunk again:
+    # lets the scheduler skip over such steps exactly.
+    repeats_budget_chunks: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config

@@ -8,6 +8,7 @@ from engine.core.policies.base import Policy, StepContext
 
 class ChunkedPrefill(Policy):
     name = "chunked"
+    repeats_budget_chunks = True
 
     def schedule(self, ctx: StepContext) -> None:
         running = ctx.running
