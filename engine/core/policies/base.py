@@ -42,6 +42,11 @@ class StepContext(Protocol):
         (budget, memory, or it was preempted). May preempt later-arrived running requests."""
         ...
 
+    def schedule_decodes(self, requests: Sequence[Request]) -> list[Request]:
+        """``schedule(request, 1)`` for each decoding request in order (faster); returns the
+        requests that are not decoding (prompts, recomputes), in order."""
+        ...
+
     def add_padding(self, num_tokens: int) -> None: ...
 
     def wake_at(self, when_s: float) -> None:

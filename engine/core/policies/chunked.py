@@ -4,6 +4,7 @@ then by prompt chunks of partially prefilled and waiting requests."""
 from __future__ import annotations
 
 from engine.core.policies.base import Policy, StepContext
+from engine.core.request import RequestStatus
 
 
 class ChunkedPrefill(Policy):
@@ -11,12 +12,8 @@ class ChunkedPrefill(Policy):
     repeats_budget_chunks = True
 
     def schedule(self, ctx: StepContext) -> None:
-        running = ctx.running
-        for request in running:
-            if not request.is_prefill:
-                ctx.schedule(request, 1)
-        for request in running:
-            if request.is_prefill:
+        for request in ctx.schedule_decodes(ctx.running):
+            if request.status is RequestStatus.RUNNING:
                 fit = ctx.token_budget_left // request.width
                 num_positions = min(ctx.pending_positions(request), fit)
                 if num_positions > 0:
