@@ -174,6 +174,23 @@ class BlockAllocator:
             self._fill[table[-1]] += add
             self.num_filled_slots += add
             left -= add
+        if left and self._free:
+            # Bulk path: whole blocks straight off the free stack, in the order pops give.
+            take = min(-(-left // bs), len(self._free))
+            blocks = self._free[-take:]
+            del self._free[-take:]
+            blocks.reverse()
+            ref, fill = self._ref, self._fill
+            added = 0
+            for block_id in blocks:
+                add = bs if left >= bs else left
+                ref[block_id] = 1
+                fill[block_id] = add
+                added += add
+                left -= add
+            self.num_used_blocks += take
+            self.num_filled_slots += added
+            table.extend(blocks)
         while left:
             block_id = self._take_block()
             add = min(bs, left)
@@ -262,8 +279,16 @@ class BlockAllocator:
             for cpu_id in self._cpu_tables.pop(seq_id):
                 self._release_cpu(cpu_id)
         else:
+            ref, key, fill, free = self._ref, self._key, self._fill, self._free
             for block_id in reversed(self._tables.pop(seq_id)):
-                self._release(block_id)
+                if ref[block_id] == 1 and key[block_id] is None:  # the common case, inlined
+                    ref[block_id] = 0
+                    self.num_used_blocks -= 1
+                    self.num_filled_slots -= fill[block_id]
+                    fill[block_id] = 0
+                    free.append(block_id)
+                else:
+                    self._release(block_id)
         del self._num_tokens[seq_id]
 
     def cache_block(self, seq_id: int, block_idx: int, key: int) -> bool:
