@@ -105,10 +105,18 @@ class CostModelExecutor:
         by_phase = [0] * bs
         for c in contexts:
             by_phase[c % bs] += 1
-        aggregate = self._aggregate
         step_chunks = tuple(chunks)
+        stepper = getattr(self.cost_model, "repeat_stepper", None)
+        if stepper is not None:
+            step_time = stepper(step_chunks, num_seqs, bs)
+        else:
+            aggregate = self._aggregate
+
+            def step_time(c: tuple[tuple[int, int], ...], total: int, blocks: int) -> float:
+                return aggregate(c, num_seqs, total, blocks, bs)  # type: ignore[no-any-return]
+
         for step in range(max_steps):
-            now_s += aggregate(step_chunks, num_seqs, total, blocks, bs)
+            now_s += step_time(step_chunks, total, blocks)
             ends.append(now_s)
             if now_s >= stop_at_s:
                 break

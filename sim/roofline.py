@@ -3,6 +3,7 @@ bandwidth), and a step is the sum of its ops (kernels on one stream do not overl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sim.hardware_spec import HardwareSpec
@@ -267,6 +268,38 @@ class RooflineCostModel:
         return self.aggregate_step_time_s(
             (), num_seqs, sum_context_tokens, sum_context_blocks, block_size
         )
+
+    def repeat_stepper(
+        self,
+        prefill_chunks: tuple[tuple[int, int], ...],
+        num_decode_seqs: int,
+        block_size: int = 16,
+    ) -> Callable[[tuple[tuple[int, int], ...], int, int], float]:
+        """For steps of one shape (the same chunk sizes and decode count), a function of
+        (chunks, summed context, summed context blocks) giving what ``aggregate_step_time_s``
+        gives, to the last bit, with the terms that do not change computed once."""
+        num_tokens = num_decode_seqs + sum(n for n, _ in prefill_chunks)
+        num_seqs = num_decode_seqs + len(prefill_chunks)
+        linear = self.linear_s(num_tokens)
+        # The rest, in the order `_terms` lists them (copies and swaps are 0.0 here; adding
+        # 0.0 changes nothing, so they are left out).
+        after = (
+            self.store_kv_s(num_tokens),
+            self.elementwise_s(num_tokens),
+            self.lm_head_s(num_seqs),
+            self.allreduce_s(num_tokens),
+            self.overhead_s(num_seqs),
+        )
+        prefill, decode = self.prefill_attention_s, self.decode_attention_s
+
+        def step(chunks: tuple[tuple[int, int], ...], sum_context: int, sum_blocks: int) -> float:
+            total = linear + (prefill(chunks, block_size) if chunks else 0.0)
+            total += decode(num_decode_seqs, sum_context, sum_blocks * block_size)
+            for term in after:
+                total += term
+            return total
+
+        return step
 
     def aggregate_step_time_s(
         self,

@@ -68,6 +68,7 @@ class Scheduler:
         # End time of every executed step; token timelines point into it.
         self.step_end_s: array[float] = array("d")
         self._changed_since_schedule = False  # an arrival or abort the last schedule missed
+        self._repeat_checked = (-1, 0)  # (step_idx, limit) of the last repeat_limit answer
         self._next_seq_id = 0
         self._next_internal_idx = 0
 
@@ -323,7 +324,8 @@ class Scheduler:
         """
         if self._changed_since_schedule:
             return 0
-        return self._steady_limit(batch)
+        self._repeat_checked = (batch.step_idx, self._steady_limit(batch))
+        return self._repeat_checked[1]
 
     def _steady_limit(self, batch: ScheduledBatch) -> int:
         """Repeats allowed for ``batch``: one position per decoding request, plus at most one
@@ -381,20 +383,24 @@ class Scheduler:
         Requests that arrived during the last of these steps wait for the next ``schedule``.
         """
         count = len(step_end_s)
-        if not 0 < count <= self._steady_limit(batch):
-            raise ValueError(f"cannot repeat this batch {count} times")
+        checked_step, limit = self._repeat_checked
+        if checked_step != batch.step_idx or not 0 < count <= limit:
+            raise ValueError(f"cannot repeat this batch {count} times (ask repeat_limit first)")
+        self._repeat_checked = (-1, 0)
         first_idx = len(self.step_end_s)
         self.step_end_s.extend(step_end_s)
         finished: list[Request] = []
         # Grow everyone before anyone finishes, as the steps themselves would.
         for scheduled in batch.requests:
             self.kv.grow(scheduled.request, count * scheduled.num_positions)
+        commit = self.cache_config.enable_prefix_caching
         for scheduled in batch.requests:
             request = scheduled.request
             request.num_computed_tokens += count * scheduled.num_positions
             if scheduled.num_positions == 1:
                 self._sample(request, None, first_idx, count)
-            self.kv.commit(request)
+            if commit:
+                self.kv.commit(request)
             if not request.live_seq_ids:
                 self._finish(request, step_end_s[-1], finished)
         if not self.running and self.held:
