@@ -105,9 +105,15 @@ class StepRecorder:
         c["start_s"].append(start_s)
         c["duration_s"].append(duration_s)
         c["num_steps"].append(num_steps)
+        prefill = decode = 0
+        for scheduled in batch.requests:
+            if scheduled.is_prefill:
+                prefill += scheduled.num_positions * len(scheduled.seq_ids)
+            else:
+                decode += len(scheduled.seq_ids)
         c["num_requests"].append(len(batch.requests))
-        c["num_prefill_tokens"].append(batch.num_prefill_tokens * num_steps)
-        c["num_decode_tokens"].append(batch.num_decode_tokens * num_steps)
+        c["num_prefill_tokens"].append(prefill * num_steps)
+        c["num_decode_tokens"].append(decode * num_steps)
         c["num_padding_tokens"].append(batch.num_padding_tokens * num_steps)
         c["num_running"].append(batch.num_running)
         c["num_waiting"].append(batch.num_waiting)
