@@ -238,9 +238,11 @@ class Scheduler:
         if batch.requests:
             self.step_end_s.append(now_s)
         commit = self.cache_config.enable_prefix_caching
+        plain = not (result.sampled_token_ids or result.stopped_seq_ids)
+        running = RequestStatus.RUNNING
         for scheduled in batch.requests:
             request = scheduled.request
-            if request.status is not RequestStatus.RUNNING:
+            if request.status is not running:
                 continue  # aborted while the step ran
             computed = request.num_computed_tokens + scheduled.num_positions
             request.num_computed_tokens = computed
@@ -248,8 +250,23 @@ class Scheduler:
             if request.n > 1 and not request.forked and computed == prompt:
                 self.kv.fork(request)
                 request.forked = True
-            if computed == prompt + request.num_output_tokens:
-                self._sample(request, result, step_idx)
+            outputs = request.num_output_tokens
+            if computed == prompt + outputs:
+                tokens = request.tokens
+                counts = tokens.run_counts
+                if (
+                    plain
+                    and outputs + 1 < request.max_output_tokens
+                    and counts
+                    and tokens.run_starts[-1] + counts[-1] == step_idx
+                ):
+                    # A decode continuing its run of steps, not its last: the common case.
+                    request.num_output_tokens = outputs + 1
+                    counts[-1] += 1
+                    tokens.last_s = now_s
+                    tokens.num_emissions += 1
+                else:
+                    self._sample(request, result, step_idx)
             if commit:
                 self.kv.commit(request)
             if not request.live_seq_ids:
