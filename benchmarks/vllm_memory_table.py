@@ -19,6 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from sim.records import SLOT_COLUMNS
 from sim.run import RunConfig, RunResult, simulate
 from traces.distributions import PoissonArrivals
 from traces.generators import trace_from_length_table
@@ -37,14 +38,7 @@ def saturated_share(result: RunResult) -> tuple[float, float]:
     """(real-token share of all KV slots, share of steps) over steps with a waiting queue."""
     steps = result.steps.to_frame()
     busy = steps[steps["num_waiting"] > 0]
-    kinds = [
-        "real_token_slots",
-        "internal_fragmentation_slots",
-        "reservation_waste_slots",
-        "cached_free_slots",
-        "external_fragmentation_slots",
-        "free_slots",
-    ]
+    kinds = list(SLOT_COLUMNS)
     total = busy[kinds].to_numpy().sum()
     return busy["real_token_slots"].sum() / total, busy["num_steps"].sum() / steps[
         "num_steps"

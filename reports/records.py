@@ -12,6 +12,8 @@ from typing import Any
 
 import pandas as pd
 
+from sim.records import SUMMED_COLUMNS
+
 UNKNOWN = "unknown"
 
 
@@ -82,21 +84,6 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunRecords:
     )
 
 
-# Columns that a row covering several identical steps holds as sums over them.
-_SUMMED_COLUMNS = (
-    "num_prefill_tokens",
-    "num_decode_tokens",
-    "num_padding_tokens",
-    "real_token_slots",
-    "internal_fragmentation_slots",
-    "reservation_waste_slots",
-    "cached_free_slots",
-    "external_fragmentation_slots",
-    "free_slots",
-    "shared_saved_slots",
-)
-
-
 def per_step(steps: pd.DataFrame) -> pd.DataFrame:
     """Turn rows that cover ``num_steps`` identical decode steps (the simulator skips over
     them at once) into per-step means, so every row reads as one typical step."""
@@ -104,8 +91,8 @@ def per_step(steps: pd.DataFrame) -> pd.DataFrame:
         return steps
     out = steps.copy()
     n = out["num_steps"].to_numpy(float)
-    for column in _SUMMED_COLUMNS:
-        if column in out.columns:
+    for column in SUMMED_COLUMNS:
+        if column != "num_steps" and column in out.columns:
             out[column] = out[column].to_numpy(float) / n
     return out
 

@@ -24,6 +24,15 @@ class TransferLike(Protocol):
     end_s: float
 
 
+# The partition of the KV cache's slots (see engine.core.memory.MemorySnapshot).
+SLOT_COLUMNS = (
+    "real_token_slots",
+    "internal_fragmentation_slots",
+    "reservation_waste_slots",
+    "cached_free_slots",
+    "external_fragmentation_slots",
+    "free_slots",
+)
 POOL_CODES = {"colocated": 0, "prefill": 1, "decode": 2}
 STEP_COLUMNS = (
     "replica",
@@ -42,12 +51,16 @@ STEP_COLUMNS = (
     "num_copies",
     "num_swap_out_blocks",
     "num_swap_in_blocks",
-    "real_token_slots",
-    "internal_fragmentation_slots",
-    "reservation_waste_slots",
-    "cached_free_slots",
-    "external_fragmentation_slots",
-    "free_slots",
+    *SLOT_COLUMNS,
+    "shared_saved_slots",
+)
+# Columns that a row covering several identical steps holds as sums over them.
+SUMMED_COLUMNS = (
+    "num_steps",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "num_padding_tokens",
+    *SLOT_COLUMNS,
     "shared_saved_slots",
 )
 

@@ -9,23 +9,12 @@ from pathlib import Path
 import pytest
 
 from engine.core.policies import POLICIES
+from sim.records import SUMMED_COLUMNS
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
 
 DATA = Path(__file__).resolve().parents[2] / "traces" / "data"
-SUM_COLUMNS = (
-    "num_steps",
-    "num_prefill_tokens",
-    "num_decode_tokens",
-    "num_padding_tokens",
-    "real_token_slots",
-    "internal_fragmentation_slots",
-    "reservation_waste_slots",
-    "cached_free_slots",
-    "external_fragmentation_slots",
-    "free_slots",
-    "shared_saved_slots",
-)
+SUM_COLUMNS = SUMMED_COLUMNS
 CASES = [
     (policy, memory, preemption, trace, blocks, prefix)
     for policy in sorted(POLICIES)
