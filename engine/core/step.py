@@ -1,0 +1,259 @@
+"""One scheduling step's context: the policy's read-only view of the queues and budgets, and
+the mechanism behind ``StepContext.schedule`` (growth, preemption, admission, swap-in)."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from engine.core.batch import ScheduledBatch, ScheduledRequest
+from engine.core.block_allocator import BlockPair
+from engine.core.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from engine.core.scheduler import Scheduler
+
+
+def arrival_order(request: Request) -> tuple[float, int]:
+    """FCFS order: arrival time, then the order requests were added."""
+    return (request.arrival_s, request.internal_idx)
+
+
+class Step:
+    """The ``StepContext`` of one ``Scheduler.schedule`` call."""
+
+    def __init__(self, scheduler: Scheduler, now_s: float, batch: ScheduledBatch) -> None:
+        self.s = scheduler
+        self._now_s = now_s
+        self.batch = batch
+        budget = scheduler.policy.token_budget()
+        self._token_budget = budget if budget is not None else 1 << 62
+        seqs = scheduler.policy.seq_budget()
+        self._seq_budget = seqs if seqs is not None else 1 << 62
+        self._scheduled: set[int] = set()
+        self._preempted: set[int] = set()
+        self._range_copies = scheduler.cache_config.memory_model == "contiguous"
+        self._hits: dict[int, Sequence[int]] = {}
+
+    # -- read-only view ----------------------------------------------------------------------
+
+    @property
+    def now_s(self) -> float:
+        return self._now_s
+
+    @property
+    def running(self) -> Sequence[Request]:
+        return tuple(self.s.running)
+
+    @property
+    def waiting(self) -> Sequence[Request]:
+        # The live queue, not a copy (it can be very long): admitting its head removes it.
+        return self.s.waiting
+
+    @property
+    def swapped(self) -> Sequence[Request]:
+        return tuple(self.s.swapped)
+
+    @property
+    def arrivals_done(self) -> bool:
+        return self.s.arrivals_done
+
+    @property
+    def token_budget_left(self) -> int:
+        return self._token_budget
+
+    @property
+    def preempted_any(self) -> bool:
+        return bool(self.batch.preempted_ids)
+
+    @property
+    def num_held_samples(self) -> int:
+        return self.s.num_held_samples
+
+    def pending_positions(self, request: Request) -> int:
+        pending = request.num_pending_positions
+        if request.status is RequestStatus.WAITING:
+            pending -= len(self._prefix_hits(request)) * self.s.kv.block_size
+        return pending
+
+    def add_padding(self, num_tokens: int) -> None:
+        self.batch.num_padding_tokens += num_tokens
+
+    def wake_at(self, when_s: float) -> None:
+        current = self.batch.next_wakeup_s
+        self.batch.next_wakeup_s = when_s if current is None else min(current, when_s)
+
+    # -- acting ------------------------------------------------------------------------------
+
+    def _prefix_hits(self, request: Request) -> Sequence[int]:
+        hits = self._hits.get(request.internal_idx)
+        if hits is None:
+            hits = self._hits[request.internal_idx] = self.s.kv.prefix_hit_blocks(request)
+        return hits
+
+    def schedule(self, request: Request, num_positions: int) -> bool:
+        idx = request.internal_idx
+        if num_positions <= 0 or idx in self._scheduled or idx in self._preempted:
+            return False
+        status = request.status
+        if not request.kv_ready:
+            return False
+        live = request.live_seq_ids
+        if (
+            num_positions == 1
+            and status is RequestStatus.RUNNING
+            and len(live) == 1
+            and self._token_budget >= 1
+            and self._seq_budget >= 1
+            and request.num_computed_tokens + 1 == request.num_tokens
+            and self.s.kv.grow_in_place(live[0])
+        ):
+            # The common case, kept short: one sequence decoding into room it already holds.
+            self._record(request, 1, [], 1, 1)
+            return True
+        pending = request.num_pending_positions
+        if status is RequestStatus.WAITING:
+            pending -= len(self._prefix_hits(request)) * self.s.kv.block_size
+        if num_positions > pending:
+            raise ValueError(
+                f"policy scheduled {num_positions} positions for {request.request_id!r}, "
+                f"which has {pending} pending"
+            )
+        width = request.width
+        seqs = len(request.live_seq_ids)  # a sample group counts whole, forked or not
+        if num_positions * width > self._token_budget or seqs > self._seq_budget:
+            return False
+        copies: list[BlockPair] | None
+        if status is RequestStatus.RUNNING:
+            copies = self._grow_running(request, num_positions)
+            if copies is None:
+                return False
+        elif status is RequestStatus.WAITING:
+            if not self._admit(request, num_positions, pending):
+                return False
+            copies = []
+        elif status is RequestStatus.SWAPPED:
+            if not self.s.kv.can_swap_in(request, num_positions):
+                return False
+            self._swap_in(request)
+            copies = self.s.kv.grow(request, num_positions)
+        else:
+            return False
+        self._record(request, num_positions, copies, width, seqs)
+        return True
+
+    def schedule_decodes(self, requests: Sequence[Request]) -> list[Request]:
+        """``schedule(request, 1)`` for each decoding request, in order (the same decisions,
+        taken faster); returns the requests that are not decoding, in order."""
+        others: list[Request] = []
+        kv = self.s.kv
+        scheduled, preempted = self._scheduled, self._preempted
+        requests_out = self.batch.requests
+        running = RequestStatus.RUNNING
+        for request in requests:
+            computed = request.num_computed_tokens
+            prompt = request.num_prompt_tokens
+            if computed < prompt or computed + 1 != prompt + request.num_output_tokens:
+                others.append(request)
+                continue
+            live = request.live_seq_ids
+            idx = request.internal_idx
+            if (
+                len(live) == 1
+                and request.status is running
+                and request.kv_ready
+                and idx not in scheduled
+                and idx not in preempted
+                and self._token_budget >= 1
+                and self._seq_budget >= 1
+                and not self._range_copies
+                and kv.grow_in_place(live[0])
+            ):
+                scheduled.add(idx)
+                self._token_budget -= 1
+                self._seq_budget -= 1
+                requests_out.append(ScheduledRequest(request, 1, computed, (live[0],), False))
+            else:
+                self.schedule(request, 1)
+        return others
+
+    def _grow_running(self, request: Request, num_positions: int) -> list[BlockPair] | None:
+        kv = self.s.kv
+        copies = kv.try_grow(request, num_positions)
+        while copies is None:
+            victim = self._pick_victim(request)
+            self._preempted.add(victim.internal_idx)
+            self.s._preempt(victim, self.batch)
+            if victim is request:
+                return None
+            copies = kv.try_grow(request, num_positions)
+        return copies
+
+    def _pick_victim(self, request: Request) -> Request:
+        """The most recently arrived running request not already in this step."""
+        for candidate in reversed(self.s.running):
+            if candidate.internal_idx not in self._scheduled and candidate.kv_ready:
+                return candidate
+        return request
+
+    def _admit(self, request: Request, num_positions: int, pending: int) -> bool:
+        kv = self.s.kv
+        hits = self._prefix_hits(request)
+        # Like vLLM's v0 block manager, admit only if the whole known prompt fits, even when
+        # this step computes just a chunk: admitting on a chunk alone thrashes under load.
+        if not kv.can_admit(request, pending, hits):
+            return False
+        kv.admit(request, num_positions, hits)
+        hit_tokens = len(hits) * kv.block_size
+        request.num_computed_tokens = hit_tokens
+        request.num_prefix_hit_tokens += hit_tokens
+        if request.num_recomputed_tokens:
+            # Hits on its own blocks after a recompute preemption are not recomputed.
+            request.num_recomputed_tokens -= min(hit_tokens, request.num_recomputed_tokens)
+        self.s.waiting.remove(request)
+        self._to_running(request)
+        if request.first_scheduled_s is None:
+            request.first_scheduled_s = self._now_s
+        return True
+
+    def _swap_in(self, request: Request) -> None:
+        pairs = self.s.kv.swap_in(request)
+        self.batch.swap_in.extend(pairs)
+        request.num_blocks_swapped_in += len(pairs)
+        self.s.swapped.remove(request)
+        self._to_running(request)
+
+    def _to_running(self, request: Request) -> None:
+        request.status = RequestStatus.RUNNING
+        bisect.insort(self.s.running, request, key=arrival_order)
+
+    def _record(
+        self,
+        request: Request,
+        num_positions: int,
+        copies: list[BlockPair],
+        width: int,
+        seqs: int,
+    ) -> None:
+        batch = self.batch
+        if copies:
+            batch.copies.extend(copies)
+            request.num_cow_copies += len(copies)
+        if self._range_copies:
+            range_copies = self.s.kv.take_range_copies(request)
+            if range_copies:
+                batch.range_copies.extend(range_copies)
+        self._scheduled.add(request.internal_idx)
+        self._token_budget -= num_positions * width
+        self._seq_budget -= seqs
+        computed = request.num_computed_tokens
+        batch.requests.append(
+            ScheduledRequest(
+                request,
+                num_positions,
+                computed,
+                tuple(request.live_seq_ids) if request.forked else (request.live_seq_ids[0],),
+                num_positions > 1 or computed < request.num_prompt_tokens,
+            )
+        )
