@@ -357,19 +357,28 @@ class Scheduler:
             return 0
         limit = 1 << 62
         chunked: Request | None = None
+        running = RequestStatus.RUNNING
         for scheduled in batch.requests:
             request = scheduled.request
-            if request.status is not RequestStatus.RUNNING or len(scheduled.seq_ids) != len(
-                request.active_seq_ids
-            ):
+            if request.status is not running:
                 return 0
+            width = len(scheduled.seq_ids)
+            outputs = request.num_output_tokens
             if (
                 scheduled.num_positions == 1
                 and not scheduled.is_prefill
-                and request.num_pending_positions == 1
+                # One position pending: the sampled token (after the fork, for every sample).
+                and request.num_computed_tokens + 1 == request.num_prompt_tokens + outputs
+                and (request.forked or request.n == 1)
             ):
-                limit = min(limit, request.max_output_tokens - request.num_output_tokens)
+                if width != len(request.live_seq_ids):
+                    return 0
+                remaining = request.max_output_tokens - outputs
+                if remaining < limit:
+                    limit = remaining
                 continue
+            if width != len(request.active_seq_ids):
+                return 0
             if chunked is not None or not self._repeatable_chunk(batch, scheduled):
                 return 0
             chunked = request
