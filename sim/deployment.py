@@ -169,15 +169,9 @@ class Disaggregated:
                 self.env.now,
             )
             return
-        prompt = Request(
-            request_id=user.request_id,
-            arrival_s=user.arrival_s,
-            num_prompt_tokens=user.num_prompt_tokens,
-            max_output_tokens=1,
-            prompt_token_ids=user.prompt_token_ids,
-            prefix_hash_ids=user.prefix_hash_ids,
-            hash_block_tokens=user.hash_block_tokens,
-            hold_kv_on_finish=user.max_output_tokens > 1,
+        # The prompt alone, once (samples fork on the decode side); it keeps its KV to send.
+        prompt = _fresh(
+            user, max_output_tokens=1, n=1, hold_kv_on_finish=user.max_output_tokens > 1
         )
         replica = self.prefill_router.pick(prompt)
         if not replica.add(prompt):
@@ -199,7 +193,7 @@ class Disaggregated:
             if user.max_output_tokens == 1:
                 _merge(user, prompt, prompt)  # one token: done on the prefill side
                 continue
-            decode = _decode_request(user)
+            decode = _fresh(user)
             replica = self.decode_router.pick(decode)
             replica.scheduler.add_transferred(decode, prompt.first_token_s, self.env.now)
             self._decode_side[user.request_id] = decode
@@ -234,17 +228,19 @@ class Disaggregated:
                     replica.close()
 
 
-def _decode_request(user: Request) -> Request:
-    return Request(
-        request_id=user.request_id,
-        arrival_s=user.arrival_s,
-        num_prompt_tokens=user.num_prompt_tokens,
-        max_output_tokens=user.max_output_tokens,
-        n=user.n,
-        prompt_token_ids=user.prompt_token_ids,
-        prefix_hash_ids=user.prefix_hash_ids,
-        hash_block_tokens=user.hash_block_tokens,
-    )
+def _fresh(user: Request, **changes: object) -> Request:
+    """A new request with ``user``'s lengths, samples and prompt identity (no state)."""
+    fields: dict[str, object] = {
+        "request_id": user.request_id,
+        "arrival_s": user.arrival_s,
+        "num_prompt_tokens": user.num_prompt_tokens,
+        "max_output_tokens": user.max_output_tokens,
+        "n": user.n,
+        "prompt_token_ids": user.prompt_token_ids,
+        "prefix_hash_ids": user.prefix_hash_ids,
+        "hash_block_tokens": user.hash_block_tokens,
+    }
+    return Request(**(fields | changes))  # type: ignore[arg-type]
 
 
 def _merge(user: Request, prompt: Request, decode: Request) -> None:
