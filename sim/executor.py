@@ -4,6 +4,7 @@ cost model instead of running a model."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from engine.core.batch import ScheduledBatch, StepResult
 from sim.cost_model import CostModel, StepShape
@@ -56,6 +57,7 @@ class CostModelExecutor:
         self.cost_model = cost_model
         self.block_size = block_size
         self._aggregate = getattr(cost_model, "aggregate_step_time_s", None)
+        self._padding = 0
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         if batch.is_empty and not (batch.swap_out or batch.copies):
@@ -72,32 +74,18 @@ class CostModelExecutor:
     def repeat_end_times(
         self, batch: ScheduledBatch, start_s: float, max_steps: int, stop_at_s: float = math.inf
     ) -> list[float]:
-        """End times of up to ``max_steps`` repeats of the (already executed) ``batch`` from
-        ``start_s``: its decodes each one token further, its prompt chunks each one chunk
-        further. Stops after the first step that ends at or after ``stop_at_s``."""
+        """End times of up to ``max_steps`` repeats of the (already executed and updated)
+        ``batch`` from ``start_s``: its decodes each one token further, its prompt chunks each
+        one chunk further (the last one shorter if the prompt ends). Stops after the first
+        step that ends at or after ``stop_at_s``."""
         chunks, contexts = _split(batch)
+        lefts = [s.request.num_pending_positions for s in batch.requests if s.is_prefill]
         # The next step's state: one more token of context, one chunk further along.
         contexts = [c + 1 for c in contexts]
         chunks = [(n, ctx + n) for n, ctx in chunks]
         bs = self.block_size
         ends: list[float] = []
         now_s = start_s
-        if self._aggregate is None or not _is_plain(batch):
-            padding = batch.num_padding_tokens  # static batching: finished members ride along
-            for _ in range(max_steps):
-                shape = StepShape(
-                    prefill_chunks=tuple(chunks),
-                    decode_context_tokens=tuple(contexts),
-                    num_padding_tokens=padding,
-                    block_size=bs,
-                )
-                now_s += self.cost_model.step_time_s(shape)
-                ends.append(now_s)
-                if now_s >= stop_at_s:
-                    break
-                contexts = [c + 1 for c in contexts]
-                chunks = [(n, ctx + n) for n, ctx in chunks]
-            return ends
         num_seqs = len(contexts)
         total = sum(contexts)
         blocks = sum(-(-c // bs) for c in contexts)
@@ -105,26 +93,60 @@ class CostModelExecutor:
         by_phase = [0] * bs
         for c in contexts:
             by_phase[c % bs] += 1
-        step_chunks = tuple(chunks)
-        stepper = getattr(self.cost_model, "repeat_stepper", None)
-        if stepper is not None:
-            step_time = stepper(step_chunks, num_seqs, bs)
-        else:
-            aggregate = self._aggregate
-
-            def step_time(c: tuple[tuple[int, int], ...], total: int, blocks: int) -> float:
-                return aggregate(c, num_seqs, total, blocks, bs)  # type: ignore[no-any-return]
-
+        step_time = self._repeat_pricer(batch, tuple(chunks), num_seqs)
+        by_shape = step_time == self._priced_by_shape  # it needs every context, not sums
         for step in range(max_steps):
-            now_s += step_time(step_chunks, total, blocks)
+            step_chunks = tuple(
+                (min(n, left - step * n), ctx + step * n)
+                for (n, ctx), left in zip(chunks, lefts, strict=True)
+            )
+            now_s += step_time(step_chunks, contexts, total, blocks)
             ends.append(now_s)
             if now_s >= stop_at_s:
                 break
+            if by_shape:
+                contexts = [c + 1 for c in contexts]
             total += num_seqs
             blocks += by_phase[(-step) % bs]
-            if step_chunks:
-                step_chunks = tuple((n, ctx + n) for n, ctx in step_chunks)
         return ends
+
+    def _repeat_pricer(
+        self,
+        batch: ScheduledBatch,
+        chunks: tuple[tuple[int, int], ...],
+        num_seqs: int,
+    ) -> Callable[[tuple[tuple[int, int], ...], list[int], int, int], float]:
+        """How to price each repeated step: the cost model's stepper for this shape when it
+        has one (bit-identical to ``execute``), else a full StepShape per step."""
+        if self._aggregate is None or not _is_plain(batch):
+            self._padding = batch.num_padding_tokens  # static batching: members ride along
+            return self._priced_by_shape
+        bs = self.block_size
+        aggregate = self._aggregate
+        stepper = getattr(self.cost_model, "repeat_stepper", None)
+        full = stepper(chunks, num_seqs, bs) if stepper is not None else None
+
+        def priced(
+            step_chunks: tuple[tuple[int, int], ...], contexts: list[int], total: int, blocks: int
+        ) -> float:
+            if full is not None and all(
+                a[0] == b[0] for a, b in zip(step_chunks, chunks, strict=True)
+            ):
+                return full(step_chunks, total, blocks)  # type: ignore[no-any-return]
+            return aggregate(step_chunks, num_seqs, total, blocks, bs)  # type: ignore[no-any-return]
+
+        return priced
+
+    def _priced_by_shape(
+        self, step_chunks: tuple[tuple[int, int], ...], contexts: list[int], total: int, blocks: int
+    ) -> float:
+        shape = StepShape(
+            prefill_chunks=step_chunks,
+            decode_context_tokens=tuple(contexts),
+            num_padding_tokens=self._padding,
+            block_size=self.block_size,
+        )
+        return self.cost_model.step_time_s(shape)
 
 
 def _split(batch: ScheduledBatch) -> tuple[list[tuple[int, int]], list[int]]:

@@ -94,13 +94,15 @@ class StepRecorder:
         start_s: float,
         step_end_s: list[float],
         memory: MemorySnapshot,
+        tokens: tuple[int, int],
         replica: int = 0,
         pool: str = "colocated",
     ) -> None:
         """One row for a run of steps identical to ``batch``: token counts and memory slots
         are sums over its steps (``memory`` is the sum of their snapshots), so column sums
         are the same whether steps were recorded one by one or in runs."""
-        self._row(batch, start_s, step_end_s[-1] - start_s, len(step_end_s), memory, replica, pool)
+        duration_s = step_end_s[-1] - start_s
+        self._row(batch, start_s, duration_s, len(step_end_s), memory, replica, pool, tokens)
 
     def _row(
         self,
@@ -111,6 +113,7 @@ class StepRecorder:
         memory: MemorySnapshot,
         replica: int,
         pool: str,
+        tokens: tuple[int, int] | None = None,
     ) -> None:
         c = self.columns
         c["replica"].append(replica)
@@ -118,15 +121,17 @@ class StepRecorder:
         c["start_s"].append(start_s)
         c["duration_s"].append(duration_s)
         c["num_steps"].append(num_steps)
-        prefill = decode = 0
-        for scheduled in batch.requests:
-            if scheduled.is_prefill:
-                prefill += scheduled.num_positions * len(scheduled.seq_ids)
-            else:
-                decode += len(scheduled.seq_ids)
+        if tokens is None:
+            prefill = decode = 0
+            for scheduled in batch.requests:
+                if scheduled.is_prefill:
+                    prefill += scheduled.num_positions * len(scheduled.seq_ids)
+                else:
+                    decode += len(scheduled.seq_ids)
+            tokens = (prefill * num_steps, decode * num_steps)
         c["num_requests"].append(len(batch.requests))
-        c["num_prefill_tokens"].append(prefill * num_steps)
-        c["num_decode_tokens"].append(decode * num_steps)
+        c["num_prefill_tokens"].append(tokens[0])
+        c["num_decode_tokens"].append(tokens[1])
         c["num_padding_tokens"].append(batch.num_padding_tokens * num_steps)
         c["num_running"].append(batch.num_running)
         c["num_waiting"].append(batch.num_waiting)

@@ -137,9 +137,10 @@ class Replica:
         self._skipping = False
         del ends[last + 1 :]
         memory = scheduler.repeat_memory_sum(batch, len(ends), head)
+        tokens = scheduler.repeat_tokens(batch, len(ends))
         self.clock_s = ends[-1]
         self.on_finished(scheduler.repeat(batch, ends))
-        self.recorder.record_repeat(batch, start_s, ends, memory, self.index, self.pool)
+        self.recorder.record_repeat(batch, start_s, ends, memory, tokens, self.index, self.pool)
 
     def _sleep(self, batch: ScheduledBatch) -> simpy.events.ProcessGenerator:
         env, s = self.env, self.scheduler

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from engine.core.block_allocator import BlockPair, OutOfBlocksError
 from engine.core.config import CacheConfig, ReservationRule
-from engine.core.kv_manager import RangeCopy
+from engine.core.kv_manager import Growth, RangeCopy
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 
@@ -165,16 +165,21 @@ class ContiguousKVManager:
     def try_grow(self, request: Request, num_positions: int) -> list[BlockPair] | None:
         return self.grow(request, num_positions)
 
-    def growth_capacity(self, growth: Sequence[tuple[Request, int]], limit: int) -> int:
+    def growth_capacity(self, growth: Sequence[Growth], limit: int) -> int:
         return limit  # reservations already cover every request's final length
 
     def repeat_memory_sum(
-        self, growth: Sequence[tuple[Request, int]], count: int, next_waiting: Request | None
+        self, growth: Sequence[Growth], count: int, next_waiting: Request | None
     ) -> MemorySnapshot:
-        width = sum(len(r.active_seq_ids) * per_step for r, per_step in growth)
         now = self.snapshot(next_waiting)
-        # Real tokens grow by ``width`` per step inside the reservations; nothing else moves.
-        added = width * count * (count + 1) // 2
+        # Real tokens grow inside the reservations; nothing else moves.
+        added = 0
+        for request, per_step, left in growth:
+            if count * per_step <= left:  # never runs out: a closed form
+                grown = per_step * count * (count + 1) // 2
+            else:
+                grown = sum(min((step + 1) * per_step, left) for step in range(count))
+            added += grown * len(request.active_seq_ids)
         return MemorySnapshot(
             total_slots=now.total_slots * count,
             real_token_slots=now.real_token_slots * count + added,

@@ -13,6 +13,8 @@ from engine.core.prefix_cache import SequenceKeys
 from engine.core.request import Request
 
 RangeCopy = tuple[int, int, int]  # (src_slot, dst_slot, num_slots)
+# (request, positions it grows by per repeated step, positions it has left to grow by)
+Growth = tuple[Request, int, int]
 
 
 class KVCacheManager(Protocol):
@@ -35,16 +37,18 @@ class KVCacheManager(Protocol):
         """Grow like ``grow`` if there is room, else change nothing and return None."""
         ...
 
-    def growth_capacity(self, growth: Sequence[tuple[Request, int]], limit: int) -> int:
-        """The most steps (up to ``limit``) in which every (request, positions per step)
-        can grow together without running out of memory (no copy-on-write pending)."""
+    def growth_capacity(self, growth: Sequence[Growth], limit: int) -> int:
+        """The most steps (up to ``limit``) in which every (request, positions per step,
+        positions left) can grow together without running out of memory (no copy-on-write
+        pending)."""
         ...
 
     def repeat_memory_sum(
-        self, growth: Sequence[tuple[Request, int]], count: int, next_waiting: Request | None
+        self, growth: Sequence[Growth], count: int, next_waiting: Request | None
     ) -> MemorySnapshot:
         """The sum of the snapshots ``count`` repeated steps would take, each after growing
-        every (request, positions per step) once more (computed, not applied)."""
+        every (request, positions per step, positions left) once more (computed, not
+        applied)."""
         ...
 
     def grow(self, request: Request, num_positions: int) -> list[BlockPair]: ...
@@ -167,21 +171,21 @@ class PagedKVManager:
         except OutOfBlocksError:
             return None
 
-    def growth_capacity(self, growth: Sequence[tuple[Request, int]], limit: int) -> int:
+    def growth_capacity(self, growth: Sequence[Growth], limit: int) -> int:
         alloc = self.allocator
         bs = self.block_size
         free = alloc.num_free_blocks
         seqs = [
-            (alloc.num_tokens(s), len(alloc.block_table(s)), per_step)
-            for request, per_step in growth
+            (alloc.num_tokens(s), len(alloc.block_table(s)), per_step, left)
+            for request, per_step, left in growth
             for s in request.active_seq_ids
         ]
         # Enough room even if every sequence started a block in every step: no search.
-        if sum(-(-g * limit // bs) + 1 for _, _, g in seqs) <= free:
+        if sum(-(-per_step * limit // bs) + 1 for _, _, per_step, _ in seqs) <= free:
             return limit
 
         def need(k: int) -> int:
-            return sum(_blocks(t + g * k, bs) - held for t, held, g in seqs)
+            return sum(_blocks(t + min(g * k, left), bs) - held for t, held, g, left in seqs)
 
         if need(limit) <= free:
             return limit
@@ -195,20 +199,20 @@ class PagedKVManager:
         return lo
 
     def repeat_memory_sum(
-        self, growth: Sequence[tuple[Request, int]], count: int, next_waiting: Request | None
+        self, growth: Sequence[Growth], count: int, next_waiting: Request | None
     ) -> MemorySnapshot:
         alloc = self.allocator
         bs = self.block_size
         by_phase = [0] * bs  # one-position sequences by tokens held, modulo the block size
-        width = 0  # tokens added per step
-        chunks: list[tuple[int, int]] = []  # (tokens held, positions per step), others
-        for request, per_step in growth:
+        decodes = 0
+        chunks: list[tuple[int, int, int]] = []  # (tokens held, per step, left) of the rest
+        for request, per_step, left in growth:
             for seq_id in request.active_seq_ids:
-                width += per_step
-                if per_step == 1:
+                if per_step == 1 and left > count:
                     by_phase[alloc.num_tokens(seq_id) % bs] += 1
+                    decodes += 1
                 else:
-                    chunks.append((alloc.num_tokens(seq_id), per_step))
+                    chunks.append((alloc.num_tokens(seq_id), per_step, left))
         cached0 = alloc.num_cached_free_blocks
         free0 = alloc.num_free_blocks - cached0
         real = internal = cached = free = 0
@@ -216,12 +220,13 @@ class PagedKVManager:
         for step in range(count):
             # A decoding sequence holding a multiple of bs tokens starts a block each step.
             new_blocks += by_phase[(-step) % bs]
-            for held, per_step in chunks:
-                new_blocks += _blocks(held + (step + 1) * per_step, bs) - _blocks(
-                    held + step * per_step, bs
-                )
+            added = (step + 1) * decodes
+            for held, per_step, left in chunks:
+                before, after = min(step * per_step, left), min((step + 1) * per_step, left)
+                new_blocks += _blocks(held + after, bs) - _blocks(held + before, bs)
+                added += after
             used = alloc.num_used_blocks + new_blocks
-            step_real = alloc.num_filled_slots + (step + 1) * width
+            step_real = alloc.num_filled_slots + added
             real += step_real
             internal += used * bs - step_real
             cached += (cached0 - max(0, new_blocks - free0)) * bs

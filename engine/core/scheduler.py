@@ -379,14 +379,46 @@ class Scheduler:
                 continue
             if width != len(request.active_seq_ids):
                 return 0
-            if chunked is not None or not self._repeatable_chunk(batch, scheduled):
+            if (
+                chunked is not None
+                or not request.is_prefill  # its last chunk is done: it decodes from now on
+                or not self._repeatable_chunk(batch, scheduled)
+            ):
                 return 0
             chunked = request
-            limit = min(limit, (request.num_pending_positions - 1) // scheduled.num_positions)
+            pending, chunk = request.num_pending_positions, scheduled.num_positions
+            if self._last_chunk_repeats(request):
+                limit = min(limit, -(-pending // chunk))  # up to its last, shorter chunk
+            else:
+                limit = min(limit, (pending - 1) // chunk)
         if limit <= 0:
             return 0
-        growth = [(s.request, s.num_positions) for s in batch.requests]
-        return self.kv.growth_capacity(growth, limit)
+        return self.kv.growth_capacity(self._growth(batch), limit)
+
+    @staticmethod
+    def _growth(batch: ScheduledBatch) -> list[tuple[Request, int, int]]:
+        """(request, positions per repeated step, positions left in its phase) for each."""
+        return [
+            (
+                s.request,
+                s.num_positions,
+                s.request.num_pending_positions if s.is_prefill else 1 << 62,
+            )
+            for s in batch.requests
+        ]
+
+    def _last_chunk_repeats(self, request: Request) -> bool:
+        """Whether the step with ``request``'s last, shorter prompt chunk would still be the
+        same batch: its leftover budget then goes to the waiting head, which must be unable
+        to get in now (memory only shrinks while steps repeat), and nothing may be swapped."""
+        if request.n != 1 or request.num_output_tokens or self.swapped:
+            return False  # (a recompute's last position would be a decode, not a chunk)
+        if not self.waiting:
+            return True
+        head = self.waiting[0]
+        hits = self.kv.prefix_hit_blocks(head)
+        pending = head.num_pending_positions - len(hits) * self.kv.block_size
+        return not self.kv.can_admit(head, pending, hits)
 
     def _repeatable_chunk(self, batch: ScheduledBatch, scheduled: ScheduledRequest) -> bool:
         budget = self.policy.token_budget()
@@ -413,14 +445,17 @@ class Scheduler:
         self.step_end_s.extend(step_end_s)
         finished: list[Request] = []
         # Grow everyone before anyone finishes, as the steps themselves would.
-        for scheduled in batch.requests:
-            self.kv.grow(scheduled.request, count * scheduled.num_positions)
+        positions = [min(count * per_step, left) for _, per_step, left in self._growth(batch)]
+        for scheduled, num_positions in zip(batch.requests, positions, strict=True):
+            self.kv.grow(scheduled.request, num_positions)
         commit = self.cache_config.enable_prefix_caching
-        for scheduled in batch.requests:
+        for scheduled, num_positions in zip(batch.requests, positions, strict=True):
             request = scheduled.request
-            request.num_computed_tokens += count * scheduled.num_positions
-            if scheduled.num_positions == 1:
+            request.num_computed_tokens += num_positions
+            if not scheduled.is_prefill:
                 self._sample(request, None, first_idx, count)
+            elif request.num_computed_tokens == request.num_tokens:
+                self._sample(request, None, first_idx + count - 1)  # its prompt's last chunk
             if commit:
                 self.kv.commit(request)
             if not request.live_seq_ids:
@@ -430,14 +465,25 @@ class Scheduler:
         self.step_idx += count
         return finished
 
+    def repeat_tokens(self, batch: ScheduledBatch, count: int) -> tuple[int, int]:
+        """(prompt tokens, decode tokens) that ``count`` repeats of ``batch`` compute (call
+        before ``repeat``)."""
+        prefill = decode = 0
+        for scheduled, (_, per_step, left) in zip(batch.requests, self._growth(batch), strict=True):
+            width = len(scheduled.seq_ids)
+            if scheduled.is_prefill:
+                prefill += min(count * per_step, left) * width
+            else:
+                decode += count * width
+        return prefill, decode
+
     def repeat_memory_sum(
         self, batch: ScheduledBatch, count: int, next_waiting: Request | None
     ) -> MemorySnapshot:
         """The sum of the memory snapshots ``count`` repeats of ``batch`` take (call before
         ``repeat``; ``next_waiting`` is the waiting head when they started): what a
         step-by-step record would add up to."""
-        growth = [(s.request, s.num_positions) for s in batch.requests]
-        return self.kv.repeat_memory_sum(growth, count, next_waiting)
+        return self.kv.repeat_memory_sum(self._growth(batch), count, next_waiting)
 
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:
         """Block tables of the request's active sequences (paged memory), for an executor."""
