@@ -8,7 +8,8 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 
-from engine.core.batch import ScheduledBatch, ScheduledRequest, StepResult
+from engine.core import repeat
+from engine.core.batch import ScheduledBatch, StepResult
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.contiguous_allocator import ContiguousKVManager
 from engine.core.kv_manager import KVCacheManager, PagedKVManager
@@ -324,166 +325,25 @@ class Scheduler:
             del self._requests[request.request_id]
         return released
 
-    # -- fast-forwarding identical decode steps -----------------------------------------------
+    # -- fast-forwarding identical steps (engine/core/repeat.py) -------------------------------
 
     def repeat_limit(self, batch: ScheduledBatch) -> int:
-        """How many more steps exactly like ``batch`` the scheduler would now produce if nothing
-        arrives: 0 unless ``batch`` (already updated) was a steady decode step.
-
-        A steady step decodes one position for every running request and moves no memory;
-        the next one is then the same step again until a request finishes or the cache runs
-        out of blocks for growth. Repeating it in bulk (``repeat``) gives the same state as
-        scheduling it step by step, which is what lets a simulator skip ahead exactly.
-        """
-        if self._changed_since_schedule:
-            return 0
-        self._repeat_checked = (batch.step_idx, self._steady_limit(batch))
-        return self._repeat_checked[1]
-
-    def _steady_limit(self, batch: ScheduledBatch) -> int:
-        """Repeats allowed for ``batch``: one position per decoding request, plus at most one
-        prompt chunk that used up the step's token budget (the policy would cut the same
-        chunk again) and does not reach the end of its prompt."""
-        if (
-            not batch.requests
-            or len(batch.requests) != len(self.running)
-            or batch.copies
-            or batch.range_copies
-            or batch.swap_out
-            or batch.swap_in
-            or batch.preempted_ids
-            or batch.finished
-        ):
-            return 0
-        limit = 1 << 62
-        chunked: Request | None = None
-        running = RequestStatus.RUNNING
-        for scheduled in batch.requests:
-            request = scheduled.request
-            if request.status is not running:
-                return 0
-            width = len(scheduled.seq_ids)
-            outputs = request.num_output_tokens
-            if (
-                scheduled.num_positions == 1
-                and not scheduled.is_prefill
-                # One position pending: the sampled token (after the fork, for every sample).
-                and request.num_computed_tokens + 1 == request.num_prompt_tokens + outputs
-                and (request.forked or request.n == 1)
-            ):
-                if width != len(request.live_seq_ids):
-                    return 0
-                remaining = request.max_output_tokens - outputs
-                if remaining < limit:
-                    limit = remaining
-                continue
-            if width != len(request.active_seq_ids):
-                return 0
-            if (
-                chunked is not None
-                or not request.is_prefill  # its last chunk is done: it decodes from now on
-                or not self._repeatable_chunk(batch, scheduled)
-            ):
-                return 0
-            chunked = request
-            pending, chunk = request.num_pending_positions, scheduled.num_positions
-            if self._last_chunk_repeats(request):
-                limit = min(limit, -(-pending // chunk))  # up to its last, shorter chunk
-            else:
-                limit = min(limit, (pending - 1) // chunk)
-        if limit <= 0:
-            return 0
-        return self.kv.growth_capacity(self._growth(batch), limit)
-
-    @staticmethod
-    def _growth(batch: ScheduledBatch) -> list[tuple[Request, int, int]]:
-        """(request, positions per repeated step, positions left in its phase) for each."""
-        return [
-            (
-                s.request,
-                s.num_positions,
-                s.request.num_pending_positions if s.is_prefill else 1 << 62,
-            )
-            for s in batch.requests
-        ]
-
-    def _last_chunk_repeats(self, request: Request) -> bool:
-        """Whether the step with ``request``'s last, shorter prompt chunk would still be the
-        same batch: its leftover budget then goes to the waiting head, which must be unable
-        to get in now (memory only shrinks while steps repeat), and nothing may be swapped."""
-        if request.n != 1 or request.num_output_tokens or self.swapped:
-            return False  # (a recompute's last position would be a decode, not a chunk)
-        if not self.waiting:
-            return True
-        head = self.waiting[0]
-        hits = self.kv.prefix_hit_blocks(head)
-        pending = head.num_pending_positions - len(hits) * self.kv.block_size
-        return not self.kv.can_admit(head, pending, hits)
-
-    def _repeatable_chunk(self, batch: ScheduledBatch, scheduled: ScheduledRequest) -> bool:
-        budget = self.policy.token_budget()
-        return (
-            self.policy.repeats_budget_chunks
-            and budget is not None
-            and len(scheduled.seq_ids) == 1
-            and scheduled.is_prefill
-            and batch.num_batched_tokens == budget
-        )
+        """How many more steps exactly like ``batch`` would follow if nothing arrived."""
+        return repeat.repeat_limit(self, batch)
 
     def repeat(self, batch: ScheduledBatch, step_end_s: Sequence[float]) -> list[Request]:
-        """Apply ``len(step_end_s)`` more steps identical to ``batch`` (see ``repeat_limit``),
-        ending at the given times; returns the requests that finished.
-
-        Requests that arrived during the last of these steps wait for the next ``schedule``.
-        """
-        count = len(step_end_s)
-        checked_step, limit = self._repeat_checked
-        if checked_step != batch.step_idx or not 0 < count <= limit:
-            raise ValueError(f"cannot repeat this batch {count} times (ask repeat_limit first)")
-        self._repeat_checked = (-1, 0)
-        first_idx = len(self.step_end_s)
-        self.step_end_s.extend(step_end_s)
-        finished: list[Request] = []
-        # Grow everyone before anyone finishes, as the steps themselves would.
-        positions = [min(count * per_step, left) for _, per_step, left in self._growth(batch)]
-        for scheduled, num_positions in zip(batch.requests, positions, strict=True):
-            self.kv.grow(scheduled.request, num_positions)
-        commit = self.cache_config.enable_prefix_caching
-        for scheduled, num_positions in zip(batch.requests, positions, strict=True):
-            request = scheduled.request
-            request.num_computed_tokens += num_positions
-            if not scheduled.is_prefill:
-                self._sample(request, None, first_idx, count)
-            elif request.num_computed_tokens == request.num_tokens:
-                self._sample(request, None, first_idx + count - 1)  # its prompt's last chunk
-            if commit:
-                self.kv.commit(request)
-            if not request.live_seq_ids:
-                self._finish(request, step_end_s[-1], finished)
-        if not self.running and self.held:
-            finished.extend(self._release_held(step_end_s[-1]))
-        self.step_idx += count
-        return finished
+        """Apply that many more identical steps, ending at ``step_end_s``."""
+        return repeat.repeat(self, batch, step_end_s)
 
     def repeat_tokens(self, batch: ScheduledBatch, count: int) -> tuple[int, int]:
-        """(prompt tokens, decode tokens) that ``count`` repeats of ``batch`` compute (call
-        before ``repeat``)."""
-        prefill = decode = 0
-        for scheduled, (_, per_step, left) in zip(batch.requests, self._growth(batch), strict=True):
-            width = len(scheduled.seq_ids)
-            if scheduled.is_prefill:
-                prefill += min(count * per_step, left) * width
-            else:
-                decode += count * width
-        return prefill, decode
+        """(prompt, decode) tokens ``count`` repeats compute (call before ``repeat``)."""
+        return repeat.repeat_tokens(self, batch, count)
 
     def repeat_memory_sum(
         self, batch: ScheduledBatch, count: int, next_waiting: Request | None
     ) -> MemorySnapshot:
-        """The sum of the memory snapshots ``count`` repeats of ``batch`` take (call before
-        ``repeat``; ``next_waiting`` is the waiting head when they started): what a
-        step-by-step record would add up to."""
-        return self.kv.repeat_memory_sum(self._growth(batch), count, next_waiting)
+        """The summed memory snapshots of ``count`` repeats (call before ``repeat``)."""
+        return repeat.repeat_memory_sum(self, batch, count, next_waiting)
 
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:
         """Block tables of the request's active sequences (paged memory), for an executor."""

@@ -1,0 +1,180 @@
+"""Skipping ahead exactly: when the step just run will repeat unchanged (decodes, plus at most
+one budget-sized prompt chunk), apply many such steps at once with the same outcome as
+scheduling them one by one. ``Scheduler`` exposes these as methods."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from engine.core.batch import ScheduledBatch, ScheduledRequest
+from engine.core.memory import MemorySnapshot
+from engine.core.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from engine.core.scheduler import Scheduler
+
+
+def repeat_limit(s: Scheduler, batch: ScheduledBatch) -> int:
+    """How many more steps exactly like ``batch`` the scheduler would now produce if nothing
+    arrives: 0 unless ``batch`` (already updated) was a steady decode step.
+
+    A steady step decodes one position for every running request and moves no memory;
+    the next one is then the same step again until a request finishes or the cache runs
+    out of blocks for growth. Repeating it in bulk (``repeat``) gives the same state as
+    scheduling it step by step, which is what lets a simulator skip ahead exactly.
+    """
+    if s._changed_since_schedule:
+        return 0
+    s._repeat_checked = (batch.step_idx, _steady_limit(s, batch))
+    return s._repeat_checked[1]
+
+
+def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
+    """Repeats allowed for ``batch``: one position per decoding request, plus at most one
+    prompt chunk that used up the step's token budget (the policy would cut the same chunk
+    again), up to that prompt's last chunk if nothing else could join then."""
+    if (
+        not batch.requests
+        or len(batch.requests) != len(s.running)
+        or batch.copies
+        or batch.range_copies
+        or batch.swap_out
+        or batch.swap_in
+        or batch.preempted_ids
+        or batch.finished
+    ):
+        return 0
+    limit = 1 << 62
+    chunked: Request | None = None
+    for scheduled in batch.requests:
+        request = scheduled.request
+        if request.status is not RequestStatus.RUNNING:
+            return 0
+        width = len(scheduled.seq_ids)
+        outputs = request.num_output_tokens
+        if (
+            scheduled.num_positions == 1
+            and not scheduled.is_prefill
+            # One position pending: the sampled token (after the fork, for every sample).
+            and request.num_computed_tokens + 1 == request.num_prompt_tokens + outputs
+            and (request.forked or request.n == 1)
+        ):
+            if width != len(request.live_seq_ids):
+                return 0
+            remaining = request.max_output_tokens - outputs
+            if remaining < limit:
+                limit = remaining
+            continue
+        if width != len(request.active_seq_ids):
+            return 0
+        if (
+            chunked is not None
+            or not request.is_prefill  # its last chunk is done: it decodes from now on
+            or not _repeatable_chunk(s, batch, scheduled)
+        ):
+            return 0
+        chunked = request
+        pending, chunk = request.num_pending_positions, scheduled.num_positions
+        if _last_chunk_repeats(s, request):
+            limit = min(limit, -(-pending // chunk))  # up to its last, shorter chunk
+        else:
+            limit = min(limit, (pending - 1) // chunk)
+    if limit <= 0:
+        return 0
+    return s.kv.growth_capacity(growth(batch), limit)
+
+
+def growth(batch: ScheduledBatch) -> list[tuple[Request, int, int]]:
+    """(request, positions per repeated step, positions left in its phase) for each."""
+    return [
+        (
+            s.request,
+            s.num_positions,
+            s.request.num_pending_positions if s.is_prefill else 1 << 62,
+        )
+        for s in batch.requests
+    ]
+
+
+def _last_chunk_repeats(s: Scheduler, request: Request) -> bool:
+    """Whether the step with ``request``'s last, shorter prompt chunk would still be the
+    same batch: its leftover budget then goes to the waiting head, which must be unable
+    to get in now (memory only shrinks while steps repeat), and nothing may be swapped."""
+    if request.n != 1 or request.num_output_tokens or s.swapped:
+        return False  # (a recompute's last position would be a decode, not a chunk)
+    if not s.waiting:
+        return True
+    head = s.waiting[0]
+    hits = s.kv.prefix_hit_blocks(head)
+    pending = head.num_pending_positions - len(hits) * s.kv.block_size
+    return not s.kv.can_admit(head, pending, hits)
+
+
+def _repeatable_chunk(s: Scheduler, batch: ScheduledBatch, scheduled: ScheduledRequest) -> bool:
+    budget = s.policy.token_budget()
+    return (
+        s.policy.repeats_budget_chunks
+        and budget is not None
+        and len(scheduled.seq_ids) == 1
+        and scheduled.is_prefill
+        and batch.num_batched_tokens == budget
+    )
+
+
+def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> list[Request]:
+    """Apply ``len(step_end_s)`` more steps identical to ``batch`` (see ``repeat_limit``),
+    ending at the given times; returns the requests that finished.
+
+    Requests that arrived during the last of these steps wait for the next ``schedule``.
+    """
+    count = len(step_end_s)
+    checked_step, limit = s._repeat_checked
+    if checked_step != batch.step_idx or not 0 < count <= limit:
+        raise ValueError(f"cannot repeat this batch {count} times (ask repeat_limit first)")
+    s._repeat_checked = (-1, 0)
+    first_idx = len(s.step_end_s)
+    s.step_end_s.extend(step_end_s)
+    finished: list[Request] = []
+    # Grow everyone before anyone finishes, as the steps themselves would.
+    positions = [min(count * per_step, left) for _, per_step, left in growth(batch)]
+    for scheduled, num_positions in zip(batch.requests, positions, strict=True):
+        s.kv.grow(scheduled.request, num_positions)
+    commit = s.cache_config.enable_prefix_caching
+    for scheduled, num_positions in zip(batch.requests, positions, strict=True):
+        request = scheduled.request
+        request.num_computed_tokens += num_positions
+        if not scheduled.is_prefill:
+            s._sample(request, None, first_idx, count)
+        elif request.num_computed_tokens == request.num_tokens:
+            s._sample(request, None, first_idx + count - 1)  # its prompt's last chunk
+        if commit:
+            s.kv.commit(request)
+        if not request.live_seq_ids:
+            s._finish(request, step_end_s[-1], finished)
+    if not s.running and s.held:
+        finished.extend(s._release_held(step_end_s[-1]))
+    s.step_idx += count
+    return finished
+
+
+def repeat_tokens(s: Scheduler, batch: ScheduledBatch, count: int) -> tuple[int, int]:
+    """(prompt tokens, decode tokens) that ``count`` repeats of ``batch`` compute (call
+    before ``repeat``)."""
+    prefill = decode = 0
+    for scheduled, (_, per_step, left) in zip(batch.requests, growth(batch), strict=True):
+        width = len(scheduled.seq_ids)
+        if scheduled.is_prefill:
+            prefill += min(count * per_step, left) * width
+        else:
+            decode += count * width
+    return prefill, decode
+
+
+def repeat_memory_sum(
+    s: Scheduler, batch: ScheduledBatch, count: int, next_waiting: Request | None
+) -> MemorySnapshot:
+    """The sum of the memory snapshots ``count`` repeats of ``batch`` take (call before
+    ``repeat``; ``next_waiting`` is the waiting head when they started): what a
+    step-by-step record would add up to."""
+    return s.kv.repeat_memory_sum(growth(batch), count, next_waiting)
