@@ -3,8 +3,9 @@ cost model instead of running a model."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+
+import numpy as np
 
 from engine.core.batch import ScheduledBatch, StepResult
 from sim.cost_model import CostModel, StepShape
@@ -72,20 +73,17 @@ class CostModelExecutor:
         return StepResult(self.cost_model.step_time_s(step_shape(batch, self.block_size)))
 
     def repeat_end_times(
-        self, batch: ScheduledBatch, start_s: float, max_steps: int, stop_at_s: float = math.inf
+        self, batch: ScheduledBatch, start_s: float, max_steps: int
     ) -> list[float]:
         """End times of up to ``max_steps`` repeats of the (already executed and updated)
         ``batch`` from ``start_s``: its decodes each one token further, its prompt chunks each
-        one chunk further (the last one shorter if the prompt ends). Stops after the first
-        step that ends at or after ``stop_at_s``."""
+        one chunk further (the last one shorter if the prompt ends)."""
         chunks, contexts = _split(batch)
         lefts = [s.request.num_pending_positions for s in batch.requests if s.is_prefill]
         # The next step's state: one more token of context, one chunk further along.
         contexts = [c + 1 for c in contexts]
         chunks = [(n, ctx + n) for n, ctx in chunks]
         bs = self.block_size
-        ends: list[float] = []
-        now_s = start_s
         num_seqs = len(contexts)
         total = sum(contexts)
         blocks = sum(-(-c // bs) for c in contexts)
@@ -93,6 +91,17 @@ class CostModelExecutor:
         by_phase = [0] * bs
         for c in contexts:
             by_phase[c % bs] += 1
+        vectorized = getattr(self.cost_model, "decode_repeat_durations", None)
+        if (
+            vectorized is not None
+            and not chunks
+            and num_seqs
+            and max_steps >= _VECTOR_MIN_STEPS
+            and _is_plain(batch)
+        ):
+            return _decode_ends(vectorized, start_s, max_steps, num_seqs, total, blocks, by_phase)
+        ends: list[float] = []
+        now_s = start_s
         step_time = self._repeat_pricer(batch, tuple(chunks), num_seqs)
         by_shape = step_time == self._priced_by_shape  # it needs every context, not sums
         for step in range(max_steps):
@@ -102,8 +111,6 @@ class CostModelExecutor:
             )
             now_s += step_time(step_chunks, contexts, total, blocks)
             ends.append(now_s)
-            if now_s >= stop_at_s:
-                break
             if by_shape:
                 contexts = [c + 1 for c in contexts]
             total += num_seqs
@@ -147,6 +154,37 @@ class CostModelExecutor:
             block_size=self.block_size,
         )
         return self.cost_model.step_time_s(shape)
+
+
+_VECTOR_MIN_STEPS = 8  # shorter runs are cheaper to price one step at a time
+
+
+def _decode_ends(
+    durations: Callable[[int, np.ndarray, np.ndarray, int], np.ndarray],
+    start_s: float,
+    count: int,
+    num_seqs: int,
+    total: int,
+    blocks: int,
+    by_phase: list[int],
+) -> list[float]:
+    """End times of ``count`` decode-only steps priced in one vectorized call: step k holds
+    ``total + k * num_seqs`` context tokens, and its blocks grow by the sequences whose context
+    crosses a block boundary (``by_phase``, read backwards from phase 0). The running sum is a
+    sequential accumulate, so the times equal those of adding one step at a time."""
+    bs = len(by_phase)
+    steps = np.arange(count, dtype=np.int64)
+    totals = total + steps * num_seqs
+    phase_order = np.array(by_phase, dtype=np.int64)[(-steps[:-1]) % bs]
+    sum_blocks = np.empty(count, dtype=np.int64)
+    sum_blocks[0] = blocks
+    np.cumsum(phase_order, out=sum_blocks[1:])
+    sum_blocks[1:] += blocks
+    step_s = durations(num_seqs, totals, sum_blocks, bs)
+    ends = np.empty(count + 1)
+    ends[0] = start_s
+    ends[1:] = step_s
+    return np.add.accumulate(ends)[1:].tolist()  # type: ignore[no-any-return]
 
 
 def _split(batch: ScheduledBatch) -> tuple[list[tuple[int, int]], list[int]]:

@@ -4,6 +4,7 @@ at the end (both as pandas DataFrames for files and reports)."""
 from __future__ import annotations
 
 import math
+import struct
 from array import array
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -64,17 +65,39 @@ SUMMED_COLUMNS = (
     "shared_saved_slots",
 )
 
+_ROW = struct.Struct(f"{len(STEP_COLUMNS)}d")  # one step row, packed
+_FLUSH_ROWS = 4096
+
 
 class StepRecorder:
     """One row per executed step, or per run of identical decode steps skipped over at once
     (``num_steps`` > 1), stored column-wise in compact arrays."""
 
     def __init__(self, on_step: Callable[[float], None] | None = None) -> None:
-        self.columns = {name: array("d") for name in STEP_COLUMNS}
+        self._columns = {name: array("d") for name in STEP_COLUMNS}
+        # Rows wait here packed as doubles and move into the columns in bulk (much cheaper
+        # per row than appending to each column).
+        self._rows = bytearray()
+        self._num_rows = 0
         self.on_step = on_step
 
+    @property
+    def columns(self) -> dict[str, array[float]]:
+        """Every recorded row, column by column (in STEP_COLUMNS order)."""
+        self._flush()
+        return self._columns
+
+    def _flush(self) -> None:
+        if self._num_rows:
+            rows = np.frombuffer(self._rows, dtype=np.float64).reshape(self._num_rows, -1)
+            for idx, column in enumerate(self._columns.values()):
+                column.frombytes(np.ascontiguousarray(rows[:, idx]).tobytes())
+            del rows
+            self._rows = bytearray()
+            self._num_rows = 0
+
     def __len__(self) -> int:
-        return len(self.columns["start_s"])
+        return len(self._columns["start_s"]) + self._num_rows
 
     def record(
         self,
@@ -115,12 +138,6 @@ class StepRecorder:
         pool: str,
         tokens: tuple[int, int] | None = None,
     ) -> None:
-        c = self.columns
-        c["replica"].append(replica)
-        c["pool"].append(POOL_CODES[pool])
-        c["start_s"].append(start_s)
-        c["duration_s"].append(duration_s)
-        c["num_steps"].append(num_steps)
         if tokens is None:
             prefill = decode = 0
             for scheduled in batch.requests:
@@ -129,24 +146,34 @@ class StepRecorder:
                 else:
                     decode += len(scheduled.seq_ids)
             tokens = (prefill * num_steps, decode * num_steps)
-        c["num_requests"].append(len(batch.requests))
-        c["num_prefill_tokens"].append(tokens[0])
-        c["num_decode_tokens"].append(tokens[1])
-        c["num_padding_tokens"].append(batch.num_padding_tokens * num_steps)
-        c["num_running"].append(batch.num_running)
-        c["num_waiting"].append(batch.num_waiting)
-        c["num_swapped"].append(batch.num_swapped)
-        c["num_preempted"].append(len(batch.preempted_ids))
-        c["num_copies"].append(len(batch.copies) + len(batch.range_copies))
-        c["num_swap_out_blocks"].append(len(batch.swap_out))
-        c["num_swap_in_blocks"].append(len(batch.swap_in))
-        c["real_token_slots"].append(memory.real_token_slots)
-        c["internal_fragmentation_slots"].append(memory.internal_fragmentation_slots)
-        c["reservation_waste_slots"].append(memory.reservation_waste_slots)
-        c["cached_free_slots"].append(memory.cached_free_slots)
-        c["external_fragmentation_slots"].append(memory.external_fragmentation_slots)
-        c["free_slots"].append(memory.free_slots)
-        c["shared_saved_slots"].append(memory.shared_saved_slots)
+        self._rows += _ROW.pack(
+            replica,
+            POOL_CODES[pool],
+            start_s,
+            duration_s,
+            num_steps,
+            len(batch.requests),
+            tokens[0],
+            tokens[1],
+            batch.num_padding_tokens * num_steps,
+            batch.num_running,
+            batch.num_waiting,
+            batch.num_swapped,
+            len(batch.preempted_ids),
+            len(batch.copies) + len(batch.range_copies),
+            len(batch.swap_out),
+            len(batch.swap_in),
+            memory.real_token_slots,
+            memory.internal_fragmentation_slots,
+            memory.reservation_waste_slots,
+            memory.cached_free_slots,
+            memory.external_fragmentation_slots,
+            memory.free_slots,
+            memory.shared_saved_slots,
+        )
+        self._num_rows += 1
+        if self._num_rows >= _FLUSH_ROWS:
+            self._flush()
         if self.on_step is not None:
             self.on_step(start_s + duration_s)
 

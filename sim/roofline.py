@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from sim.hardware_spec import HardwareSpec
 from sim.model_spec import ModelSpec, check_tp
 from sim.step_shape import StepShape
@@ -300,6 +302,36 @@ class RooflineCostModel:
             return total
 
         return step
+
+    def decode_repeat_durations(
+        self,
+        num_decode_seqs: int,
+        sum_context_tokens: np.ndarray,
+        sum_context_blocks: np.ndarray,
+        block_size: int = 16,
+    ) -> np.ndarray:
+        """Durations of many decode-only steps of ``num_decode_seqs`` sequences at once, one per
+        (summed context, summed blocks) pair: the arithmetic of ``repeat_stepper(())``, done
+        elementwise in the same order, so each equals that step's time to the last bit."""
+        if num_decode_seqs <= 0:
+            raise ValueError("decode_repeat_durations needs at least one decoding sequence")
+        num_tokens = num_seqs = num_decode_seqs
+        compute = sum_context_tokens * self._attention_flops_per_pair / self._attention_flops_per_s
+        bytes_moved = (
+            num_decode_seqs * self._attention_q_bytes_per_token
+            + (sum_context_blocks * block_size) * self._kv_bytes_per_token
+        )
+        linear = self.linear_s(num_tokens) + 0.0
+        total: np.ndarray = linear + np.maximum(compute, bytes_moved / self._attention_bytes_per_s)
+        for term in (
+            self.store_kv_s(num_tokens),
+            self.elementwise_s(num_tokens),
+            self.lm_head_s(num_seqs),
+            self.allreduce_s(num_tokens),
+            self.overhead_s(num_seqs),
+        ):
+            total += term
+        return total
 
     def aggregate_step_time_s(
         self,

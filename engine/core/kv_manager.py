@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Protocol
 
 from engine.core.block_allocator import BlockAllocator, BlockPair, OutOfBlocksError
@@ -175,14 +177,19 @@ class PagedKVManager:
         alloc = self.allocator
         bs = self.block_size
         free = alloc.num_free_blocks
+        # Enough room even if every sequence started a block in every step: no search.
+        bound = 0
+        for request, per_step, _ in growth:
+            bound += (-(-per_step * limit // bs) + 1) * (
+                len(request.live_seq_ids) if request.forked else 1
+            )
+        if bound <= free:
+            return limit
         seqs = [
             (alloc.num_tokens(s), len(alloc.block_table(s)), per_step, left)
             for request, per_step, left in growth
             for s in request.active_seq_ids
         ]
-        # Enough room even if every sequence started a block in every step: no search.
-        if sum(-(-per_step * limit // bs) + 1 for _, _, per_step, _ in seqs) <= free:
-            return limit
 
         def need(k: int) -> int:
             return sum(_blocks(t + min(g * k, left), bs) - held for t, held, g, left in seqs)
@@ -206,15 +213,18 @@ class PagedKVManager:
         by_phase = [0] * bs  # one-position sequences by tokens held, modulo the block size
         decodes = 0
         chunks: list[tuple[int, int, int]] = []  # (tokens held, per step, left) of the rest
+        tokens_of = alloc.num_tokens
         for request, per_step, left in growth:
-            for seq_id in request.active_seq_ids:
+            for seq_id in request.live_seq_ids if request.forked else request.live_seq_ids[:1]:
                 if per_step == 1 and left > count:
-                    by_phase[alloc.num_tokens(seq_id) % bs] += 1
+                    by_phase[tokens_of(seq_id) % bs] += 1
                     decodes += 1
                 else:
-                    chunks.append((alloc.num_tokens(seq_id), per_step, left))
+                    chunks.append((tokens_of(seq_id), per_step, left))
         cached0 = alloc.num_cached_free_blocks
         free0 = alloc.num_free_blocks - cached0
+        if not chunks:
+            return self._decode_memory_sum(by_phase, decodes, count, cached0, free0)
         real = internal = cached = free = 0
         new_blocks = 0
         for step in range(count):
@@ -231,6 +241,37 @@ class PagedKVManager:
             internal += used * bs - step_real
             cached += (cached0 - max(0, new_blocks - free0)) * bs
             free += max(0, free0 - new_blocks) * bs
+        return MemorySnapshot(
+            total_slots=alloc.num_blocks * bs * count,
+            real_token_slots=real,
+            internal_fragmentation_slots=internal,
+            reservation_waste_slots=0,
+            cached_free_slots=cached,
+            external_fragmentation_slots=0,
+            free_slots=free,
+            shared_saved_slots=alloc.num_shared_refs * bs * count,
+        )
+
+    def _decode_memory_sum(
+        self, by_phase: list[int], decodes: int, count: int, cached0: int, free0: int
+    ) -> MemorySnapshot:
+        """``repeat_memory_sum`` when every sequence decodes one position a step, in closed form
+        over the running count of new blocks (no loop over steps in Python)."""
+        alloc = self.allocator
+        bs = self.block_size
+        # Step k starts a block for the sequences in phase (-k) % bs: 0, bs-1, ..., 1, 0, ...
+        cycle = [by_phase[0], *reversed(by_phase[1:])]
+        per_step = (cycle * (count // bs + 1))[:count]
+        new_blocks = list(accumulate(per_step))  # blocks added up to and including each step
+        sum_new = sum(new_blocks)
+        # Uncached free blocks are taken first, then cached-free ones are evicted.
+        below = bisect_left(new_blocks, free0)  # steps that still had uncached free blocks
+        sum_below = sum(new_blocks[:below])
+        real = count * alloc.num_filled_slots + decodes * count * (count + 1) // 2
+        internal = (count * alloc.num_used_blocks + sum_new) * bs - real
+        free = (below * free0 - sum_below) * bs
+        evicted = (sum_new - sum_below) - (count - below) * free0
+        cached = (count * cached0 - evicted) * bs
         return MemorySnapshot(
             total_slots=alloc.num_blocks * bs * count,
             real_token_slots=real,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.core.batch import ScheduledBatch, ScheduledRequest
+from engine.core.kv_manager import Growth
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request, RequestStatus
 
@@ -26,8 +27,16 @@ def repeat_limit(s: Scheduler, batch: ScheduledBatch) -> int:
     """
     if s._changed_since_schedule:
         return 0
+    s._repeat_growth = []
     s._repeat_checked = (batch.step_idx, _steady_limit(s, batch))
     return s._repeat_checked[1]
+
+
+def _checked_growth(s: Scheduler, batch: ScheduledBatch) -> list[Growth]:
+    """``growth(batch)``, kept from the ``repeat_limit`` call that allowed the repeat."""
+    if s._repeat_checked[0] == batch.step_idx and s._repeat_growth:
+        return s._repeat_growth
+    return growth(batch)
 
 
 def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
@@ -47,9 +56,11 @@ def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
         return 0
     limit = 1 << 62
     chunked: Request | None = None
+    running = RequestStatus.RUNNING
+    grown: list[Growth] = []
     for scheduled in batch.requests:
         request = scheduled.request
-        if request.status is not RequestStatus.RUNNING:
+        if request.status is not running:
             return 0
         width = len(scheduled.seq_ids)
         outputs = request.num_output_tokens
@@ -65,6 +76,7 @@ def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
             remaining = request.max_output_tokens - outputs
             if remaining < limit:
                 limit = remaining
+            grown.append((request, 1, _NEVER))
             continue
         if width != len(request.active_seq_ids):
             return 0
@@ -80,18 +92,23 @@ def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
             limit = min(limit, -(-pending // chunk))  # up to its last, shorter chunk
         else:
             limit = min(limit, (pending - 1) // chunk)
+        grown.append((request, chunk, pending))
     if limit <= 0:
         return 0
-    return s.kv.growth_capacity(growth(batch), limit)
+    s._repeat_growth = grown
+    return s.kv.growth_capacity(grown, limit)
 
 
-def growth(batch: ScheduledBatch) -> list[tuple[Request, int, int]]:
+_NEVER = 1 << 62  # positions left for a decode: it grows until it finishes
+
+
+def growth(batch: ScheduledBatch) -> list[Growth]:
     """(request, positions per repeated step, positions left in its phase) for each."""
     return [
         (
             s.request,
             s.num_positions,
-            s.request.num_pending_positions if s.is_prefill else 1 << 62,
+            s.request.num_pending_positions if s.is_prefill else _NEVER,
         )
         for s in batch.requests
     ]
@@ -132,12 +149,13 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
     checked_step, limit = s._repeat_checked
     if checked_step != batch.step_idx or not 0 < count <= limit:
         raise ValueError(f"cannot repeat this batch {count} times (ask repeat_limit first)")
+    grown = _checked_growth(s, batch)
     s._repeat_checked = (-1, 0)
     first_idx = len(s.step_end_s)
     s.step_end_s.extend(step_end_s)
     finished: list[Request] = []
     # Grow everyone before anyone finishes, as the steps themselves would.
-    positions = [min(count * per_step, left) for _, per_step, left in growth(batch)]
+    positions = [min(count * per_step, left) for _, per_step, left in grown]
     for scheduled, num_positions in zip(batch.requests, positions, strict=True):
         s.kv.grow(scheduled.request, num_positions)
     commit = s.cache_config.enable_prefix_caching
@@ -162,7 +180,9 @@ def repeat_tokens(s: Scheduler, batch: ScheduledBatch, count: int) -> tuple[int,
     """(prompt tokens, decode tokens) that ``count`` repeats of ``batch`` compute (call
     before ``repeat``)."""
     prefill = decode = 0
-    for scheduled, (_, per_step, left) in zip(batch.requests, growth(batch), strict=True):
+    for scheduled, (_, per_step, left) in zip(
+        batch.requests, _checked_growth(s, batch), strict=True
+    ):
         width = len(scheduled.seq_ids)
         if scheduled.is_prefill:
             prefill += min(count * per_step, left) * width
@@ -177,4 +197,4 @@ def repeat_memory_sum(
     """The sum of the memory snapshots ``count`` repeats of ``batch`` take (call before
     ``repeat``; ``next_waiting`` is the waiting head when they started): what a
     step-by-step record would add up to."""
-    return s.kv.repeat_memory_sum(growth(batch), count, next_waiting)
+    return s.kv.repeat_memory_sum(_checked_growth(s, batch), count, next_waiting)

@@ -12,7 +12,7 @@ from engine.core import repeat
 from engine.core.batch import ScheduledBatch, StepResult
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.contiguous_allocator import ContiguousKVManager
-from engine.core.kv_manager import KVCacheManager, PagedKVManager
+from engine.core.kv_manager import Growth, KVCacheManager, PagedKVManager
 from engine.core.memory import MemorySnapshot
 from engine.core.policies import POLICIES, Policy
 from engine.core.request import Request, RequestStatus, TokenTimeline
@@ -66,6 +66,7 @@ class Scheduler:
         self.step_end_s: array[float] = array("d")
         self._changed_since_schedule = False  # an arrival or abort the last schedule missed
         self._repeat_checked = (-1, 0)  # (step_idx, limit) of the last repeat_limit answer
+        self._repeat_growth: list[Growth] = []  # and the growth it found (repeat.growth)
         self._next_seq_id = 0
         self._next_internal_idx = 0
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -192,3 +193,26 @@ def test_cost_model_imports_neither_torch_nor_triton() -> None:
         "[m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')]"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    model=st.sampled_from(sorted(MODEL_PRESETS)),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    num_seqs=st.integers(1, 256),
+    contexts=st.lists(st.integers(1, 200_000), min_size=1, max_size=20),
+)
+def test_vectorized_decode_durations_equal_the_stepper_bit_for_bit(
+    model: str, tp: int, num_seqs: int, contexts: list[int]
+) -> None:
+    spec = MODEL_PRESETS[model]
+    if spec.num_heads % tp:
+        return  # not a valid sharding of this model
+    cost = RooflineCostModel(spec, HARDWARE_PRESETS["H100-SXM"], tp=tp)
+    step = cost.repeat_stepper((), num_seqs, 16)
+    totals = [c * num_seqs for c in contexts]
+    blocks = [-(-c // 16) * num_seqs for c in contexts]
+    got = cost.decode_repeat_durations(
+        num_seqs, np.array(totals, dtype=np.int64), np.array(blocks, dtype=np.int64), 16
+    )
+    assert got.tolist() == [step((), t, b) for t, b in zip(totals, blocks, strict=True)]

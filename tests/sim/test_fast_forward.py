@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.core.policies import POLICIES
+from sim import executor
 from sim.records import SUMMED_COLUMNS
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
@@ -85,3 +86,20 @@ def test_chunk_stretches_are_exact(prefix: bool, blocks: int) -> None:
     assert len(chunk_runs) > 0, "no run of repeated prompt chunks was skipped"
     for column in SUM_COLUMNS:
         assert rows[column].sum() == slow.steps.to_frame()[column].sum(), column
+
+
+def test_decode_runs_priced_in_one_vectorized_call_equal_pricing_each_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = RunConfig(policy="chunked", model="Llama-2-7B", hardware="A100-80GB")
+    trace = load_trace(DATA / "example.csv")
+    calls = []
+    vectorized = executor._decode_ends
+    monkeypatch.setattr(executor, "_decode_ends", lambda *a: calls.append(a) or vectorized(*a))
+    fast = simulate(trace, config)
+    assert len(calls) > 10
+    monkeypatch.setattr(executor, "_VECTOR_MIN_STEPS", 1 << 62)
+    looped = simulate(trace, config)
+    assert fast.summary == looped.summary
+    assert fast.requests_frame().equals(looped.requests_frame())
+    assert fast.steps.to_frame().equals(looped.steps.to_frame())

@@ -1,0 +1,93 @@
+"""The closed-form memory sum over a run of decode steps must equal adding up the snapshot of
+every step, worked out here the slow, obvious way (including steps that evict cached-free
+prefix blocks once the uncached free ones run out)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.core.config import CacheConfig
+from engine.core.kv_manager import Growth, PagedKVManager
+from engine.core.request import Request
+
+BLOCK_SIZE = 4
+NEVER = 1 << 62
+
+
+def _blocks(tokens: int) -> int:
+    return -(-tokens // BLOCK_SIZE)
+
+
+def _kv_with(
+    num_blocks: int, num_cached: int, held: list[int]
+) -> tuple[PagedKVManager, list[Growth]]:
+    """A cache with ``num_cached`` cached-free blocks and one decoding sequence per entry of
+    ``held`` (the tokens it holds)."""
+    kv = PagedKVManager(CacheConfig(num_blocks=num_blocks, block_size=BLOCK_SIZE))
+    alloc = kv.allocator
+    if num_cached:
+        alloc.allocate(10_000, num_cached * BLOCK_SIZE)
+        for idx in range(num_cached):
+            alloc.cache_block(10_000, idx, key=idx)
+        alloc.free(10_000)
+    growth: list[Growth] = []
+    for seq_id, tokens in enumerate(held):
+        alloc.allocate(seq_id, tokens)
+        request = Request(f"r{seq_id}", 0.0, num_prompt_tokens=tokens, max_output_tokens=10_000)
+        request.seq_ids = [seq_id]
+        request.live_seq_ids = [seq_id]
+        growth.append((request, 1, NEVER))
+    return kv, growth
+
+
+def _summed_step_by_step(kv: PagedKVManager, held: list[int], count: int) -> tuple[int, ...]:
+    alloc = kv.allocator
+    cached0 = alloc.num_cached_free_blocks
+    free0 = alloc.num_free_blocks - cached0
+    totals = [0] * 5
+    for step in range(count):
+        new = sum(_blocks(t + step + 1) - _blocks(t) for t in held)
+        used = alloc.num_used_blocks + new
+        real = alloc.num_filled_slots + (step + 1) * len(held)
+        evicted = max(0, new - free0)
+        for idx, value in enumerate(
+            (
+                real,
+                used * BLOCK_SIZE - real,
+                (cached0 - evicted) * BLOCK_SIZE,
+                max(0, free0 - new) * BLOCK_SIZE,
+                alloc.num_blocks * BLOCK_SIZE,
+            )
+        ):
+            totals[idx] += value
+    return tuple(totals)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    held=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    num_cached=st.integers(0, 12),
+    spare=st.integers(0, 30),
+    count=st.integers(1, 60),
+)
+def test_decode_memory_sum_matches_step_by_step(
+    held: list[int], num_cached: int, spare: int, count: int
+) -> None:
+    used = sum(_blocks(t) for t in held)
+    num_blocks = used + num_cached + spare
+    kv, growth = _kv_with(num_blocks, num_cached, held)
+    # Only as many steps as the free and cached-free blocks can hold (what growth_capacity
+    # guarantees before a repeat).
+    while count and sum(_blocks(t + count) - _blocks(t) for t in held) > num_cached + spare:
+        count -= 1
+    if not count:
+        return
+    got = kv.repeat_memory_sum(growth, count, None)
+    real, internal, cached, free, total = _summed_step_by_step(kv, held, count)
+    assert got.real_token_slots == real
+    assert got.internal_fragmentation_slots == internal
+    assert got.cached_free_slots == cached
+    assert got.free_slots == free
+    assert got.total_slots == total
+    assert got.reservation_waste_slots == got.external_fragmentation_slots == 0
