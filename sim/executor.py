@@ -59,12 +59,17 @@ class CostModelExecutor:
         self.block_size = block_size
         self._aggregate = getattr(cost_model, "aggregate_step_time_s", None)
         self._padding = 0
+        self._last_split: tuple[ScheduledBatch | None, list[tuple[int, int]], list[int]] = (
+            None,
+            [],
+            [],
+        )
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         if batch.is_empty and not (batch.swap_out or batch.copies):
             return StepResult(duration_s=0.0)
         if self._aggregate is not None and _is_plain(batch):
-            chunks, contexts = _split(batch)
+            chunks, contexts = self._split(batch)
             bs = self.block_size
             blocks = sum(-(-c // bs) for c in contexts)
             return StepResult(
@@ -78,19 +83,19 @@ class CostModelExecutor:
         """End times of up to ``max_steps`` repeats of the (already executed and updated)
         ``batch`` from ``start_s``: its decodes each one token further, its prompt chunks each
         one chunk further (the last one shorter if the prompt ends)."""
-        chunks, contexts = _split(batch)
+        chunks, contexts = self._split(batch)
         lefts = [s.request.num_pending_positions for s in batch.requests if s.is_prefill]
         # The next step's state: one more token of context, one chunk further along.
-        contexts = [c + 1 for c in contexts]
         chunks = [(n, ctx + n) for n, ctx in chunks]
         bs = self.block_size
         num_seqs = len(contexts)
-        total = sum(contexts)
-        blocks = sum(-(-c // bs) for c in contexts)
+        total = sum(contexts) + num_seqs
+        blocks = 0
         # A sequence starts a new block when its context becomes k * bs + 1.
         by_phase = [0] * bs
         for c in contexts:
-            by_phase[c % bs] += 1
+            blocks += (c + bs) // bs  # blocks of c + 1 tokens
+            by_phase[(c + 1) % bs] += 1
         vectorized = getattr(self.cost_model, "decode_repeat_durations", None)
         if (
             vectorized is not None
@@ -104,6 +109,8 @@ class CostModelExecutor:
         now_s = start_s
         step_time = self._repeat_pricer(batch, tuple(chunks), num_seqs)
         by_shape = step_time == self._priced_by_shape  # it needs every context, not sums
+        if by_shape:
+            contexts = [c + 1 for c in contexts]
         for step in range(max_steps):
             step_chunks = tuple(
                 (min(n, left - step * n), ctx + step * n)
@@ -116,6 +123,12 @@ class CostModelExecutor:
             total += num_seqs
             blocks += by_phase[(-step) % bs]
         return ends
+
+    def _split(self, batch: ScheduledBatch) -> tuple[list[tuple[int, int]], list[int]]:
+        """``_split(batch)``, kept for the batch last split (executed, then repeated)."""
+        if self._last_split[0] is not batch:
+            self._last_split = (batch, *_split(batch))
+        return self._last_split[1], self._last_split[2]
 
     def _repeat_pricer(
         self,

@@ -284,8 +284,10 @@ class PagedKVManager:
         )
 
     def grow(self, request: Request, num_positions: int) -> list[BlockPair]:
+        if not request.forked:  # one sequence holds blocks
+            return self.allocator.append_slots(request.live_seq_ids[0], num_positions)
         copies: list[BlockPair] = []
-        for seq_id in request.active_seq_ids:
+        for seq_id in request.live_seq_ids:
             copies.extend(self.allocator.append_slots(seq_id, num_positions))
         return copies
 

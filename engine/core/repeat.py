@@ -54,6 +54,8 @@ def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
         or batch.finished
     ):
         return 0
+    if sum([scheduled.is_prefill for scheduled in batch.requests]) > 1:
+        return 0  # two prompts in one step: the next step cannot be the same
     limit = 1 << 62
     chunked: Request | None = None
     running = RequestStatus.RUNNING
@@ -163,7 +165,13 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
         request = scheduled.request
         request.num_computed_tokens += num_positions
         if not scheduled.is_prefill:
-            s._sample(request, None, first_idx, count)
+            outputs = request.num_output_tokens + count
+            if outputs < request.max_output_tokens and request.first_token_s is not None:
+                # Decoding on, not finishing: what _sample does, inlined for speed.
+                request.num_output_tokens = outputs
+                request.tokens.add(first_idx, count)
+            else:
+                s._sample(request, None, first_idx, count)
         elif request.num_computed_tokens == request.num_tokens:
             s._sample(request, None, first_idx + count - 1)  # its prompt's last chunk
         if commit:
