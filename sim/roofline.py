@@ -28,6 +28,7 @@ TERMS: tuple[str, ...] = (
 
 _LOGIT_BYTES = 4  # logits and the sampler's softmax are fp32 in vLLM and HF alike
 _NO_WORK = (0.0,) * len(TERMS)
+_MAX_MEMO = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,8 @@ class RooflineCostModel:
         self._attention_flops_per_s = peak * config.attention_efficiency
         self._attention_bytes_per_s = bandwidth * config.attention_efficiency
         self._precompute_shapes(model, tp)
+        # Terms that depend only on (tokens, sequences) in a step, computed once per pair.
+        self._by_size: dict[tuple[int, int], tuple[float, ...]] = {}
 
     def _precompute_shapes(self, model: ModelSpec, tp: int) -> None:
         """Per-model constants, so a step costs a few multiplications."""
@@ -244,17 +247,30 @@ class RooflineCostModel:
         num_seqs = num_decode + len(chunks)
         if not (num_tokens or copies or swaps):
             return _NO_WORK
+        shared = self._by_size.get((num_tokens, num_seqs))
+        if shared is None:
+            if len(self._by_size) >= _MAX_MEMO:
+                self._by_size.clear()  # keep memory bounded for unbounded step sizes
+            shared = self._by_size[(num_tokens, num_seqs)] = (
+                self.linear_s(num_tokens),
+                self.store_kv_s(num_tokens),
+                self.elementwise_s(num_tokens),
+                self.lm_head_s(num_seqs),
+                self.allreduce_s(num_tokens),
+                self.overhead_s(num_seqs),
+            )
+        linear, store_kv, elementwise, lm_head, allreduce, overhead = shared
         return (
-            self.linear_s(num_tokens),
+            linear,
             self.prefill_attention_s(chunks, block_size) if chunks else 0.0,
             self.decode_attention_s(num_decode, sum_context, kv_read_tokens),
-            self.store_kv_s(num_tokens),
-            self.elementwise_s(num_tokens),
-            self.lm_head_s(num_seqs),
-            self.allreduce_s(num_tokens),
+            store_kv,
+            elementwise,
+            lm_head,
+            allreduce,
             self.copy_blocks_s(copies, block_size) if copies else 0.0,
             self.swap_s(swaps, block_size) if swaps else 0.0,
-            self.overhead_s(num_seqs),
+            overhead,
         )
 
     def step_time_s(self, shape: StepShape) -> float:
