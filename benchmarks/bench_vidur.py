@@ -71,7 +71,7 @@ def main() -> None:
     )
     print(
         f"{'policy':<11}{'requests':>9}{'wall s':>9}{'req/wall-s':>12}{'x Vidur':>8}"
-        f"{'peak MiB':>10}{'rows':>10}{'steps':>11}{'TTFT ms':>9}{'TPOT ms':>9}"
+        f"{'peak MiB':>10}{'rows':>10}{'steps':>12}{'TTFT s':>10}{'TPOT ms':>9}"
     )
     for policy in CONFIGS:
         for n in (int(x) for x in args.sizes.split(",")):
@@ -82,8 +82,8 @@ def main() -> None:
             rate = r["completed"] / r["wall_s"]
             print(
                 f"{policy:<11}{n:>9}{r['wall_s']:>9.2f}{rate:>12,.0f}{rate / VIDUR_REQ_PER_S:>8.1f}"
-                f"{r['peak_rss_mib']:>10.0f}{r['steps']:>10,.0f}{r['simulated_steps']:>11,.0f}"
-                f"{r['mean_ttft_ms']:>9.1f}{r['mean_tpot_ms']:>9.2f}",
+                f"{r['peak_rss_mib']:>10.0f}{r['steps']:>10,.0f}{r['simulated_steps']:>12,.0f}"
+                f"{r['mean_ttft_ms'] / 1000:>10,.1f}{r['mean_tpot_ms']:>9.2f}",
                 flush=True,
             )
 
