@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from operator import itemgetter
 
 BlockPair = tuple[int, int]
 
@@ -279,22 +278,15 @@ class BlockAllocator:
             for cpu_id in self._cpu_tables.pop(seq_id):
                 self._release_cpu(cpu_id)
         else:
-            table = self._tables.pop(seq_id)
-            ref, fill = self._ref, self._fill
-            # The common case in bulk: every block held by this sequence alone, uncached.
-            # (table[0] twice: itemgetter then returns a tuple even for one block.)
-            get = itemgetter(*table, table[0]) if table else None
-            keys = get(self._key) if get else ()
-            if get and get(ref).count(1) == len(keys) and keys.count(None) == len(keys):
-                self.num_used_blocks -= len(table)
-                self.num_filled_slots -= sum(get(fill)) - fill[table[0]]
-                for block_id in table:
+            ref, key, fill, free = self._ref, self._key, self._fill, self._free
+            for block_id in reversed(self._tables.pop(seq_id)):
+                if ref[block_id] == 1 and key[block_id] is None:  # the common case, inlined
                     ref[block_id] = 0
+                    self.num_used_blocks -= 1
+                    self.num_filled_slots -= fill[block_id]
                     fill[block_id] = 0
-                table.reverse()  # the tail goes to the bottom of the free stack
-                self._free.extend(table)
-            else:
-                for block_id in reversed(table):
+                    free.append(block_id)
+                else:
                     self._release(block_id)
         del self._num_tokens[seq_id]
 
