@@ -223,7 +223,8 @@ class PagedKVManager:
         cached0 = alloc.num_cached_free_blocks
         free0 = alloc.num_free_blocks - cached0
         if not chunks:
-            return self._decode_memory_sum(by_phase, decodes, count, cached0, free0)
+            sums = self._decode_memory_sums(by_phase, decodes, count, cached0, free0)
+            return self._summed_snapshot(count, *sums)
         real = internal = cached = free = 0
         new_blocks = 0
         for step in range(count):
@@ -240,6 +241,13 @@ class PagedKVManager:
             internal += used * bs - step_real
             cached += (cached0 - max(0, new_blocks - free0)) * bs
             free += max(0, free0 - new_blocks) * bs
+        return self._summed_snapshot(count, real, internal, cached, free)
+
+    def _summed_snapshot(
+        self, count: int, real: int, internal: int, cached: int, free: int
+    ) -> MemorySnapshot:
+        """The sum of ``count`` paged snapshots, given the summed slots of each varying part."""
+        alloc, bs = self.allocator, self.block_size
         return MemorySnapshot(
             total_slots=alloc.num_blocks * bs * count,
             real_token_slots=real,
@@ -251,11 +259,12 @@ class PagedKVManager:
             shared_saved_slots=alloc.num_shared_refs * bs * count,
         )
 
-    def _decode_memory_sum(
+    def _decode_memory_sums(
         self, by_phase: list[int], decodes: int, count: int, cached0: int, free0: int
-    ) -> MemorySnapshot:
-        """``repeat_memory_sum`` when every sequence decodes one position a step, in closed form
-        over the running count of new blocks (no loop over steps in Python)."""
+    ) -> tuple[int, int, int, int]:
+        """(real, internal, cached-free, free) slots summed over ``count`` steps in which every
+        sequence decodes one position, in closed form over the running count of new blocks
+        (no loop over steps in Python)."""
         alloc = self.allocator
         bs = self.block_size
         # Step k starts a block for the sequences in phase (-k) % bs: 0, bs-1, ..., 1, 0, ...
@@ -271,16 +280,7 @@ class PagedKVManager:
         free = (below * free0 - sum_below) * bs
         evicted = (sum_new - sum_below) - (count - below) * free0
         cached = (count * cached0 - evicted) * bs
-        return MemorySnapshot(
-            total_slots=alloc.num_blocks * bs * count,
-            real_token_slots=real,
-            internal_fragmentation_slots=internal,
-            reservation_waste_slots=0,
-            cached_free_slots=cached,
-            external_fragmentation_slots=0,
-            free_slots=free,
-            shared_saved_slots=alloc.num_shared_refs * bs * count,
-        )
+        return real, internal, cached, free
 
     def grow(self, request: Request, num_positions: int) -> list[BlockPair]:
         if not request.forked:  # one sequence holds blocks
