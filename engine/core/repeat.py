@@ -15,6 +15,8 @@ from engine.core.request import Request, RequestStatus
 if TYPE_CHECKING:
     from engine.core.scheduler import Scheduler
 
+_NEVER = 1 << 62  # positions left for a decode: it grows until it finishes
+
 
 def repeat_limit(s: Scheduler, batch: ScheduledBatch) -> int:
     """How many more steps exactly like ``batch`` the scheduler would now produce if nothing
@@ -99,9 +101,6 @@ def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
         return 0
     s._repeat_growth = grown
     return s.kv.growth_capacity(grown, limit)
-
-
-_NEVER = 1 << 62  # positions left for a decode: it grows until it finishes
 
 
 def growth(batch: ScheduledBatch) -> list[Growth]:
