@@ -5,7 +5,7 @@ policy timer) wakes it, and skipping over runs of identical decode steps exactly
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import simpy
 
@@ -114,14 +114,20 @@ class Replica:
             self.on_finished(scheduler.update(batch, result, end_s))
             if self.fast_forward:
                 yield from self._skip(batch)
+                # Steps of running decodes (and one prompt chunk) need no policy run: build
+                # each such step and skip over its repeats until something else must happen.
+                while (following := scheduler.continuation()) is not None:
+                    if not (yield from self._skip(following)):
+                        break
 
-    def _skip(self, batch: ScheduledBatch) -> simpy.events.ProcessGenerator:
+    def _skip(self, batch: ScheduledBatch) -> Generator[simpy.Event, object, bool]:
         """Run the steps that repeat ``batch`` exactly in one go, until one ends after
-        something external happened (then the scheduler must look again)."""
+        something external happened (then the scheduler must look again); False if
+        ``batch`` cannot be repeated at all."""
         scheduler = self.scheduler
         limit = scheduler.repeat_limit(batch)
         if limit <= 0:
-            return
+            return False
         start_s = self.clock_s
         head = scheduler.waiting[0] if scheduler.waiting else None
         ends = self.executor.repeat_end_times(batch, start_s, limit)
@@ -141,6 +147,7 @@ class Replica:
         self.clock_s = ends[-1]
         self.on_finished(scheduler.repeat(batch, ends))
         self.recorder.record_repeat(batch, start_s, ends, memory, tokens, self.index, self.pool)
+        return True
 
     def _sleep(self, batch: ScheduledBatch) -> simpy.events.ProcessGenerator:
         env, s = self.env, self.scheduler

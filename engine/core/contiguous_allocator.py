@@ -168,6 +168,17 @@ class ContiguousKVManager:
     def growth_capacity(self, growth: Sequence[Growth], limit: int) -> int:
         return limit  # reservations already cover every request's final length
 
+    def can_admit_after(
+        self,
+        request: Request,
+        num_positions: int,
+        hits: Sequence[int],
+        growth: Sequence[Growth],
+        steps: int,
+    ) -> bool:
+        # Growth stays inside reservations: admission is decided by the ranges free now.
+        return self.can_admit(request, num_positions, hits)
+
     def repeat_memory_sum(
         self, growth: Sequence[Growth], count: int, next_waiting: Request | None
     ) -> MemorySnapshot:

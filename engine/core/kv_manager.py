@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import Protocol
 
@@ -43,6 +43,19 @@ class KVCacheManager(Protocol):
         """The most steps (up to ``limit``) in which every (request, positions per step,
         positions left) can grow together without running out of memory (no copy-on-write
         pending)."""
+        ...
+
+    def can_admit_after(
+        self,
+        request: Request,
+        num_positions: int,
+        hits: Sequence[int],
+        growth: Sequence[Growth],
+        steps: int,
+    ) -> bool:
+        """``can_admit`` once every (request, positions per step, positions left) of
+        ``growth`` has grown ``steps`` more times (computed, not applied). May answer True
+        when unsure (callers use it to rule admission out)."""
         ...
 
     def repeat_memory_sum(
@@ -184,15 +197,7 @@ class PagedKVManager:
             )
         if bound <= free:
             return limit
-        seqs = [
-            (alloc.num_tokens(s), len(alloc.block_table(s)), per_step, left)
-            for request, per_step, left in growth
-            for s in request.active_seq_ids
-        ]
-
-        def need(k: int) -> int:
-            return sum(_blocks(t + min(g * k, left), bs) - held for t, held, g, left in seqs)
-
+        need = self._growth_need(growth)
         if need(limit) <= free:
             return limit
         lo, hi = 0, limit  # need(lo) <= free < need(hi)
@@ -203,6 +208,36 @@ class PagedKVManager:
             else:
                 hi = mid
         return lo
+
+    def _growth_need(self, growth: Sequence[Growth]) -> Callable[[int], int]:
+        """Blocks that ``k`` steps of ``growth`` take from the free pool, as a function of k."""
+        alloc = self.allocator
+        bs = self.block_size
+        seqs = [
+            (alloc.num_tokens(s), len(alloc.block_table(s)), per_step, left)
+            for request, per_step, left in growth
+            for s in request.active_seq_ids
+        ]
+
+        def need(k: int) -> int:
+            return sum(_blocks(t + min(g * k, left), bs) - held for t, held, g, left in seqs)
+
+        return need
+
+    def can_admit_after(
+        self,
+        request: Request,
+        num_positions: int,
+        hits: Sequence[int],
+        growth: Sequence[Growth],
+        steps: int,
+    ) -> bool:
+        if self.prefix_caching:
+            return True  # growth may evict cached blocks and change the hits: assume it fits
+        taken = self._growth_need(growth)(steps)
+        num_tokens = len(hits) * self.block_size + num_positions
+        need = self.allocator.num_blocks_to_allocate(num_tokens, hits)
+        return self.allocator.num_free_blocks - taken - need >= self.watermark_blocks
 
     def repeat_memory_sum(
         self, growth: Sequence[Growth], count: int, next_waiting: Request | None

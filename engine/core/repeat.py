@@ -29,6 +29,8 @@ def repeat_limit(s: Scheduler, batch: ScheduledBatch) -> int:
     """
     if s._changed_since_schedule:
         return 0
+    if batch is s._continued and s._repeat_checked[0] == batch.step_idx:
+        return s._repeat_checked[1]  # checked when ``continuation`` built it
     s._repeat_growth = []
     s._repeat_checked = (batch.step_idx, _steady_limit(s, batch))
     return s._repeat_checked[1]
@@ -60,6 +62,7 @@ def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
         return 0  # two prompts in one step: the next step cannot be the same
     limit = 1 << 62
     chunked: Request | None = None
+    chunk = pending = 0
     running = RequestStatus.RUNNING
     grown: list[Growth] = []
     for scheduled in batch.requests:
@@ -91,16 +94,129 @@ def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
         ):
             return 0
         chunked = request
-        pending, chunk = request.num_pending_positions, scheduled.num_positions
-        if _last_chunk_repeats(s, request):
-            limit = min(limit, -(-pending // chunk))  # up to its last, shorter chunk
-        else:
-            limit = min(limit, (pending - 1) // chunk)
+        chunk, pending = scheduled.num_positions, request.num_pending_positions
         grown.append((request, chunk, pending))
+    return _allowed(s, limit, grown, chunked, chunk, pending)
+
+
+def _allowed(
+    s: Scheduler,
+    limit: int,
+    grown: list[Growth],
+    chunked: Request | None,
+    chunk: int = 0,
+    pending: int = 0,
+) -> int:
+    """Repeats allowed with decodes that may run ``limit`` more steps, growing as ``grown``
+    says, and the prompt ``chunked`` (if any) taking ``chunk`` of its ``pending`` positions
+    per step: up to the prompt's last chunk if nothing else could join then, and as far as
+    memory lets everyone grow."""
+    if chunked is not None:
+        last = -(-pending // chunk)  # the step with its last (maybe shorter) chunk
+        if limit < last or not _last_chunk_repeats(s, chunked, grown, last):
+            limit = min(limit, last - 1)
+        else:
+            limit = last
     if limit <= 0:
         return 0
     s._repeat_growth = grown
     return s.kv.growth_capacity(grown, limit)
+
+
+def continuation(s: Scheduler) -> ScheduledBatch | None:
+    """The step ``schedule`` would produce now, built without running the policy, when that
+    step is every running request decoding one position, plus (with a policy that
+    ``continues_chunks``) at most one running prompt taking the rest of the token budget as
+    its chunk, and nothing else, and when it repeats (see ``repeat_limit``); else None
+    (then the policy must schedule the next step).
+
+    The batch stands for that step as if it had just run, as ``repeat_limit`` and ``repeat``
+    expect: a driver repeats it at once instead of scheduling it in full. Nothing is changed
+    here.
+    """
+    policy = s.policy
+    if (
+        not policy.continues_decodes
+        or not s.running
+        or s._changed_since_schedule
+        or s._to_release
+        or s.incoming
+        or s.held
+        or s.swapped
+    ):
+        return None
+    seq_budget = policy.seq_budget()
+    budget = policy.token_budget()
+    if budget is None or (seq_budget is not None and len(s.running) > seq_budget):
+        return None
+    running = RequestStatus.RUNNING
+    limit = 1 << 62
+    grown: list[Growth] = []
+    prompt: Request | None = None
+    pending = 0
+    for request in s.running:
+        outputs = request.num_output_tokens
+        computed = request.num_computed_tokens
+        if (
+            len(request.live_seq_ids) != 1  # samples may share a tail block: it is copied
+            or request.status is not running
+            or not request.kv_ready
+            or not (request.forked or request.n == 1)
+        ):
+            return None
+        if (
+            computed >= request.num_prompt_tokens
+            and computed + 1 == request.num_prompt_tokens + outputs
+        ):
+            remaining = request.max_output_tokens - outputs
+            if remaining < limit:
+                limit = remaining
+            grown.append((request, 1, _NEVER))
+        elif prompt is None and policy.continues_chunks and request.n == 1:
+            prompt = request
+        else:
+            return None
+    chunk = budget - len(grown)
+    if chunk <= 0:
+        return None
+    if prompt is not None:
+        # Decodes go first; the prompt's chunk fills the budget (``_allowed`` stops before
+        # a last chunk that would leave budget to a waiting head that could get in).
+        pending = prompt.num_pending_positions
+        if pending <= 0:
+            return None
+        grown.append((prompt, chunk, pending))
+    elif s.waiting:
+        if s.cache_config.enable_prefix_caching:
+            return None  # the head's prefix hits could grow as the decodes fill blocks
+        # The head must not fit now; memory only shrinks while decodes grow, so it will not
+        # fit in any of the repeated steps either.
+        head = s.waiting[0]
+        if s.kv.can_admit(head, head.num_pending_positions, ()):
+            return None
+    limit = _allowed(s, limit, grown, prompt, chunk, pending)
+    if limit <= 0:
+        return None
+    batch = ScheduledBatch(
+        step_idx=s.step_idx - 1,
+        now_s=s.step_end_s[-1] if s.step_end_s else 0.0,
+        # As if the step that computed each one's last positions had just run.
+        requests=[
+            ScheduledRequest(
+                request,
+                per_step,
+                request.num_computed_tokens - per_step,
+                (request.live_seq_ids[0],),
+                left != _NEVER,
+            )
+            for request, per_step, left in grown
+        ],
+        num_running=len(s.running),
+        num_waiting=len(s.waiting),
+    )
+    s._repeat_checked = (batch.step_idx, limit)
+    s._continued = batch
+    return batch
 
 
 def growth(batch: ScheduledBatch) -> list[Growth]:
@@ -115,18 +231,22 @@ def growth(batch: ScheduledBatch) -> list[Growth]:
     ]
 
 
-def _last_chunk_repeats(s: Scheduler, request: Request) -> bool:
-    """Whether the step with ``request``'s last, shorter prompt chunk would still be the
-    same batch: its leftover budget then goes to the waiting head, which must be unable
-    to get in now (memory only shrinks while steps repeat), and nothing may be swapped."""
+def _last_chunk_repeats(s: Scheduler, request: Request, grown: list[Growth], last: int) -> bool:
+    """Whether the step with ``request``'s last, shorter prompt chunk (repeat ``last``) would
+    still be the same batch: its leftover budget then goes to the waiting head, which must
+    be unable to get in with the memory left once that step has grown everyone, and nothing
+    may be swapped."""
     if request.n != 1 or request.num_output_tokens or s.swapped:
         return False  # (a recompute's last position would be a decode, not a chunk)
     if not s.waiting:
         return True
+    if s.cache_config.enable_prefix_caching:
+        return False  # the head's hits grow as the prompt's blocks are cached: not known now
     head = s.waiting[0]
-    hits = s.kv.prefix_hit_blocks(head)
-    pending = head.num_pending_positions - len(hits) * s.kv.block_size
-    return not s.kv.can_admit(head, pending, hits)
+    pending = head.num_pending_positions
+    if not s.kv.can_admit(head, pending, ()):
+        return True  # no room now, and growth only takes memory away
+    return not s.kv.can_admit_after(head, pending, (), grown, last)
 
 
 def _repeatable_chunk(s: Scheduler, batch: ScheduledBatch, scheduled: ScheduledRequest) -> bool:
@@ -152,6 +272,7 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
         raise ValueError(f"cannot repeat this batch {count} times (ask repeat_limit first)")
     grown = _checked_growth(s, batch)
     s._repeat_checked = (-1, 0)
+    s._continued = None
     first_idx = len(s.step_end_s)
     s.step_end_s.extend(step_end_s)
     finished: list[Request] = []

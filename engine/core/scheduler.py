@@ -67,6 +67,7 @@ class Scheduler:
         self._changed_since_schedule = False  # an arrival or abort the last schedule missed
         self._repeat_checked = (-1, 0)  # (step_idx, limit) of the last repeat_limit answer
         self._repeat_growth: list[Growth] = []  # and the growth it found (repeat.growth)
+        self._continued: ScheduledBatch | None = None  # the last ``continuation`` built
         self._next_seq_id = 0
         self._next_internal_idx = 0
 
@@ -331,6 +332,12 @@ class Scheduler:
     def repeat_limit(self, batch: ScheduledBatch) -> int:
         """How many more steps exactly like ``batch`` would follow if nothing arrived."""
         return repeat.repeat_limit(self, batch)
+
+    def continuation(self) -> ScheduledBatch | None:
+        """The next step, when it is the running decodes (and at most one prompt chunk
+        filling the budget) and nothing else, built without running the policy, for
+        ``repeat_limit`` / ``repeat``; else None."""
+        return repeat.continuation(self)
 
     def repeat(self, batch: ScheduledBatch, step_end_s: Sequence[float]) -> list[Request]:
         """Apply that many more identical steps, ending at ``step_end_s``."""

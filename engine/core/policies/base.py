@@ -65,6 +65,13 @@ class Policy:
     # chunk, the next step (nothing else changing) gives that prompt the same chunk again:
     # lets the scheduler skip over such steps exactly.
     repeats_budget_chunks: ClassVar[bool] = False
+    # True if, when every running request is decoding and the waiting head cannot be
+    # admitted, the step is exactly one position for each running request (in running order)
+    # and nothing else: lets the scheduler build that step without running the policy.
+    continues_decodes: ClassVar[bool] = False
+    # True if, besides, one running prompt next to the decodes gets the rest of the budget
+    # as its chunk (decodes are scheduled first).
+    continues_chunks: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config

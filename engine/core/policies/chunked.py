@@ -10,6 +10,8 @@ from engine.core.request import RequestStatus
 class ChunkedPrefill(Policy):
     name = "chunked"
     repeats_budget_chunks = True
+    continues_decodes = True
+    continues_chunks = True
 
     def schedule(self, ctx: StepContext) -> None:
         for request in ctx.schedule_decodes(ctx.running):

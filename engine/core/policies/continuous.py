@@ -10,6 +10,7 @@ from engine.core.request import Request
 class ContinuousBatching(Policy):
     name = "continuous"
     repeats_budget_chunks = True
+    continues_decodes = True
 
     def rejection_reason(self, request: Request) -> str | None:
         if request.num_prompt_tokens > self.config.max_num_batched_tokens:
