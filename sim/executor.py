@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.core.batch import ScheduledBatch, StepResult
+from engine.core.kv_manager import RepeatShape
 from sim.cost_model import CostModel, StepShape
 
 
@@ -78,24 +79,42 @@ class CostModelExecutor:
         return StepResult(self.cost_model.step_time_s(step_shape(batch, self.block_size)))
 
     def repeat_end_times(
-        self, batch: ScheduledBatch, start_s: float, max_steps: int
+        self,
+        batch: ScheduledBatch,
+        start_s: float,
+        max_steps: int,
+        shape: RepeatShape | None = None,
     ) -> list[float]:
         """End times of up to ``max_steps`` repeats of the (already executed and updated)
         ``batch`` from ``start_s``: its decodes each one token further, its prompt chunks each
-        one chunk further (the last one shorter if the prompt ends)."""
-        chunks, contexts = self._split(batch)
-        lefts = [s.request.num_pending_positions for s in batch.requests if s.is_prefill]
-        # The next step's state: one more token of context, one chunk further along.
-        chunks = [(n, ctx + n) for n, ctx in chunks]
+        one chunk further (the last one shorter if the prompt ends). ``shape`` is the same
+        repeat in aggregate (the scheduler's ``repeat_shape``), which saves a pass over the
+        batch; for a batch with padding or memory moves it is not used."""
         bs = self.block_size
-        num_seqs = len(contexts)
-        total = sum(contexts) + num_seqs
-        blocks = 0
-        # A sequence starts a new block when its context becomes k * bs + 1.
-        by_phase = [0] * bs
-        for c in contexts:
-            blocks += (c + bs) // bs  # blocks of c + 1 tokens
-            by_phase[(c + 1) % bs] += 1
+        if shape is not None and self._aggregate is not None and _is_plain(batch):
+            # The next step's state: one more token of context, one chunk further along.
+            chunks = [(n, held) for n, held, _, seqs in shape.chunks for _ in range(seqs)]
+            lefts = [left for _, _, left, seqs in shape.chunks for _ in range(seqs)]
+            num_seqs = shape.decode_seqs
+            total = shape.decode_tokens + num_seqs
+            phases = shape.decode_phases
+            # Blocks of c + 1 tokens for each sequence holding c: c // bs + 1.
+            remainders = sum(r * n for r, n in enumerate(phases))
+            blocks = (shape.decode_tokens - remainders) // bs + num_seqs
+            # A sequence starts a new block when its context becomes k * bs + 1.
+            by_phase = [phases[-1], *phases[:-1]]
+            contexts: list[int] = []  # not needed by the aggregate pricers
+        else:
+            chunks, contexts = self._split(batch)
+            lefts = [s.request.num_pending_positions for s in batch.requests if s.is_prefill]
+            chunks = [(n, ctx + n) for n, ctx in chunks]
+            num_seqs = len(contexts)
+            total = sum(contexts) + num_seqs
+            blocks = 0
+            by_phase = [0] * bs
+            for c in contexts:
+                blocks += (c + bs) // bs  # blocks of c + 1 tokens
+                by_phase[(c + 1) % bs] += 1
         vectorized = getattr(self.cost_model, "decode_repeat_durations", None)
         if (
             vectorized is not None

@@ -130,7 +130,9 @@ class Replica:
             return False
         start_s = self.clock_s
         head = scheduler.waiting[0] if scheduler.waiting else None
-        ends = self.executor.repeat_end_times(batch, start_s, limit)
+        ends = self.executor.repeat_end_times(
+            batch, start_s, limit, scheduler.repeat_shape(batch)
+        )
         last = len(ends) - 1
         self._skipping = True
         while True:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from engine.core.block_allocator import BlockPair, OutOfBlocksError
 from engine.core.config import CacheConfig, ReservationRule
-from engine.core.kv_manager import Growth, RangeCopy
+from engine.core.kv_manager import Growth, RangeCopy, RepeatShape
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 
@@ -180,7 +180,11 @@ class ContiguousKVManager:
         return self.can_admit(request, num_positions, hits)
 
     def repeat_memory_sum(
-        self, growth: Sequence[Growth], count: int, next_waiting: Request | None
+        self,
+        growth: Sequence[Growth],
+        count: int,
+        next_waiting: Request | None,
+        shape: RepeatShape | None = None,
     ) -> MemorySnapshot:
         now = self.snapshot(next_waiting)
         # Real tokens grow inside the reservations; nothing else moves.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 from typing import Protocol
 
@@ -15,8 +16,24 @@ from engine.core.prefix_cache import SequenceKeys
 from engine.core.request import Request
 
 RangeCopy = tuple[int, int, int]  # (src_slot, dst_slot, num_slots)
-# (request, positions it grows by per repeated step, positions it has left to grow by)
+# (request, positions it grows by per repeated step, positions left to grow by)
 Growth = tuple[Request, int, int]
+
+
+@dataclass(slots=True)
+class RepeatShape:
+    """A repeated step in aggregate: what pricing it and summing its memory need, gathered
+    once by the scheduler instead of once per use.
+
+    Decoding sequences are counted with the tokens they hold now, and by those tokens modulo
+    the block size (which tells when each starts a block); each prompt chunk is (positions
+    per step, tokens held, positions left, sequences).
+    """
+
+    decode_seqs: int
+    decode_tokens: int
+    decode_phases: list[int]
+    chunks: list[tuple[int, int, int, int]]
 
 
 class KVCacheManager(Protocol):
@@ -59,11 +76,15 @@ class KVCacheManager(Protocol):
         ...
 
     def repeat_memory_sum(
-        self, growth: Sequence[Growth], count: int, next_waiting: Request | None
+        self,
+        growth: Sequence[Growth],
+        count: int,
+        next_waiting: Request | None,
+        shape: RepeatShape | None = None,
     ) -> MemorySnapshot:
         """The sum of the snapshots ``count`` repeated steps would take, each after growing
         every (request, positions per step, positions left) once more (computed, not
-        applied)."""
+        applied); ``shape``, when given, is the same growth in aggregate."""
         ...
 
     def grow(self, request: Request, num_positions: int) -> list[BlockPair]: ...
@@ -240,21 +261,36 @@ class PagedKVManager:
         return self.allocator.num_free_blocks - taken - need >= self.watermark_blocks
 
     def repeat_memory_sum(
-        self, growth: Sequence[Growth], count: int, next_waiting: Request | None
+        self,
+        growth: Sequence[Growth],
+        count: int,
+        next_waiting: Request | None,
+        shape: RepeatShape | None = None,
     ) -> MemorySnapshot:
         alloc = self.allocator
         bs = self.block_size
-        by_phase = [0] * bs  # one-position sequences by tokens held, modulo the block size
-        decodes = 0
         chunks: list[tuple[int, int, int]] = []  # (tokens held, per step, left) of the rest
-        tokens_of = alloc.num_tokens
-        for request, per_step, left in growth:
-            for seq_id in request.live_seq_ids if request.forked else request.live_seq_ids[:1]:
+        if shape is not None:
+            # One-position sequences by tokens held, modulo the block size.
+            by_phase = list(shape.decode_phases)
+            decodes = shape.decode_seqs
+            for per_step, held, left, seqs in shape.chunks:
                 if per_step == 1 and left > count:
-                    by_phase[tokens_of(seq_id) % bs] += 1
-                    decodes += 1
+                    by_phase[held % bs] += seqs
+                    decodes += seqs
                 else:
-                    chunks.append((tokens_of(seq_id), per_step, left))
+                    chunks.extend([(held, per_step, left)] * seqs)
+        else:
+            by_phase = [0] * bs
+            decodes = 0
+            tokens_of = alloc.num_tokens
+            for request, per_step, left in growth:
+                for seq_id in request.live_seq_ids if request.forked else request.live_seq_ids[:1]:
+                    if per_step == 1 and left > count:
+                        by_phase[tokens_of(seq_id) % bs] += 1
+                        decodes += 1
+                    else:
+                        chunks.append((tokens_of(seq_id), per_step, left))
         cached0 = alloc.num_cached_free_blocks
         free0 = alloc.num_free_blocks - cached0
         if not chunks:

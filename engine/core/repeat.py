@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.core.batch import ScheduledBatch, ScheduledRequest
-from engine.core.kv_manager import Growth
+from engine.core.kv_manager import Growth, RepeatShape
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request, RequestStatus
 
@@ -43,6 +43,25 @@ def _checked_growth(s: Scheduler, batch: ScheduledBatch) -> list[Growth]:
     return growth(batch)
 
 
+def repeat_shape(s: Scheduler, batch: ScheduledBatch) -> RepeatShape:
+    """The aggregate shape of repeating ``batch``, kept from the ``repeat_limit`` call that
+    allowed the repeat (call before ``repeat``)."""
+    if s._repeat_checked[0] == batch.step_idx and s._repeat_growth:
+        return s._repeat_shape
+    bs = s.kv.block_size
+    shape = RepeatShape(0, 0, [0] * bs, [])
+    for scheduled, (request, per_step, left) in zip(batch.requests, growth(batch), strict=True):
+        width = len(scheduled.seq_ids)
+        computed = request.num_computed_tokens
+        if left == _NEVER:
+            shape.decode_seqs += width
+            shape.decode_tokens += computed * width
+            shape.decode_phases[computed % bs] += width
+        else:
+            shape.chunks.append((per_step, computed, left, width))
+    return shape
+
+
 def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
     """Repeats allowed for ``batch``: one position per decoding request, plus at most one
     prompt chunk that used up the step's token budget (the policy would cut the same chunk
@@ -65,6 +84,10 @@ def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
     chunk = pending = 0
     running = RequestStatus.RUNNING
     grown: list[Growth] = []
+    bs = s.kv.block_size
+    phases = [0] * bs
+    decode_seqs = decode_tokens = 0
+    chunks: list[tuple[int, int, int, int]] = []
     for scheduled in batch.requests:
         request = scheduled.request
         if request.status is not running:
@@ -84,6 +107,10 @@ def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
             if remaining < limit:
                 limit = remaining
             grown.append((request, 1, _NEVER))
+            computed = request.num_computed_tokens
+            phases[computed % bs] += width
+            decode_seqs += width
+            decode_tokens += computed * width
             continue
         if width != len(request.active_seq_ids):
             return 0
@@ -96,13 +123,16 @@ def _steady_limit(s: Scheduler, batch: ScheduledBatch) -> int:
         chunked = request
         chunk, pending = scheduled.num_positions, request.num_pending_positions
         grown.append((request, chunk, pending))
-    return _allowed(s, limit, grown, chunked, chunk, pending)
+        chunks.append((chunk, request.num_computed_tokens, pending, width))
+    shape = RepeatShape(decode_seqs, decode_tokens, phases, chunks)
+    return _allowed(s, limit, grown, shape, chunked, chunk, pending)
 
 
 def _allowed(
     s: Scheduler,
     limit: int,
     grown: list[Growth],
+    shape: RepeatShape,
     chunked: Request | None,
     chunk: int = 0,
     pending: int = 0,
@@ -120,6 +150,7 @@ def _allowed(
     if limit <= 0:
         return 0
     s._repeat_growth = grown
+    s._repeat_shape = shape
     return s.kv.growth_capacity(grown, limit)
 
 
@@ -154,6 +185,9 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
     grown: list[Growth] = []
     prompt: Request | None = None
     pending = 0
+    bs = s.kv.block_size
+    phases = [0] * bs
+    decode_tokens = 0
     for request in s.running:
         outputs = request.num_output_tokens
         computed = request.num_computed_tokens
@@ -172,13 +206,17 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
             if remaining < limit:
                 limit = remaining
             grown.append((request, 1, _NEVER))
+            phases[computed % bs] += 1
+            decode_tokens += computed
         elif prompt is None and policy.continues_chunks and request.n == 1:
             prompt = request
         else:
             return None
-    chunk = budget - len(grown)
+    decode_seqs = len(grown)
+    chunk = budget - decode_seqs
     if chunk <= 0:
         return None
+    shape = RepeatShape(decode_seqs, decode_tokens, phases, [])
     if prompt is not None:
         # Decodes go first; the prompt's chunk fills the budget (``_allowed`` stops before
         # a last chunk that would leave budget to a waiting head that could get in).
@@ -186,6 +224,7 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
         if pending <= 0:
             return None
         grown.append((prompt, chunk, pending))
+        shape.chunks.append((chunk, prompt.num_computed_tokens, pending, 1))
     elif s.waiting:
         if s.cache_config.enable_prefix_caching:
             return None  # the head's prefix hits could grow as the decodes fill blocks
@@ -194,7 +233,7 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
         head = s.waiting[0]
         if s.kv.can_admit(head, head.num_pending_positions, ()):
             return None
-    limit = _allowed(s, limit, grown, prompt, chunk, pending)
+    limit = _allowed(s, limit, grown, shape, prompt, chunk, pending)
     if limit <= 0:
         return None
     batch = ScheduledBatch(
@@ -307,16 +346,9 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
 def repeat_tokens(s: Scheduler, batch: ScheduledBatch, count: int) -> tuple[int, int]:
     """(prompt tokens, decode tokens) that ``count`` repeats of ``batch`` compute (call
     before ``repeat``)."""
-    prefill = decode = 0
-    for scheduled, (_, per_step, left) in zip(
-        batch.requests, _checked_growth(s, batch), strict=True
-    ):
-        width = len(scheduled.seq_ids)
-        if scheduled.is_prefill:
-            prefill += min(count * per_step, left) * width
-        else:
-            decode += count * width
-    return prefill, decode
+    shape = repeat_shape(s, batch)
+    prefill = sum(min(count * per_step, left) * seqs for per_step, _, left, seqs in shape.chunks)
+    return prefill, count * shape.decode_seqs
 
 
 def repeat_memory_sum(
@@ -325,4 +357,6 @@ def repeat_memory_sum(
     """The sum of the memory snapshots ``count`` repeats of ``batch`` take (call before
     ``repeat``; ``next_waiting`` is the waiting head when they started): what a
     step-by-step record would add up to."""
-    return s.kv.repeat_memory_sum(_checked_growth(s, batch), count, next_waiting)
+    return s.kv.repeat_memory_sum(
+        _checked_growth(s, batch), count, next_waiting, repeat_shape(s, batch)
+    )

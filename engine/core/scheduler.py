@@ -12,7 +12,7 @@ from engine.core import repeat
 from engine.core.batch import ScheduledBatch, StepResult
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.contiguous_allocator import ContiguousKVManager
-from engine.core.kv_manager import Growth, KVCacheManager, PagedKVManager
+from engine.core.kv_manager import Growth, KVCacheManager, PagedKVManager, RepeatShape
 from engine.core.memory import MemorySnapshot
 from engine.core.policies import POLICIES, Policy
 from engine.core.request import Request, RequestStatus, TokenTimeline
@@ -68,6 +68,7 @@ class Scheduler:
         self._repeat_checked = (-1, 0)  # (step_idx, limit) of the last repeat_limit answer
         self._repeat_growth: list[Growth] = []  # and the growth it found (repeat.growth)
         self._continued: ScheduledBatch | None = None  # the last ``continuation`` built
+        self._repeat_shape = RepeatShape(0, 0, [], [])  # the same growth in aggregate
         self._next_seq_id = 0
         self._next_internal_idx = 0
 
@@ -342,6 +343,10 @@ class Scheduler:
     def repeat(self, batch: ScheduledBatch, step_end_s: Sequence[float]) -> list[Request]:
         """Apply that many more identical steps, ending at ``step_end_s``."""
         return repeat.repeat(self, batch, step_end_s)
+
+    def repeat_shape(self, batch: ScheduledBatch) -> RepeatShape:
+        """The repeated step in aggregate, for pricing it (call before ``repeat``)."""
+        return repeat.repeat_shape(self, batch)
 
     def repeat_tokens(self, batch: ScheduledBatch, count: int) -> tuple[int, int]:
         """(prompt, decode) tokens ``count`` repeats compute (call before ``repeat``)."""
