@@ -180,6 +180,17 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
     budget = policy.token_budget()
     if budget is None or (seq_budget is not None and len(s.running) > seq_budget):
         return None
+    if s.waiting and not s.cache_config.enable_prefix_caching:
+        head = s.waiting[0]
+        if s.kv.can_admit(head, head.num_pending_positions, ()):
+            # The head fits now: only a prompt chunk filling the budget keeps it out. The
+            # latest runner is that prompt if there is one; if its next chunk is its last,
+            # the head most likely joins that step, so leave it to the policy.
+            last = s.running[-1]
+            if last.num_computed_tokens >= last.num_prompt_tokens or (
+                last.num_pending_positions <= budget - (len(s.running) - 1)
+            ):
+                return None
     running = RequestStatus.RUNNING
     limit = 1 << 62
     grown: list[Growth] = []
@@ -316,27 +327,37 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
     s.step_end_s.extend(step_end_s)
     finished: list[Request] = []
     # Grow everyone before anyone finishes, as the steps themselves would.
+    grow = s.kv.grow
     positions = [min(count * per_step, left) for _, per_step, left in grown]
-    for scheduled, num_positions in zip(batch.requests, positions, strict=True):
-        s.kv.grow(scheduled.request, num_positions)
+    for (request, _, _), num_positions in zip(grown, positions, strict=True):
+        grow(request, num_positions)
     commit = s.cache_config.enable_prefix_caching
-    for scheduled, num_positions in zip(batch.requests, positions, strict=True):
-        request = scheduled.request
+    last_idx = first_idx + count - 1
+    last_s = step_end_s[-1]
+    for (request, _, left), num_positions in zip(grown, positions, strict=True):
         request.num_computed_tokens += num_positions
-        if not scheduled.is_prefill:
+        if left == _NEVER:  # a decode
             outputs = request.num_output_tokens + count
             if outputs < request.max_output_tokens and request.first_token_s is not None:
-                # Decoding on, not finishing: what _sample does, inlined for speed.
+                # Decoding on, not finishing: what _sample and TokenTimeline.add do, inlined
+                # for speed.
                 request.num_output_tokens = outputs
-                request.tokens.add(first_idx, count)
+                tokens = request.tokens
+                counts = tokens.run_counts
+                if counts and tokens.run_starts[-1] + counts[-1] == first_idx:
+                    counts[-1] += count
+                    tokens.last_s = last_s
+                    tokens.num_emissions += count
+                else:
+                    tokens.add(first_idx, count)
             else:
                 s._sample(request, None, first_idx, count)
         elif request.num_computed_tokens == request.num_tokens:
-            s._sample(request, None, first_idx + count - 1)  # its prompt's last chunk
+            s._sample(request, None, last_idx)  # its prompt's last chunk
         if commit:
             s.kv.commit(request)
         if not request.live_seq_ids:
-            s._finish(request, step_end_s[-1], finished)
+            s._finish(request, last_s, finished)
     if not s.running and s.held:
         finished.extend(s._release_held(step_end_s[-1]))
     s.step_idx += count
