@@ -126,19 +126,34 @@ class CostModelExecutor:
             return _decode_ends(vectorized, start_s, max_steps, num_seqs, total, blocks, by_phase)
         ends: list[float] = []
         now_s = start_s
-        step_time = self._repeat_pricer(batch, tuple(chunks), num_seqs)
-        by_shape = step_time == self._priced_by_shape  # it needs every context, not sums
-        if by_shape:
+        if self._aggregate is None or not _is_plain(batch):
+            # Static batching (members ride along as padding): a full StepShape per step.
+            self._padding = batch.num_padding_tokens
             contexts = [c + 1 for c in contexts]
-        for step in range(max_steps):
-            step_chunks = tuple(
-                (min(n, left - step * n), ctx + step * n)
-                for (n, ctx), left in zip(chunks, lefts, strict=True)
-            )
-            now_s += step_time(step_chunks, contexts, total, blocks)
-            ends.append(now_s)
-            if by_shape:
+            for step in range(max_steps):
+                shaped = _step_chunks(chunks, lefts, step)
+                now_s += self._priced_by_shape(shaped, contexts, total, blocks)
+                ends.append(now_s)
                 contexts = [c + 1 for c in contexts]
+            return ends
+        aggregate = self._aggregate
+        stepper = getattr(self.cost_model, "repeat_stepper", None)
+        # The cost model's stepper for steps whose chunks are all whole (bit-identical to
+        # ``execute``); a prompt's last, shorter chunk is priced from aggregates.
+        full = stepper(tuple(chunks), num_seqs, bs) if stepper is not None else None
+        whole = 0
+        if full is not None:
+            pairs = zip(chunks, lefts, strict=True)
+            whole = min((left // n for (n, _), left in pairs), default=max_steps)
+        step_chunks: tuple[tuple[int, int], ...] = ()
+        for step in range(max_steps):
+            if chunks:
+                step_chunks = _step_chunks(chunks, lefts, step)
+            if step < whole:
+                now_s += full(step_chunks, total, blocks)  # type: ignore[misc]
+            else:
+                now_s += aggregate(step_chunks, num_seqs, total, blocks, bs)
+            ends.append(now_s)
             total += num_seqs
             blocks += by_phase[(-step) % bs]
         return ends
@@ -148,33 +163,6 @@ class CostModelExecutor:
         if self._last_split[0] is not batch:
             self._last_split = (batch, *_split(batch))
         return self._last_split[1], self._last_split[2]
-
-    def _repeat_pricer(
-        self,
-        batch: ScheduledBatch,
-        chunks: tuple[tuple[int, int], ...],
-        num_seqs: int,
-    ) -> Callable[[tuple[tuple[int, int], ...], list[int], int, int], float]:
-        """How to price each repeated step: the cost model's stepper for this shape when it
-        has one (bit-identical to ``execute``), else a full StepShape per step."""
-        if self._aggregate is None or not _is_plain(batch):
-            self._padding = batch.num_padding_tokens  # static batching: members ride along
-            return self._priced_by_shape
-        bs = self.block_size
-        aggregate = self._aggregate
-        stepper = getattr(self.cost_model, "repeat_stepper", None)
-        full = stepper(chunks, num_seqs, bs) if stepper is not None else None
-
-        def priced(
-            step_chunks: tuple[tuple[int, int], ...], contexts: list[int], total: int, blocks: int
-        ) -> float:
-            if full is not None and all(
-                a[0] == b[0] for a, b in zip(step_chunks, chunks, strict=True)
-            ):
-                return full(step_chunks, total, blocks)  # type: ignore[no-any-return]
-            return aggregate(step_chunks, num_seqs, total, blocks, bs)  # type: ignore[no-any-return]
-
-        return priced
 
     def _priced_by_shape(
         self, step_chunks: tuple[tuple[int, int], ...], contexts: list[int], total: int, blocks: int
@@ -217,6 +205,17 @@ def _decode_ends(
     ends[0] = start_s
     ends[1:] = step_s
     return np.add.accumulate(ends)[1:].tolist()  # type: ignore[no-any-return]
+
+
+def _step_chunks(
+    chunks: list[tuple[int, int]], lefts: list[int], step: int
+) -> tuple[tuple[int, int], ...]:
+    """The prompt chunks of repeat ``step`` (0 = the first): each one chunk further along,
+    the last one shorter if its prompt ends."""
+    return tuple(
+        (min(n, left - step * n), ctx + step * n)
+        for (n, ctx), left in zip(chunks, lefts, strict=True)
+    )
 
 
 def _split(batch: ScheduledBatch) -> tuple[list[tuple[int, int]], list[int]]:

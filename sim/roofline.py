@@ -247,18 +247,9 @@ class RooflineCostModel:
         num_seqs = num_decode + len(chunks)
         if not (num_tokens or copies or swaps):
             return _NO_WORK
-        shared = self._by_size.get((num_tokens, num_seqs))
-        if shared is None:
-            if len(self._by_size) >= _MAX_MEMO:
-                self._by_size.clear()  # keep memory bounded for unbounded step sizes
-            shared = self._by_size[(num_tokens, num_seqs)] = (
-                self.linear_s(num_tokens),
-                self.store_kv_s(num_tokens),
-                self.elementwise_s(num_tokens),
-                self.lm_head_s(num_seqs),
-                self.allreduce_s(num_tokens),
-                self.overhead_s(num_seqs),
-            )
+        shared = self._by_size.get((num_tokens, num_seqs)) or self._size_terms(
+            num_tokens, num_seqs
+        )
         linear, store_kv, elementwise, lm_head, allreduce, overhead = shared
         return (
             linear,
@@ -272,6 +263,23 @@ class RooflineCostModel:
             self.swap_s(swaps, block_size) if swaps else 0.0,
             overhead,
         )
+
+    def _size_terms(self, num_tokens: int, num_seqs: int) -> tuple[float, ...]:
+        """The terms that depend on a step's token and sequence counts alone: (linear, KV
+        store, elementwise, LM head, all-reduce, overhead), memoized."""
+        shared = self._by_size.get((num_tokens, num_seqs))
+        if shared is None:
+            if len(self._by_size) >= _MAX_MEMO:
+                self._by_size.clear()  # keep memory bounded for unbounded step sizes
+            shared = self._by_size[(num_tokens, num_seqs)] = (
+                self.linear_s(num_tokens),
+                self.store_kv_s(num_tokens),
+                self.elementwise_s(num_tokens),
+                self.lm_head_s(num_seqs),
+                self.allreduce_s(num_tokens),
+                self.overhead_s(num_seqs),
+            )
+        return shared
 
     def step_time_s(self, shape: StepShape) -> float:
         return sum(self.step_terms(shape))
@@ -298,16 +306,9 @@ class RooflineCostModel:
         gives, to the last bit, with the terms that do not change computed once."""
         num_tokens = num_decode_seqs + sum(n for n, _ in prefill_chunks)
         num_seqs = num_decode_seqs + len(prefill_chunks)
-        linear = self.linear_s(num_tokens)
         # The rest, in the order `_terms` lists them (copies and swaps are 0.0 here; adding
         # 0.0 changes nothing, so they are left out).
-        after = (
-            self.store_kv_s(num_tokens),
-            self.elementwise_s(num_tokens),
-            self.lm_head_s(num_seqs),
-            self.allreduce_s(num_tokens),
-            self.overhead_s(num_seqs),
-        )
+        linear, *after = self._size_terms(num_tokens, num_seqs)
         prefill, decode = self.prefill_attention_s, self.decode_attention_s
 
         def step(chunks: tuple[tuple[int, int], ...], sum_context: int, sum_blocks: int) -> float:
@@ -337,15 +338,11 @@ class RooflineCostModel:
             num_decode_seqs * self._attention_q_bytes_per_token
             + (sum_context_blocks * block_size) * self._kv_bytes_per_token
         )
-        linear = self.linear_s(num_tokens) + 0.0
-        total: np.ndarray = linear + np.maximum(compute, bytes_moved / self._attention_bytes_per_s)
-        for term in (
-            self.store_kv_s(num_tokens),
-            self.elementwise_s(num_tokens),
-            self.lm_head_s(num_seqs),
-            self.allreduce_s(num_tokens),
-            self.overhead_s(num_seqs),
-        ):
+        linear, *after = self._size_terms(num_tokens, num_seqs)
+        total: np.ndarray = (linear + 0.0) + np.maximum(
+            compute, bytes_moved / self._attention_bytes_per_s
+        )
+        for term in after:
             total += term
         return total
 
