@@ -247,9 +247,7 @@ class RooflineCostModel:
         num_seqs = num_decode + len(chunks)
         if not (num_tokens or copies or swaps):
             return _NO_WORK
-        shared = self._by_size.get((num_tokens, num_seqs)) or self._size_terms(
-            num_tokens, num_seqs
-        )
+        shared = self._by_size.get((num_tokens, num_seqs)) or self._size_terms(num_tokens, num_seqs)
         linear, store_kv, elementwise, lm_head, allreduce, overhead = shared
         return (
             linear,

@@ -130,9 +130,7 @@ class Replica:
             return False
         start_s = self.clock_s
         head = scheduler.waiting[0] if scheduler.waiting else None
-        ends = self.executor.repeat_end_times(
-            batch, start_s, limit, scheduler.repeat_shape(batch)
-        )
+        ends = self.executor.repeat_end_times(batch, start_s, limit, scheduler.repeat_shape(batch))
         last = len(ends) - 1
         self._skipping = True
         while True:
