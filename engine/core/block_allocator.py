@@ -278,15 +278,22 @@ class BlockAllocator:
             for cpu_id in self._cpu_tables.pop(seq_id):
                 self._release_cpu(cpu_id)
         else:
-            ref, key, fill, free = self._ref, self._key, self._fill, self._free
-            for block_id in reversed(self._tables.pop(seq_id)):
-                if ref[block_id] == 1 and key[block_id] is None:  # the common case, inlined
+            table = self._tables.pop(seq_id)
+            ref = self._ref
+            if not self._key_to_block and list(map(ref.__getitem__, table)).count(1) == len(
+                table
+            ):
+                # The common case: every block held by this sequence alone, none cached. Its
+                # blocks hold exactly its tokens; a free block's fill is never read (it is set
+                # when the block is handed out again), so it is left as it is.
+                for block_id in table:
                     ref[block_id] = 0
-                    self.num_used_blocks -= 1
-                    self.num_filled_slots -= fill[block_id]
-                    fill[block_id] = 0
-                    free.append(block_id)
-                else:
+                self.num_used_blocks -= len(table)
+                self.num_filled_slots -= self._num_tokens[seq_id]
+                table.reverse()
+                self._free.extend(table)  # tail blocks first, as releasing one by one would
+            else:
+                for block_id in reversed(table):
                     self._release(block_id)
         del self._num_tokens[seq_id]
 

@@ -165,7 +165,9 @@ class ContiguousKVManager:
     def try_grow(self, request: Request, num_positions: int) -> list[BlockPair] | None:
         return self.grow(request, num_positions)
 
-    def growth_capacity(self, growth: Sequence[Growth], limit: int) -> int:
+    def growth_capacity(
+        self, growth: Sequence[Growth], limit: int, shape: RepeatShape | None = None
+    ) -> int:
         return limit  # reservations already cover every request's final length
 
     def can_admit_after(
@@ -175,6 +177,7 @@ class ContiguousKVManager:
         hits: Sequence[int],
         growth: Sequence[Growth],
         steps: int,
+        shape: RepeatShape | None = None,
     ) -> bool:
         # Growth stays inside reservations: admission is decided by the ranges free now.
         return self.can_admit(request, num_positions, hits)

@@ -56,10 +56,12 @@ class KVCacheManager(Protocol):
         """Grow like ``grow`` if there is room, else change nothing and return None."""
         ...
 
-    def growth_capacity(self, growth: Sequence[Growth], limit: int) -> int:
+    def growth_capacity(
+        self, growth: Sequence[Growth], limit: int, shape: RepeatShape | None = None
+    ) -> int:
         """The most steps (up to ``limit``) in which every (request, positions per step,
         positions left) can grow together without running out of memory (no copy-on-write
-        pending)."""
+        pending); ``shape``, when given, is the same growth in aggregate."""
         ...
 
     def can_admit_after(
@@ -69,10 +71,12 @@ class KVCacheManager(Protocol):
         hits: Sequence[int],
         growth: Sequence[Growth],
         steps: int,
+        shape: RepeatShape | None = None,
     ) -> bool:
         """``can_admit`` once every (request, positions per step, positions left) of
-        ``growth`` has grown ``steps`` more times (computed, not applied). May answer True
-        when unsure (callers use it to rule admission out)."""
+        ``growth`` (``shape`` in aggregate, when given) has grown ``steps`` more times
+        (computed, not applied). May answer True when unsure (callers use it to rule
+        admission out)."""
         ...
 
     def repeat_memory_sum(
@@ -206,19 +210,26 @@ class PagedKVManager:
         except OutOfBlocksError:
             return None
 
-    def growth_capacity(self, growth: Sequence[Growth], limit: int) -> int:
+    def growth_capacity(
+        self, growth: Sequence[Growth], limit: int, shape: RepeatShape | None = None
+    ) -> int:
         alloc = self.allocator
         bs = self.block_size
         free = alloc.num_free_blocks
         # Enough room even if every sequence started a block in every step: no search.
         bound = 0
-        for request, per_step, _ in growth:
-            bound += (-(-per_step * limit // bs) + 1) * (
-                len(request.live_seq_ids) if request.forked else 1
-            )
+        if shape is not None:
+            bound = shape.decode_seqs * (-(-limit // bs) + 1)
+            for per_step, _, _, seqs in shape.chunks:
+                bound += (-(-per_step * limit // bs) + 1) * seqs
+        else:
+            for request, per_step, _ in growth:
+                bound += (-(-per_step * limit // bs) + 1) * (
+                    len(request.live_seq_ids) if request.forked else 1
+                )
         if bound <= free:
             return limit
-        need = self._growth_need(growth)
+        need = self._growth_need(growth) if shape is None else self._shape_need(shape)
         if need(limit) <= free:
             return limit
         lo, hi = 0, limit  # need(lo) <= free < need(hi)
@@ -245,6 +256,33 @@ class PagedKVManager:
 
         return need
 
+    def _shape_need(self, shape: RepeatShape) -> Callable[[int], int]:
+        """``_growth_need`` from the aggregate shape: O(1) per step count for the decodes.
+
+        A decoding sequence holding t tokens starts a block in repeat i (0 = the first) when
+        (t + i) is a multiple of the block size, so every bs repeats each one starts exactly
+        one block; ``starts[i]`` counts those started in repeats 0 .. i-1 of a cycle.
+        """
+        bs = self.block_size
+        by_step = [0] * bs
+        for phase, count in enumerate(shape.decode_phases):
+            by_step[-phase % bs] += count
+        starts = [0, *accumulate(by_step)]
+        decodes = shape.decode_seqs
+        chunks = [
+            (held, per_step, left, seqs, _blocks(held, bs))
+            for per_step, held, left, seqs in shape.chunks
+        ]
+
+        def need(k: int) -> int:
+            cycles, rest = divmod(k, bs)
+            total = cycles * decodes + starts[rest]
+            for held, per_step, left, seqs, blocks in chunks:
+                total += (_blocks(held + min(per_step * k, left), bs) - blocks) * seqs
+            return total
+
+        return need
+
     def can_admit_after(
         self,
         request: Request,
@@ -252,10 +290,12 @@ class PagedKVManager:
         hits: Sequence[int],
         growth: Sequence[Growth],
         steps: int,
+        shape: RepeatShape | None = None,
     ) -> bool:
         if self.prefix_caching:
             return True  # growth may evict cached blocks and change the hits: assume it fits
-        taken = self._growth_need(growth)(steps)
+        need_of = self._growth_need(growth) if shape is None else self._shape_need(shape)
+        taken = need_of(steps)
         num_tokens = len(hits) * self.block_size + num_positions
         need = self.allocator.num_blocks_to_allocate(num_tokens, hits)
         return self.allocator.num_free_blocks - taken - need >= self.watermark_blocks

@@ -143,7 +143,7 @@ def _allowed(
     memory lets everyone grow."""
     if chunked is not None:
         last = -(-pending // chunk)  # the step with its last (maybe shorter) chunk
-        if limit < last or not _last_chunk_repeats(s, chunked, grown, last):
+        if limit < last or not _last_chunk_repeats(s, chunked, grown, shape, last):
             limit = min(limit, last - 1)
         else:
             limit = last
@@ -151,7 +151,7 @@ def _allowed(
         return 0
     s._repeat_growth = grown
     s._repeat_shape = shape
-    return s.kv.growth_capacity(grown, limit)
+    return s.kv.growth_capacity(grown, limit, shape)
 
 
 def continuation(s: Scheduler) -> ScheduledBatch | None:
@@ -281,7 +281,9 @@ def growth(batch: ScheduledBatch) -> list[Growth]:
     ]
 
 
-def _last_chunk_repeats(s: Scheduler, request: Request, grown: list[Growth], last: int) -> bool:
+def _last_chunk_repeats(
+    s: Scheduler, request: Request, grown: list[Growth], shape: RepeatShape, last: int
+) -> bool:
     """Whether the step with ``request``'s last, shorter prompt chunk (repeat ``last``) would
     still be the same batch: its leftover budget then goes to the waiting head, which must
     be unable to get in with the memory left once that step has grown everyone, and nothing
@@ -296,7 +298,7 @@ def _last_chunk_repeats(s: Scheduler, request: Request, grown: list[Growth], las
     pending = head.num_pending_positions
     if not s.kv.can_admit(head, pending, ()):
         return True  # no room now, and growth only takes memory away
-    return not s.kv.can_admit_after(head, pending, (), grown, last)
+    return not s.kv.can_admit_after(head, pending, (), grown, last, shape)
 
 
 def _repeatable_chunk(s: Scheduler, batch: ScheduledBatch, scheduled: ScheduledRequest) -> bool:
