@@ -212,6 +212,9 @@ def _step_chunks(
 ) -> tuple[tuple[int, int], ...]:
     """The prompt chunks of repeat ``step`` (0 = the first): each one chunk further along,
     the last one shorter if its prompt ends."""
+    if len(chunks) == 1:  # the usual case, without the generator
+        n, ctx = chunks[0]
+        return ((min(n, lefts[0] - step * n), ctx + step * n),)
     return tuple(
         (min(n, left - step * n), ctx + step * n)
         for (n, ctx), left in zip(chunks, lefts, strict=True)

@@ -234,11 +234,12 @@ class BlockAllocator:
             self.num_filled_slots += num_new_tokens
             self._num_tokens[seq_id] = num_tokens + num_new_tokens
             return []
-        need = self.num_blocks_to_append(seq_id, num_new_tokens)
-        if need > self.num_free_blocks:
+        cow = partial and num_new_tokens and self._ref[table[-1]] > 1
+        need = (1 if cow else 0) + self._blocks_for(num_tokens + num_new_tokens) - len(table)
+        if need > len(self._free) + len(self._evictable):
             raise OutOfBlocksError(f"need {need} blocks, {self.num_free_blocks} free")
         copies: list[BlockPair] = []
-        if num_tokens % self.block_size and self._ref[table[-1]] > 1 and num_new_tokens:
+        if cow:
             src = table[-1]
             dst = self._take_block()
             self._fill[dst] = self._fill[src]
