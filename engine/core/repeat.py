@@ -199,19 +199,23 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
     bs = s.kv.block_size
     phases = [0] * bs
     decode_tokens = 0
+    # As if the step that computed each one's last positions had just run.
+    requests: list[ScheduledRequest] = []
     for request in s.running:
-        outputs = request.num_output_tokens
-        computed = request.num_computed_tokens
+        live = request.live_seq_ids
         if (
-            len(request.live_seq_ids) != 1  # samples may share a tail block: it is copied
+            len(live) != 1  # samples may share a tail block: the step would copy it
             or request.status is not running
             or not request.kv_ready
-            or not (request.forked or request.n == 1)
         ):
             return None
+        outputs = request.num_output_tokens
+        computed = request.num_computed_tokens
+        prompt_tokens = request.num_prompt_tokens
         if (
-            computed >= request.num_prompt_tokens
-            and computed + 1 == request.num_prompt_tokens + outputs
+            computed >= prompt_tokens
+            and computed + 1 == prompt_tokens + outputs
+            and (request.forked or request.n == 1)
         ):
             remaining = request.max_output_tokens - outputs
             if remaining < limit:
@@ -219,6 +223,7 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
             grown.append((request, 1, _NEVER))
             phases[computed % bs] += 1
             decode_tokens += computed
+            requests.append(ScheduledRequest(request, 1, computed - 1, (live[0],), False))
         elif prompt is None and policy.continues_chunks and request.n == 1:
             prompt = request
         else:
@@ -234,8 +239,12 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
         pending = prompt.num_pending_positions
         if pending <= 0:
             return None
+        computed = prompt.num_computed_tokens
         grown.append((prompt, chunk, pending))
-        shape.chunks.append((chunk, prompt.num_computed_tokens, pending, 1))
+        shape.chunks.append((chunk, computed, pending, 1))
+        requests.append(
+            ScheduledRequest(prompt, chunk, computed - chunk, (prompt.live_seq_ids[0],), True)
+        )
     elif s.waiting:
         if s.cache_config.enable_prefix_caching:
             return None  # the head's prefix hits could grow as the decodes fill blocks
@@ -250,17 +259,7 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
     batch = ScheduledBatch(
         step_idx=s.step_idx - 1,
         now_s=s.step_end_s[-1] if s.step_end_s else 0.0,
-        # As if the step that computed each one's last positions had just run.
-        requests=[
-            ScheduledRequest(
-                request,
-                per_step,
-                request.num_computed_tokens - per_step,
-                (request.live_seq_ids[0],),
-                left != _NEVER,
-            )
-            for request, per_step, left in grown
-        ],
+        requests=requests,
         num_running=len(s.running),
         num_waiting=len(s.waiting),
     )
