@@ -180,17 +180,24 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
     budget = policy.token_budget()
     if budget is None or (seq_budget is not None and len(s.running) > seq_budget):
         return None
-    if s.waiting and not s.cache_config.enable_prefix_caching:
+    # Whether the waiting head could get in: memory only shrinks while the running requests
+    # grow, so one that does not fit now never fits during the repeats. With prefix caching
+    # its hits could grow as blocks fill, so it is taken to fit.
+    head_fits = False
+    if s.waiting:
         head = s.waiting[0]
-        if s.kv.can_admit(head, head.num_pending_positions, ()):
-            # The head fits now: only a prompt chunk filling the budget keeps it out. The
-            # latest runner is that prompt if there is one; if its next chunk is its last,
-            # the head most likely joins that step, so leave it to the policy.
-            last = s.running[-1]
-            if last.num_computed_tokens >= last.num_prompt_tokens or (
-                last.num_pending_positions <= budget - (len(s.running) - 1)
-            ):
-                return None
+        head_fits = s.cache_config.enable_prefix_caching or s.kv.can_admit(
+            head, head.num_pending_positions, ()
+        )
+    if head_fits:
+        # Then only a prompt chunk filling the budget keeps the head out. The latest runner
+        # is that prompt if there is one; if its next chunk is its last, the head most
+        # likely joins that step, so leave it to the policy.
+        last = s.running[-1]
+        if last.num_computed_tokens >= last.num_prompt_tokens or (
+            last.num_pending_positions <= budget - (len(s.running) - 1)
+        ):
+            return None
     running = RequestStatus.RUNNING
     limit = 1 << 62
     grown: list[Growth] = []
@@ -245,14 +252,8 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
         requests.append(
             ScheduledRequest(prompt, chunk, computed - chunk, (prompt.live_seq_ids[0],), True)
         )
-    elif s.waiting:
-        if s.cache_config.enable_prefix_caching:
-            return None  # the head's prefix hits could grow as the decodes fill blocks
-        # The head must not fit now; memory only shrinks while decodes grow, so it will not
-        # fit in any of the repeated steps either.
-        head = s.waiting[0]
-        if s.kv.can_admit(head, head.num_pending_positions, ()):
-            return None
+    elif head_fits:
+        return None  # decodes alone would leave budget to the head
     limit = _allowed(s, limit, grown, shape, prompt, chunk, pending)
     if limit <= 0:
         return None

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.config import CacheConfig
-from engine.core.kv_manager import Growth, PagedKVManager
+from engine.core.kv_manager import Growth, PagedKVManager, RepeatShape
 from engine.core.request import Request
 
 BLOCK_SIZE = 4
@@ -91,3 +91,64 @@ def test_decode_memory_sum_matches_step_by_step(
     assert got.free_slots == free
     assert got.total_slots == total
     assert got.reservation_waste_slots == got.external_fragmentation_slots == 0
+
+
+def _shape_of(kv: PagedKVManager, growth: list[Growth]) -> RepeatShape:
+    """The aggregate the scheduler gathers for ``growth`` (see repeat.repeat_shape)."""
+    shape = RepeatShape(0, 0, [0] * BLOCK_SIZE, [])
+    for request, per_step, left in growth:
+        held = kv.allocator.num_tokens(request.live_seq_ids[0])
+        if left == NEVER:
+            shape.decode_seqs += 1
+            shape.decode_tokens += held
+            shape.decode_phases[held % BLOCK_SIZE] += 1
+        else:
+            shape.chunks.append((per_step, held, left, 1))
+    return shape
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    held=st.lists(st.integers(1, 40), min_size=0, max_size=8),
+    prompt=st.one_of(
+        st.none(), st.tuples(st.integers(1, 30), st.integers(1, 9), st.integers(1, 90))
+    ),
+    spare=st.integers(0, 40),
+    limit=st.integers(1, 60),
+)
+def test_growth_from_the_aggregate_shape_matches_growing_for_real(
+    held: list[int], prompt: tuple[int, int, int] | None, spare: int, limit: int
+) -> None:
+    """Blocks taken by k repeats, the capacity search, the memory sum and the admission check
+    computed from the aggregate shape equal those from the per-request growth, and the
+    blocks really taken when the growth is applied."""
+    if not held and prompt is None:
+        return
+    used = sum(_blocks(t) for t in held) + (_blocks(prompt[0]) if prompt else 0)
+    kv, growth = _kv_with(used + spare, 0, held)
+    if prompt is not None:
+        tokens, per_step, left = prompt
+        kv.allocator.allocate(500, tokens)
+        request = Request("p", 0.0, num_prompt_tokens=tokens + left, max_output_tokens=5)
+        request.seq_ids = request.live_seq_ids = [500]
+        request.num_computed_tokens = tokens
+        growth.append((request, per_step, left))
+    shape = _shape_of(kv, growth)
+    by_growth, by_shape = kv._growth_need(growth), kv._shape_need(shape)
+    for k in range(limit + 1):
+        assert by_shape(k) == by_growth(k), k
+    capacity = kv.growth_capacity(growth, limit)
+    assert kv.growth_capacity(growth, limit, shape) == capacity
+    waiting = Request("w", 0.0, num_prompt_tokens=3 * BLOCK_SIZE, max_output_tokens=1)
+    for steps in (1, capacity):
+        assert kv.can_admit_after(waiting, waiting.num_prompt_tokens, (), growth, steps, shape) == (
+            kv.can_admit_after(waiting, waiting.num_prompt_tokens, (), growth, steps)
+        )
+    if capacity:
+        assert kv.repeat_memory_sum(growth, capacity, None, shape) == kv.repeat_memory_sum(
+            growth, capacity, None
+        )
+        free_before = kv.allocator.num_free_blocks
+        for request, per_step, left in growth:
+            kv.grow(request, min(per_step * capacity, left))
+        assert free_before - kv.allocator.num_free_blocks == by_shape(capacity)

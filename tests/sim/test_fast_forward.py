@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.core.batch import ScheduledBatch
 from engine.core.policies import POLICIES
+from engine.core.scheduler import Scheduler
 from sim import executor
 from sim.records import SUMMED_COLUMNS
 from sim.run import RunConfig, simulate
@@ -103,3 +105,40 @@ def test_decode_runs_priced_in_one_vectorized_call_equal_pricing_each_step(
     assert fast.summary == looped.summary
     assert fast.requests_frame().equals(looped.requests_frame())
     assert fast.steps.to_frame().equals(looped.steps.to_frame())
+
+
+def test_steps_built_without_the_policy_are_used_and_change_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a run of repeats the scheduler builds the next decode (and prompt-chunk) step
+    itself (``Scheduler.continuation``) instead of asking the policy: it must happen on a
+    loaded chunked replica, and turning it off must change no result."""
+    config = RunConfig(
+        policy="chunked",
+        model="Llama-2-7B",
+        hardware="A100-80GB",
+        num_blocks=90,
+        max_num_batched_tokens=96,
+    )
+    trace = load_trace(DATA / "example.csv")
+    built = []
+    continuation = Scheduler.continuation
+
+    def counted(self: Scheduler) -> ScheduledBatch | None:
+        batch = continuation(self)
+        if batch is not None:
+            built.append(batch)
+        return batch
+
+    monkeypatch.setattr(Scheduler, "continuation", counted)
+    continued = simulate(trace, config)
+    assert len(built) > 20
+    assert any(any(s.is_prefill for s in batch.requests) for batch in built)
+    monkeypatch.setattr(Scheduler, "continuation", lambda self: None)
+    scheduled = simulate(trace, config)
+    assert continued.summary == scheduled.summary
+    assert continued.requests_frame().equals(scheduled.requests_frame())
+    rows, other = continued.steps.to_frame(), scheduled.steps.to_frame()
+    assert len(rows) < len(other)
+    for column in SUM_COLUMNS:
+        assert rows[column].sum() == other[column].sum(), column
