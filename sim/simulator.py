@@ -44,7 +44,9 @@ class Replica:
     The replica keeps its own clock (``clock_s``, the exact sum of step durations) instead of
     reading SimPy's, so that skipping ahead over identical decode steps gives bit-identical
     times to stepping through them. While it skips, anything that could change its next step
-    (``notify``) interrupts it: the steps already under way are kept, the rest dropped.
+    (``notify``) interrupts it: the steps already under way are kept, the rest dropped. After
+    a run of repeats, a next step of running decodes (and one prompt chunk) that the scheduler
+    can build itself (``Scheduler.continuation``) is repeated in turn, without a policy run.
     """
 
     def __init__(

@@ -1,6 +1,8 @@
 """Skipping ahead exactly: when the step just run will repeat unchanged (decodes, plus at most
 one budget-sized prompt chunk), apply many such steps at once with the same outcome as
-scheduling them one by one. ``Scheduler`` exposes these as methods."""
+scheduling them one by one; and when the next step is only the running decodes (plus one
+prompt chunk filling the budget), build it without running the policy (``continuation``) so
+it can be repeated at once too. ``Scheduler`` exposes these as methods."""
 
 from __future__ import annotations
 
