@@ -4,6 +4,7 @@ cost model instead of running a model."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import mul
 
 import numpy as np
 
@@ -99,7 +100,7 @@ class CostModelExecutor:
             total = shape.decode_tokens + num_seqs
             phases = shape.decode_phases
             # Blocks of c + 1 tokens for each sequence holding c: c // bs + 1.
-            remainders = sum(r * n for r, n in enumerate(phases))
+            remainders = sum(map(mul, range(bs), phases))
             blocks = (shape.decode_tokens - remainders) // bs + num_seqs
             # A sequence starts a new block when its context becomes k * bs + 1.
             by_phase = [phases[-1], *phases[:-1]]
