@@ -330,21 +330,22 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
     first_idx = len(s.step_end_s)
     s.step_end_s.extend(step_end_s)
     finished: list[Request] = []
-    # Grow everyone before anyone finishes, as the steps themselves would.
+    # Everyone grows before anyone samples a first token or finishes, as in the steps
+    # themselves: those requests are dealt with after the loop. A decode that goes on is
+    # done in the loop (what _sample and TokenTimeline.add do, inlined for speed), unless
+    # blocks are committed to the prefix cache: commits keep the requests' order.
     grow = s.kv.grow
-    positions = [min(count * per_step, left) for _, per_step, left in grown]
-    for (request, _, _), num_positions in zip(grown, positions, strict=True):
-        grow(request, num_positions)
     commit = s.cache_config.enable_prefix_caching
     last_idx = first_idx + count - 1
     last_s = step_end_s[-1]
-    for (request, _, left), num_positions in zip(grown, positions, strict=True):
-        request.num_computed_tokens += num_positions
-        if left == _NEVER:  # a decode
+    later: list[tuple[Request, int, int]] = []
+    for request, per_step, left in grown:
+        num_positions = min(count * per_step, left)
+        grow(request, num_positions)
+        if left == _NEVER and not commit:  # a decode
             outputs = request.num_output_tokens + count
             if outputs < request.max_output_tokens and request.first_token_s is not None:
-                # Decoding on, not finishing: what _sample and TokenTimeline.add do, inlined
-                # for speed.
+                request.num_computed_tokens += num_positions
                 request.num_output_tokens = outputs
                 tokens = request.tokens
                 counts = tokens.run_counts
@@ -354,8 +355,12 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
                     tokens.num_emissions += count
                 else:
                     tokens.add(first_idx, count)
-            else:
-                s._sample(request, None, first_idx, count)
+                continue
+        later.append((request, left, num_positions))
+    for request, left, num_positions in later:
+        request.num_computed_tokens += num_positions
+        if left == _NEVER:
+            s._sample(request, None, first_idx, count)
         elif request.num_computed_tokens == request.num_tokens:
             s._sample(request, None, last_idx)  # its prompt's last chunk
         if commit:
