@@ -90,8 +90,12 @@ class CostModelExecutor:
         ``batch`` from ``start_s``: its decodes each one token further, its prompt chunks each
         one chunk further (the last one shorter if the prompt ends). ``shape`` is the same
         repeat in aggregate (the scheduler's ``repeat_shape``), which saves a pass over the
-        batch; for a batch with padding or memory moves it is not used."""
+        batch (for a batch with padding or memory moves it is not used), and says whether a
+        step also admits the waiting head with its first chunk."""
         bs = self.block_size
+        # The step (if any) that also computes an admitted head's first chunk, after the rest.
+        admit_step = shape.admit_step if shape is not None else -1
+        admitted = ((shape.admit_positions, 0),) if shape is not None else ()
         if shape is not None and self._aggregate is not None and _is_plain(batch):
             # The next step's state: one more token of context, one chunk further along.
             chunks = [(n, held) for n, held, _, seqs in shape.chunks for _ in range(seqs)]
@@ -133,6 +137,8 @@ class CostModelExecutor:
             contexts = [c + 1 for c in contexts]
             for step in range(max_steps):
                 shaped = _step_chunks(chunks, lefts, step)
+                if step == admit_step:
+                    shaped += admitted
                 now_s += self._priced_by_shape(shaped, contexts, total, blocks)
                 ends.append(now_s)
                 contexts = [c + 1 for c in contexts]
@@ -150,7 +156,9 @@ class CostModelExecutor:
         for step in range(max_steps):
             if chunks:
                 step_chunks = _step_chunks(chunks, lefts, step)
-            if step < whole:
+            if step == admit_step:
+                now_s += aggregate(step_chunks + admitted, num_seqs, total, blocks, bs)
+            elif step < whole:
                 now_s += full(step_chunks, total, blocks)  # type: ignore[misc]
             else:
                 now_s += aggregate(step_chunks, num_seqs, total, blocks, bs)

@@ -127,6 +127,20 @@ class StepRecorder:
         duration_s = step_end_s[-1] - start_s
         self._row(batch, start_s, duration_s, len(step_end_s), memory, replica, pool, tokens)
 
+    def record_admission(
+        self,
+        batch: ScheduledBatch,
+        start_s: float,
+        end_s: float,
+        memory: MemorySnapshot,
+        tokens: tuple[int, int],
+        replica: int = 0,
+        pool: str = "colocated",
+    ) -> None:
+        """One row for the last step of a run of steps like ``batch`` that also admitted the
+        waiting head (one more request running, one fewer waiting)."""
+        self._row(batch, start_s, end_s - start_s, 1, memory, replica, pool, tokens, admitted=1)
+
     def _row(
         self,
         batch: ScheduledBatch,
@@ -137,6 +151,7 @@ class StepRecorder:
         replica: int,
         pool: str,
         tokens: tuple[int, int] | None = None,
+        admitted: int = 0,
     ) -> None:
         if tokens is None:
             prefill = decode = 0
@@ -152,12 +167,12 @@ class StepRecorder:
             start_s,
             duration_s,
             num_steps,
-            len(batch.requests),
+            len(batch.requests) + admitted,
             tokens[0],
             tokens[1],
             batch.num_padding_tokens * num_steps,
-            batch.num_running,
-            batch.num_waiting,
+            batch.num_running + admitted,
+            max(0, batch.num_waiting - admitted),
             batch.num_swapped,
             len(batch.preempted_ids),
             len(batch.copies) + len(batch.range_copies),

@@ -10,6 +10,7 @@ from collections.abc import Callable, Generator
 import simpy
 
 from engine.core.batch import ScheduledBatch, StepResult
+from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from sim.executor import CostModelExecutor
@@ -132,7 +133,8 @@ class Replica:
             return False
         start_s = self.clock_s
         head = scheduler.waiting[0] if scheduler.waiting else None
-        ends = self.executor.repeat_end_times(batch, start_s, limit, scheduler.repeat_shape(batch))
+        shape = scheduler.repeat_shape(batch)
+        ends = self.executor.repeat_end_times(batch, start_s, limit, shape)
         last = len(ends) - 1
         self._skipping = True
         while True:
@@ -144,11 +146,33 @@ class Replica:
                 last = min(last, bisect.bisect_left(ends, self.env.now))
         self._skipping = False
         del ends[last + 1 :]
-        memory = scheduler.repeat_memory_sum(batch, len(ends), head)
-        tokens = scheduler.repeat_tokens(batch, len(ends))
+        count = len(ends)
+        memory = scheduler.repeat_memory_sum(batch, count, head)
+        tokens = scheduler.repeat_tokens(batch, count)
+        if shape.admit_step >= count:
+            self.clock_s = ends[-1]
+            self.on_finished(scheduler.repeat(batch, ends))
+            self.recorder.record_repeat(batch, start_s, ends, memory, tokens, self.index, self.pool)
+            return True
+        # The last step also admitted the waiting head: it gets a row of its own.
+        rows: list[tuple[float, list[float], MemorySnapshot, tuple[int, int]]] = []
+        before = count - 1
+        if before:
+            memory_before = scheduler.repeat_memory_sum(batch, before, head)
+            tokens_before = scheduler.repeat_tokens(batch, before)
+            rows.append((start_s, ends[:before], memory_before, tokens_before))
+            memory = memory - memory_before
+            tokens = (tokens[0] - tokens_before[0], tokens[1] - tokens_before[1])
+        admitted_s = ends[before - 1] if before else start_s
         self.clock_s = ends[-1]
         self.on_finished(scheduler.repeat(batch, ends))
-        self.recorder.record_repeat(batch, start_s, ends, memory, tokens, self.index, self.pool)
+        for row_start_s, row_ends, row_memory, row_tokens in rows:
+            self.recorder.record_repeat(
+                batch, row_start_s, row_ends, row_memory, row_tokens, self.index, self.pool
+            )
+        self.recorder.record_admission(
+            batch, admitted_s, ends[-1], memory, tokens, self.index, self.pool
+        )
         return True
 
     def _sleep(self, batch: ScheduledBatch) -> simpy.events.ProcessGenerator:

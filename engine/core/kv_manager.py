@@ -27,13 +27,18 @@ class RepeatShape:
 
     Decoding sequences are counted with the tokens they hold now, and by those tokens modulo
     the block size (which tells when each starts a block); each prompt chunk is (positions
-    per step, tokens held, positions left, sequences).
+    per step, tokens held, positions left, sequences). When the run's last step also admits
+    the waiting head (``admit_request``, its first chunk of ``admit_positions`` filling the
+    budget that a prompt's last chunk left), ``admit_step`` is that step's index.
     """
 
     decode_seqs: int
     decode_tokens: int
     decode_phases: list[int]
     chunks: list[tuple[int, int, int, int]]
+    admit_step: int = 1 << 62  # none
+    admit_positions: int = 0
+    admit_request: Request | None = None
 
 
 class KVCacheManager(Protocol):
@@ -334,24 +339,35 @@ class PagedKVManager:
         cached0 = alloc.num_cached_free_blocks
         free0 = alloc.num_free_blocks - cached0
         if not chunks:
-            sums = self._decode_memory_sums(by_phase, decodes, count, cached0, free0)
-            return self._summed_snapshot(count, *sums)
-        real = internal = cached = free = 0
-        new_blocks = 0
-        for step in range(count):
-            # A decoding sequence holding a multiple of bs tokens starts a block each step.
-            new_blocks += by_phase[(-step) % bs]
-            added = (step + 1) * decodes
-            for held, per_step, left in chunks:
-                before, after = min(step * per_step, left), min((step + 1) * per_step, left)
-                new_blocks += _blocks(held + after, bs) - _blocks(held + before, bs)
-                added += after
-            used = alloc.num_used_blocks + new_blocks
-            step_real = alloc.num_filled_slots + added
-            real += step_real
-            internal += used * bs - step_real
-            cached += (cached0 - max(0, new_blocks - free0)) * bs
-            free += max(0, free0 - new_blocks) * bs
+            real, internal, cached, free = self._decode_memory_sums(
+                by_phase, decodes, count, cached0, free0
+            )
+        else:
+            real = internal = cached = free = 0
+            new_blocks = 0
+            for step in range(count):
+                # A decoding sequence holding a multiple of bs tokens starts a block each step.
+                new_blocks += by_phase[(-step) % bs]
+                added = (step + 1) * decodes
+                for held, per_step, left in chunks:
+                    before, after = min(step * per_step, left), min((step + 1) * per_step, left)
+                    new_blocks += _blocks(held + after, bs) - _blocks(held + before, bs)
+                    added += after
+                used = alloc.num_used_blocks + new_blocks
+                step_real = alloc.num_filled_slots + added
+                real += step_real
+                internal += used * bs - step_real
+                cached += (cached0 - max(0, new_blocks - free0)) * bs
+                free += max(0, free0 - new_blocks) * bs
+        if shape is not None and shape.admit_step < count:
+            # The last step also holds the admitted head's first chunk (taken from uncached
+            # free blocks: admission is folded in only without prefix caching).
+            assert cached0 == 0, "admission folded into a repeat with cached-free blocks"
+            positions = shape.admit_positions
+            taken = _blocks(positions, bs) * bs
+            real += positions
+            internal += taken - positions
+            free -= taken
         return self._summed_snapshot(count, real, internal, cached, free)
 
     def _summed_snapshot(

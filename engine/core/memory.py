@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,12 @@ class MemorySnapshot:
             + self.free_slots
         )
         assert parts == self.total_slots, f"snapshot parts {parts} != total {self.total_slots}"
+
+    def __sub__(self, other: MemorySnapshot) -> MemorySnapshot:
+        """Field by field: e.g. the last step's snapshot, from the sums with and without it."""
+        return MemorySnapshot(
+            *(getattr(self, f.name) - getattr(other, f.name) for f in fields(MemorySnapshot))
+        )
 
     @property
     def used_slots(self) -> int:

@@ -6,13 +6,15 @@ it can be repeated at once too. ``Scheduler`` exposes these as methods."""
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.core.batch import ScheduledBatch, ScheduledRequest
-from engine.core.kv_manager import Growth, RepeatShape
+from engine.core.kv_manager import Growth, PagedKVManager, RepeatShape
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request, RequestStatus
+from engine.core.step import arrival_order
 
 if TYPE_CHECKING:
     from engine.core.scheduler import Scheduler
@@ -145,10 +147,15 @@ def _allowed(
     memory lets everyone grow."""
     if chunked is not None:
         last = -(-pending // chunk)  # the step with its last (maybe shorter) chunk
-        if limit < last or not _last_chunk_repeats(s, chunked, grown, shape, last):
-            limit = min(limit, last - 1)
-        else:
-            limit = last
+        if limit >= last:  # (else a decode finishes first: the run stops there)
+            last_chunk = pending - (last - 1) * chunk
+            repeats, positions = _last_chunk(s, chunked, grown, shape, last, last_chunk)
+            limit = last if repeats else last - 1
+            if positions:
+                # That step also admits the waiting head, with the budget the chunk leaves.
+                shape.admit_step = last - 1
+                shape.admit_positions = positions
+                shape.admit_request = s.waiting[0]
     if limit <= 0:
         return 0
     s._repeat_growth = grown
@@ -194,7 +201,7 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
     if head_fits:
         # Then only a prompt chunk filling the budget keeps the head out. The latest runner
         # is that prompt if there is one; if its next chunk is its last, the head most
-        # likely joins that step, so leave it to the policy.
+        # likely joins that step: a step the policy schedules as cheaply as this would.
         last = s.running[-1]
         if last.num_computed_tokens >= last.num_prompt_tokens or (
             last.num_pending_positions <= budget - (len(s.running) - 1)
@@ -283,24 +290,55 @@ def growth(batch: ScheduledBatch) -> list[Growth]:
     ]
 
 
-def _last_chunk_repeats(
-    s: Scheduler, request: Request, grown: list[Growth], shape: RepeatShape, last: int
-) -> bool:
-    """Whether the step with ``request``'s last, shorter prompt chunk (repeat ``last``) would
-    still be the same batch: its leftover budget then goes to the waiting head, which must
-    be unable to get in with the memory left once that step has grown everyone, and nothing
-    may be swapped."""
+def _last_chunk(
+    s: Scheduler,
+    request: Request,
+    grown: list[Growth],
+    shape: RepeatShape,
+    last: int,
+    last_chunk: int,
+) -> tuple[bool, int]:
+    """Whether the step with ``request``'s last prompt chunk (repeat ``last``, of
+    ``last_chunk`` positions) still belongs to the run, and the positions the waiting head
+    is admitted with in that step (0: none).
+
+    The chunk leaves budget to the waiting head. The step is the same batch again if the head
+    cannot get in with the memory left once that step has grown everyone; it is the same batch
+    plus exactly the head's first chunk if the head gets in with a prompt longer than the
+    budget left (so nothing else can join) and is new (one sample, nothing computed, never
+    preempted). Anything else is left to the policy, as is a recompute's last chunk (its last
+    position would be a decode) and any step with requests swapped out or prefix caching on
+    (the head's hits grow as the prompt's blocks are cached).
+    """
     if request.n != 1 or request.num_output_tokens or s.swapped:
-        return False  # (a recompute's last position would be a decode, not a chunk)
+        return False, 0
     if not s.waiting:
-        return True
+        return True, 0
     if s.cache_config.enable_prefix_caching:
-        return False  # the head's hits grow as the prompt's blocks are cached: not known now
+        return False, 0
     head = s.waiting[0]
     pending = head.num_pending_positions
     if not s.kv.can_admit(head, pending, ()):
-        return True  # no room now, and growth only takes memory away
-    return not s.kv.can_admit_after(head, pending, (), grown, last, shape)
+        return True, 0  # no room now, and growth only takes memory away
+    if not s.kv.can_admit_after(head, pending, (), grown, last, shape):
+        return True, 0
+    policy = s.policy
+    budget = policy.token_budget()
+    seq_budget = policy.seq_budget()
+    room = (budget or 0) - shape.decode_seqs - last_chunk
+    if (
+        not policy.continues_chunks  # (continuous admits whole prompts only)
+        or not isinstance(s.kv, PagedKVManager)
+        or room <= 0
+        or pending <= room
+        or head.n != 1
+        or head.num_preemptions
+        or head.num_computed_tokens
+        or not head.kv_ready
+        or (seq_budget is not None and shape.decode_seqs + 2 > seq_budget)
+    ):
+        return False, 0
+    return True, room
 
 
 def _repeatable_chunk(s: Scheduler, batch: ScheduledBatch, scheduled: ScheduledRequest) -> bool:
@@ -325,6 +363,7 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
     if checked_step != batch.step_idx or not 0 < count <= limit:
         raise ValueError(f"cannot repeat this batch {count} times (ask repeat_limit first)")
     grown = _checked_growth(s, batch)
+    shape = repeat_shape(s, batch)
     s._repeat_checked = (-1, 0)
     s._continued = None
     first_idx = len(s.step_end_s)
@@ -357,6 +396,8 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
                     tokens.add(first_idx, count)
                 continue
         later.append((request, left, num_positions))
+    if shape.admit_step < count:
+        _admit_head(s, shape, s.step_end_s[first_idx + count - 2])
     for request, left, num_positions in later:
         request.num_computed_tokens += num_positions
         if left == _NEVER:
@@ -373,11 +414,30 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
     return finished
 
 
+def _admit_head(s: Scheduler, shape: RepeatShape, start_s: float) -> None:
+    """The admission a repeat's last step folds in (see ``_admission_at``), as ``Step``
+    would make it in the step starting at ``start_s``, and that step's computing of the
+    head's first chunk."""
+    head = shape.admit_request
+    if head is None or not s.waiting or s.waiting[0] is not head:
+        raise RuntimeError("the waiting head this repeat was to admit is no longer waiting")
+    positions = shape.admit_positions
+    s.kv.admit(head, positions, ())
+    s.waiting.popleft()
+    head.status = RequestStatus.RUNNING
+    bisect.insort(s.running, head, key=arrival_order)
+    if head.first_scheduled_s is None:
+        head.first_scheduled_s = start_s
+    head.num_computed_tokens = positions
+
+
 def repeat_tokens(s: Scheduler, batch: ScheduledBatch, count: int) -> tuple[int, int]:
     """(prompt tokens, decode tokens) that ``count`` repeats of ``batch`` compute (call
     before ``repeat``)."""
     shape = repeat_shape(s, batch)
     prefill = sum(min(count * per_step, left) * seqs for per_step, _, left, seqs in shape.chunks)
+    if shape.admit_step < count:
+        prefill += shape.admit_positions
     return prefill, count * shape.decode_seqs
 
 

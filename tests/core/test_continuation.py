@@ -26,9 +26,10 @@ requests_strategy = st.lists(
 
 def _drive(
     policy: str, num_blocks: int, budget: int, specs: list[tuple[float, int, int]]
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     """Run every request to the end step by step, checking each continuation offered against
-    the step the policy then schedules; returns (continuations offered, steps)."""
+    the step the policy then schedules; returns (continuations offered, of which admitting
+    the waiting head in their first step, steps)."""
     scheduler = Scheduler(
         CacheConfig(num_blocks=num_blocks, block_size=8, max_model_len=512),
         SchedulerConfig(policy=policy, max_num_seqs=6, max_num_batched_tokens=budget),
@@ -40,9 +41,10 @@ def _drive(
         arrivals.append(
             Request(f"r{idx}", now_s, num_prompt_tokens=prompt, max_output_tokens=output)
         )
-    now_s, offered, steps = 0.0, 0, 0
+    now_s, offered, admitted, steps = 0.0, 0, 0, 0
     pending = list(arrivals)
     predicted = None
+    admission: tuple[Request, int] | None = None
     while pending or scheduler.has_unfinished():
         while pending and pending[0].arrival_s <= now_s:
             scheduler.add_request(pending.pop(0), now_s)
@@ -53,6 +55,9 @@ def _drive(
                 (s.request, min(s.num_positions, s.request.num_pending_positions))
                 for s in predicted.requests
             ]
+            if admission is not None:
+                expected.append(admission)  # the waiting head joins, with the rest of the budget
+                admitted += 1
             assert [(s.request, s.num_positions) for s in batch.requests] == expected
             assert not (batch.copies or batch.swap_in or batch.swap_out or batch.preempted_ids)
             offered += 1
@@ -69,10 +74,15 @@ def _drive(
         while pending and pending[0].arrival_s <= now_s:
             scheduler.add_request(pending.pop(0), now_s)
         predicted = scheduler.continuation()
+        admission = None
         if predicted is not None:
             # It claims to be repeatable at least once: repeat_limit agrees.
             assert scheduler.repeat_limit(predicted) > 0
-    return offered, steps
+            shape = scheduler.repeat_shape(predicted)
+            if shape.admit_step == 0:  # its first repeat also admits the waiting head
+                assert shape.admit_request is not None
+                admission = (shape.admit_request, shape.admit_positions)
+    return offered, admitted, steps
 
 
 @settings(max_examples=60, deadline=None)
@@ -99,7 +109,7 @@ def test_continuations_are_offered_under_load() -> None:
     """Not a vacuous check: a busy chunked replica gets many continuations, decodes alone and
     decodes next to a prompt's chunks."""
     specs = [(0.01, 100, 40)] * 12
-    offered, steps = _drive("chunked", 60, 32, specs)
+    offered, _, steps = _drive("chunked", 60, 32, specs)
     assert offered > steps // 4
 
 
@@ -109,3 +119,69 @@ def test_static_batching_never_continues() -> None:
     batch = scheduler.schedule(0.0)
     scheduler.update(batch, StepResult(0.1), 0.1)
     assert scheduler.continuation() is None
+
+
+def _drive_admissions(num_blocks: int, budget: int, specs: list[tuple[float, int, int]]) -> int:
+    """Step by step with chunked prefill; whenever ``repeat_limit`` plans a run whose last step
+    also admits the waiting head, the policy's own steps must match it: the same requests,
+    and in that step (not before) the planned head with the planned positions. Returns how
+    many planned admissions were checked."""
+    scheduler = Scheduler(
+        CacheConfig(num_blocks=num_blocks, block_size=8, max_model_len=512),
+        SchedulerConfig(policy="chunked", max_num_seqs=6, max_num_batched_tokens=budget),
+    )
+    pending: list[Request] = []
+    arrival_s = 0.0
+    for idx, (gap, prompt, output) in enumerate(specs):
+        arrival_s += gap
+        pending.append(
+            Request(f"r{idx}", arrival_s, num_prompt_tokens=prompt, max_output_tokens=output)
+        )
+    now_s, checked = 0.0, 0
+    plan: tuple[list[Request], Request, int, int] | None = None  # members, head, positions, step
+    while pending or scheduler.has_unfinished():
+        while pending and pending[0].arrival_s <= now_s:
+            scheduler.add_request(pending.pop(0), now_s)
+        batch = scheduler.schedule(now_s)
+        if batch.is_empty:
+            scheduler.update(batch, StepResult(0.0), now_s)
+            assert pending, "nothing can run and nothing will arrive"
+            now_s = max(now_s, pending[0].arrival_s)
+            continue
+        if plan is not None:
+            members, head, positions, steps_left = plan
+            got = [(s.request, s.num_positions) for s in batch.requests]
+            assert [request for request, _ in got[: len(members)]] == members
+            if steps_left:
+                assert len(got) == len(members), "someone joined before the planned step"
+                plan = (members, head, positions, steps_left - 1)
+            else:
+                assert got[len(members) :] == [(head, positions)]
+                checked += 1
+                plan = None
+        now_s += 0.05 + 1e-4 * batch.num_batched_tokens
+        scheduler.update(batch, StepResult(0.0), now_s)
+        while pending and pending[0].arrival_s <= now_s:
+            scheduler.add_request(pending.pop(0), now_s)
+        if plan is None and scheduler.repeat_limit(batch) > 0:
+            shape = scheduler.repeat_shape(batch)
+            if shape.admit_request is not None:
+                members = [s.request for s in batch.requests]
+                plan = (members, shape.admit_request, shape.admit_positions, shape.admit_step)
+    return checked
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    specs=requests_strategy,
+    num_blocks=st.integers(40, 160),
+    budget=st.sampled_from([16, 32, 64]),
+)
+def test_admission_folded_into_a_repeat_is_the_policys_step(
+    specs: list[tuple[float, int, int]], num_blocks: int, budget: int
+) -> None:
+    _drive_admissions(num_blocks, budget, specs)
+
+
+def test_admissions_are_folded_under_load() -> None:
+    assert _drive_admissions(120, 32, [(0.01, 100, 40)] * 12) > 0
