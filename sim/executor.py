@@ -207,7 +207,7 @@ def _decode_ends(
     phase_order = np.array(by_phase, dtype=np.int64)[(-steps[:-1]) % bs]
     sum_blocks = np.empty(count, dtype=np.int64)
     sum_blocks[0] = blocks
-    np.cumsum(phase_order, out=sum_blocks[1:])
+    np.add.accumulate(phase_order, out=sum_blocks[1:])
     sum_blocks[1:] += blocks
     step_s = durations(num_seqs, totals, sum_blocks, bs)
     ends = np.empty(count + 1)
