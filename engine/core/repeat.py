@@ -373,14 +373,20 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
     # themselves: those requests are dealt with after the loop. A decode that goes on is
     # done in the loop (what _sample and TokenTimeline.add do, inlined for speed), unless
     # blocks are committed to the prefix cache: commits keep the requests' order.
-    grow = s.kv.grow
+    kv = s.kv
+    grow = kv.grow
+    # One sequence growing in a paged cache: straight to the allocator (one call less each).
+    append = kv.allocator.append_slots if isinstance(kv, PagedKVManager) else None
     commit = s.cache_config.enable_prefix_caching
     last_idx = first_idx + count - 1
     last_s = step_end_s[-1]
     later: list[tuple[Request, int, int]] = []
     for request, per_step, left in grown:
         num_positions = min(count * per_step, left)
-        grow(request, num_positions)
+        if append is not None and not request.forked:
+            append(request.live_seq_ids[0], num_positions)
+        else:
+            grow(request, num_positions)
         if left == _NEVER and not commit:  # a decode
             outputs = request.num_output_tokens + count
             if outputs < request.max_output_tokens and request.first_token_s is not None:
