@@ -24,12 +24,15 @@ _NEVER = 1 << 62  # positions left for a decode: it grows until it finishes
 
 def repeat_limit(s: Scheduler, batch: ScheduledBatch) -> int:
     """How many more steps exactly like ``batch`` the scheduler would now produce if nothing
-    arrives: 0 unless ``batch`` (already updated) was a steady decode step.
+    arrives: 0 unless ``batch`` (already updated) was a steady step.
 
-    A steady step decodes one position for every running request and moves no memory;
-    the next one is then the same step again until a request finishes or the cache runs
-    out of blocks for growth. Repeating it in bulk (``repeat``) gives the same state as
-    scheduling it step by step, which is what lets a simulator skip ahead exactly.
+    A steady step decodes one position for every running request, plus at most one prompt
+    chunk that uses up the token budget, and moves no memory; the next one is then the same
+    step again until a request finishes, the prompt reaches its last chunk or the cache runs
+    out of blocks for growth. The run may end with the prompt's last chunk, alone or with the
+    waiting head admitted in the budget it leaves (``repeat_shape`` says which). Repeating in
+    bulk (``repeat``) gives the same state as scheduling step by step, which is what lets a
+    simulator skip ahead exactly.
     """
     if s._changed_since_schedule:
         return 0
@@ -250,8 +253,8 @@ def continuation(s: Scheduler) -> ScheduledBatch | None:
         return None
     shape = RepeatShape(decode_seqs, decode_tokens, phases, [])
     if prompt is not None:
-        # Decodes go first; the prompt's chunk fills the budget (``_allowed`` stops before
-        # a last chunk that would leave budget to a waiting head that could get in).
+        # Decodes go first; the prompt's chunk fills the budget (``_allowed`` decides what
+        # happens at its last chunk, which leaves budget to the waiting head).
         pending = prompt.num_pending_positions
         if pending <= 0:
             return None
