@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 from engine.core.block_allocator import BlockPair, OutOfBlocksError
 from engine.core.config import CacheConfig, ReservationRule
-from engine.core.kv_manager import Growth, RangeCopy, RepeatShape
+from engine.core.growth import Growth, RepeatShape
+from engine.core.kv_manager import RangeCopy
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 

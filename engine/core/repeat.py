@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.core.batch import ScheduledBatch, ScheduledRequest
-from engine.core.kv_manager import Growth, PagedKVManager, RepeatShape
+from engine.core.growth import Growth, RepeatShape
+from engine.core.kv_manager import PagedKVManager
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request, RequestStatus
 from engine.core.step import arrival_order

@@ -12,7 +12,8 @@ from engine.core import repeat
 from engine.core.batch import ScheduledBatch, StepResult
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.contiguous_allocator import ContiguousKVManager
-from engine.core.kv_manager import Growth, KVCacheManager, PagedKVManager, RepeatShape
+from engine.core.growth import Growth, RepeatShape
+from engine.core.kv_manager import KVCacheManager, PagedKVManager
 from engine.core.memory import MemorySnapshot
 from engine.core.policies import POLICIES, Policy
 from engine.core.request import Request, RequestStatus, TokenTimeline

@@ -24,25 +24,32 @@ requests_strategy = st.lists(
 )
 
 
+def _setup(
+    policy: str, num_blocks: int, budget: int, specs: list[tuple[float, int, int]]
+) -> tuple[Scheduler, list[Request]]:
+    """A small scheduler and its requests, in arrival order (``specs``: gap, prompt, output)."""
+    scheduler = Scheduler(
+        CacheConfig(num_blocks=num_blocks, block_size=8, max_model_len=512),
+        SchedulerConfig(policy=policy, max_num_seqs=6, max_num_batched_tokens=budget),
+    )
+    requests: list[Request] = []
+    arrival_s = 0.0
+    for idx, (gap, prompt, output) in enumerate(specs):
+        arrival_s += gap
+        requests.append(
+            Request(f"r{idx}", arrival_s, num_prompt_tokens=prompt, max_output_tokens=output)
+        )
+    return scheduler, requests
+
+
 def _drive(
     policy: str, num_blocks: int, budget: int, specs: list[tuple[float, int, int]]
 ) -> tuple[int, int, int]:
     """Run every request to the end step by step, checking each continuation offered against
     the step the policy then schedules; returns (continuations offered, of which admitting
     the waiting head in their first step, steps)."""
-    scheduler = Scheduler(
-        CacheConfig(num_blocks=num_blocks, block_size=8, max_model_len=512),
-        SchedulerConfig(policy=policy, max_num_seqs=6, max_num_batched_tokens=budget),
-    )
-    arrivals: list[Request] = []
-    now_s = 0.0
-    for idx, (gap, prompt, output) in enumerate(specs):
-        now_s += gap
-        arrivals.append(
-            Request(f"r{idx}", now_s, num_prompt_tokens=prompt, max_output_tokens=output)
-        )
+    scheduler, pending = _setup(policy, num_blocks, budget, specs)
     now_s, offered, admitted, steps = 0.0, 0, 0, 0
-    pending = list(arrivals)
     predicted = None
     admission: tuple[Request, int] | None = None
     while pending or scheduler.has_unfinished():
@@ -126,17 +133,7 @@ def _drive_admissions(num_blocks: int, budget: int, specs: list[tuple[float, int
     also admits the waiting head, the policy's own steps must match it: the same requests,
     and in that step (not before) the planned head with the planned positions. Returns how
     many planned admissions were checked."""
-    scheduler = Scheduler(
-        CacheConfig(num_blocks=num_blocks, block_size=8, max_model_len=512),
-        SchedulerConfig(policy="chunked", max_num_seqs=6, max_num_batched_tokens=budget),
-    )
-    pending: list[Request] = []
-    arrival_s = 0.0
-    for idx, (gap, prompt, output) in enumerate(specs):
-        arrival_s += gap
-        pending.append(
-            Request(f"r{idx}", arrival_s, num_prompt_tokens=prompt, max_output_tokens=output)
-        )
+    scheduler, pending = _setup("chunked", num_blocks, budget, specs)
     now_s, checked = 0.0, 0
     plan: tuple[list[Request], Request, int, int] | None = None  # members, head, positions, step
     while pending or scheduler.has_unfinished():

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.config import CacheConfig
-from engine.core.kv_manager import Growth, PagedKVManager, RepeatShape
+from engine.core.growth import Growth, RepeatShape
+from engine.core.kv_manager import PagedKVManager
 from engine.core.request import Request
 
 BLOCK_SIZE = 4
