@@ -39,7 +39,9 @@ class RopeScaling:
 
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_TYPES:
-            raise ValueError(f"RopeScaling.rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
+            raise ValueError(
+                f"RopeScaling.rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}"
+            )
         for field in ("factor", "low_freq_factor", "high_freq_factor"):
             value = getattr(self, field)
             if not _is_number(value) or value <= 0:
@@ -52,7 +54,8 @@ class RopeScaling:
         value = self.original_max_position_embeddings
         if not _is_int(value) or value <= 0:
             raise ValueError(
-                f"RopeScaling.original_max_position_embeddings must be a positive int, got {value!r}"
+                "RopeScaling.original_max_position_embeddings must be a positive int, "
+                f"got {value!r}"
             )
 
 
@@ -115,12 +118,16 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{field} must be a positive number, got {value!r}")
         for field in ("qkv_bias", "o_bias", "mlp_bias", "tie_word_embeddings"):
             if not isinstance(getattr(self, field), bool):
-                raise ValueError(f"ModelConfig.{field} must be a bool, got {getattr(self, field)!r}")
+                raise ValueError(
+                    f"ModelConfig.{field} must be a bool, got {getattr(self, field)!r}"
+                )
         window = self.sliding_window
         if window is not None and (not _is_int(window) or window <= 0):
             raise ValueError(f"ModelConfig.sliding_window must be a positive int, got {window!r}")
         if self.torch_dtype is not None and self.torch_dtype not in DTYPES:
-            raise ValueError(f"ModelConfig.torch_dtype must be one of {DTYPES}, got {self.torch_dtype!r}")
+            raise ValueError(
+                f"ModelConfig.torch_dtype must be one of {DTYPES}, got {self.torch_dtype!r}"
+            )
 
     @property
     def q_size(self) -> int:
@@ -162,6 +169,12 @@ class _Fields:
             raise self.error(field, "missing (a Llama-family config.json has it)")
         return value
 
+    def positive_int(self, field: str) -> int:
+        value = self.required(field)
+        if not _is_int(value) or value <= 0:
+            raise self.error(field, f"must be a positive int, got {value!r}")
+        return int(value)
+
     def optional(self, field: str, default: Any) -> Any:
         value = self.config.get(field)
         return default if value is None else value
@@ -181,7 +194,8 @@ def _architecture(fields: _Fields) -> str:
         raise fields.error("architectures", "missing, and no 'model_type' either")
     if model_type not in MODEL_TYPES:
         raise fields.error(
-            "model_type", f"unsupported model type {model_type!r}; supported: {', '.join(MODEL_TYPES)}"
+            "model_type",
+            f"unsupported model type {model_type!r}; supported: {', '.join(MODEL_TYPES)}",
         )
     return MODEL_TYPES[model_type]
 
@@ -201,8 +215,8 @@ def _rope(fields: _Fields) -> tuple[float, RopeScaling | None]:
         return theta, None
     if rope_type not in ROPE_TYPES:
         raise fields.error(
-            f"{field}.rope_type", f"unsupported RoPE scaling {rope_type!r}; supported: default, "
-            f"{', '.join(ROPE_TYPES)}"
+            f"{field}.rope_type",
+            f"unsupported RoPE scaling {rope_type!r}; supported: default, {', '.join(ROPE_TYPES)}",
         )
     needed = _LLAMA3_KEYS if rope_type == "llama3" else ("factor",)
     for key in needed:
@@ -225,7 +239,9 @@ def _dtype_name(fields: _Fields) -> str | None:
     return name
 
 
-def model_config_from_hf(config: dict[str, Any] | str | Path, name: str | None = None) -> ModelConfig:
+def model_config_from_hf(
+    config: dict[str, Any] | str | Path, name: str | None = None
+) -> ModelConfig:
     """A `ModelConfig` from a parsed ``config.json``, or from its path (a file or a directory
     holding one). Errors name the file and the field."""
     if isinstance(config, dict):
@@ -248,20 +264,20 @@ def model_config_from_hf(config: dict[str, Any] | str | Path, name: str | None =
     activation = fields.optional("hidden_act", "silu")
     if activation != "silu":
         raise fields.error("hidden_act", f"only 'silu' (SwiGLU) is supported, got {activation!r}")
-    hidden = fields.required("hidden_size")
-    num_heads = fields.required("num_attention_heads")
+    hidden = fields.positive_int("hidden_size")
+    num_heads = fields.positive_int("num_attention_heads")
     head_dim = raw.get("head_dim")
     if head_dim is None:
-        if not _is_int(hidden) or not _is_int(num_heads) or num_heads <= 0 or hidden % num_heads:
-            raise fields.error("head_dim", "missing, and hidden_size / num_attention_heads is not whole")
+        if hidden % num_heads:
+            raise fields.error(
+                "head_dim", "missing, and hidden_size / num_attention_heads is not whole"
+            )
         head_dim = hidden // num_heads
     theta, scaling = _rope(fields)
     attention_bias = fields.optional("attention_bias", False)
-    window = None
-    if architecture == "mistral":
-        window = raw.get("sliding_window")
-    elif architecture == "qwen2" and raw.get("use_sliding_window"):
-        window = raw.get("sliding_window")
+    # Qwen2 configs carry a sliding_window that applies only with use_sliding_window.
+    uses_window = architecture == "mistral" or bool(raw.get("use_sliding_window"))
+    window = raw.get("sliding_window") if uses_window else None
     try:
         return ModelConfig(
             name=str(name or raw.get("_name_or_path") or architecture),
@@ -292,7 +308,9 @@ def model_config_from_hf(config: dict[str, Any] | str | Path, name: str | None =
 def bundled_config_names() -> list[str]:
     """Names of the configs shipped in ``engine/model/configs/`` (``tiny-llama``, ...)."""
     folder = resources.files("engine.model") / "configs"
-    return sorted(item.name[: -len(".json")] for item in folder.iterdir() if item.name.endswith(".json"))
+    return sorted(
+        item.name[: -len(".json")] for item in folder.iterdir() if item.name.endswith(".json")
+    )
 
 
 def load_model_config(name_or_dir: str | Path) -> ModelConfig:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +28,17 @@ class Linear(nn.Module):
     them), so building an 8B model costs no random draws."""
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool, device: torch.device, dtype: torch.dtype
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        device: torch.device,
+        dtype: torch.dtype,
     ) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, device=device, dtype=dtype)
+        )
         self.bias = (
             nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
         )
@@ -107,7 +115,8 @@ class Attention(nn.Module):
         k = apply_rope(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = attend(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out.reshape(num_tokens, q_size))
+        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, q_size))
+        return projected
 
 
 class MLP(nn.Module):
@@ -121,7 +130,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -142,11 +152,14 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 class LlamaForCausalLM(nn.Module):
     """The decoder over one step's flattened rows (decodes first, then prefill chunks)."""
+
+    inv_freq: torch.Tensor
 
     def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
@@ -154,12 +167,16 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Parameter(
             torch.empty(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
         )
-        self.layers = nn.ModuleList(DecoderLayer(config, device, dtype) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, device, dtype) for _ in range(config.num_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
         self.lm_head = (
             self.embed_tokens
             if config.tie_word_embeddings
-            else nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, device=device, dtype=dtype))
+            else nn.Parameter(
+                torch.empty(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
+            )
         )
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
@@ -172,7 +189,12 @@ class LlamaForCausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.dtype
 
-    def make_kv_caches(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [cast(DecoderLayer, layer) for layer in self.layers]
+
+    def make_kv_caches(
+        self, num_blocks: int, block_size: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One zeroed (k_cache, v_cache) per layer, each [num_blocks, block_size, kv_heads, D]."""
         for field, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -195,7 +217,7 @@ class LlamaForCausalLM(nn.Module):
             targets["lm_head.weight"] = self.lm_head.data
         targets["model.norm.weight"] = self.norm.weight.data
         q, kv, inter = config.q_size, config.kv_size, config.intermediate_size
-        for idx, layer in enumerate(self.layers):
+        for idx, layer in enumerate(self.decoder_layers()):
             prefix = f"model.layers.{idx}."
             targets[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.data
             targets[prefix + "post_attention_layernorm.weight"] = (
@@ -203,7 +225,11 @@ class LlamaForCausalLM(nn.Module):
             )
             attn, mlp = layer.self_attn, layer.mlp
             fused = (
-                ("self_attn.", attn.qkv_proj, (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv))),
+                (
+                    "self_attn.",
+                    attn.qkv_proj,
+                    (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)),
+                ),
                 ("self_attn.", attn.o_proj, (("o_proj", 0, config.hidden_size),)),
                 ("mlp.", mlp.gate_up_proj, (("gate_proj", 0, inter), ("up_proj", inter, inter))),
                 ("mlp.", mlp.down_proj, (("down_proj", 0, config.hidden_size),)),
@@ -233,7 +259,7 @@ class LlamaForCausalLM(nn.Module):
         angles = positions.float()[:, None] * self.inv_freq[None, :]
         cos, sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
         x = F.embedding(input_ids, self.embed_tokens)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for layer, kv_cache in zip(self.decoder_layers(), kv_caches, strict=True):
             x = layer(x, cos, sin, kv_cache, meta)
         x = self.norm(x[logits_indices])
         return F.linear(x, self.lm_head).float()
@@ -261,7 +287,8 @@ class LlamaForCausalLM(nn.Module):
             )
         if meta.num_tokens != input_ids.shape[0]:
             raise ValueError(
-                f"meta.slot_mapping has {meta.num_tokens} rows but input_ids has {input_ids.shape[0]}"
+                f"meta.slot_mapping has {meta.num_tokens} rows but input_ids has "
+                f"{input_ids.shape[0]}"
             )
         if len(kv_caches) != self.config.num_layers:
             raise ValueError(
@@ -269,7 +296,9 @@ class LlamaForCausalLM(nn.Module):
             )
 
 
-def resolve_dtype(config: ModelConfig, device: torch.device, dtype: torch.dtype | None) -> torch.dtype:
+def resolve_dtype(
+    config: ModelConfig, device: torch.device, dtype: torch.dtype | None
+) -> torch.dtype:
     """None: fp32 on CPU; on CUDA the config's fp16/bf16, else bf16."""
     if dtype is not None:
         if dtype not in DTYPES.values():

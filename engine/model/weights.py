@@ -24,14 +24,16 @@ def _ignorable(name: str, model: LlamaForCausalLM) -> bool:
 
 
 def weight_files(directory: Path) -> list[Path]:
-    """The safetensors files of a checkpoint: those the index names, else every ``*.safetensors``."""
+    """A checkpoint's safetensors files: those its index names, else every ``*.safetensors``."""
     index = directory / INDEX_FILE
     if index.exists():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
             names = sorted(set(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            raise ValueError(f"{index}: not a safetensors index with a 'weight_map' ({error})") from error
+            raise ValueError(
+                f"{index}: not a safetensors index with a 'weight_map' ({error})"
+            ) from error
         files = [directory / name for name in names]
         for path in files:
             if not path.is_file():
