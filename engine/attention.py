@@ -59,7 +59,7 @@ def attend(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """Store the step's k, v [T, kv_heads, D] and attend with q [T, q_heads, D] → [T, q_heads, D]."""
+    """Store the step's k, v [T, kv_heads, D], then attend with q [T, q_heads, D]."""
     kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
     num_decode = meta.num_decode_tokens
     if meta.num_prefills == 0:
