@@ -250,7 +250,7 @@ class ContiguousKVManager:
     def swap_in(self, request: Request) -> list[BlockPair]:
         raise OutOfBlocksError("contiguous memory does not swap")
 
-    def commit(self, request: Request) -> None:
+    def commit(self, request: Request, num_tokens: int) -> None:
         return None
 
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:

@@ -82,7 +82,11 @@ class KVCacheManager(Protocol):
     def swap_out(self, request: Request) -> list[BlockPair]: ...
     def can_swap_in(self, request: Request, num_positions: int) -> bool: ...
     def swap_in(self, request: Request) -> list[BlockPair]: ...
-    def commit(self, request: Request) -> None: ...
+    def commit(self, request: Request, num_tokens: int) -> None:
+        """Register the full blocks among the first ``num_tokens`` tokens of each of the
+        request's sequences in the prefix cache (their content must be known)."""
+        ...
+
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]: ...
     def snapshot(self, next_waiting: Request | None) -> MemorySnapshot: ...
 
@@ -448,11 +452,16 @@ class PagedKVManager:
 
     # -- prefix cache and views -----------------------------------------------------------
 
-    def commit(self, request: Request) -> None:
-        """Register the request's newly filled blocks in the prefix cache."""
+    def commit(self, request: Request, num_tokens: int) -> None:
+        """Register the full blocks among the first ``num_tokens`` tokens of each sequence.
+
+        Called when a step is scheduled, as vLLM's ``allocate_slots`` calls ``cache_blocks``:
+        a block whose tokens are all known and computed by this step's end is in the cache
+        already, so a request admitted later in the same step hits it.
+        """
         if not self.prefix_caching:
             return
-        full = request.num_computed_tokens // self.block_size
+        full = num_tokens // self.block_size
         for sample_idx, seq_id in enumerate(request.seq_ids):
             keys = self._keys.get(seq_id)
             if keys is None or not self.allocator.has_table(seq_id):

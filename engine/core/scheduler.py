@@ -238,7 +238,6 @@ class Scheduler:
         step_idx = len(self.step_end_s)
         if batch.requests:
             self.step_end_s.append(now_s)
-        commit = self.cache_config.enable_prefix_caching
         plain = not (result.sampled_token_ids or result.stopped_seq_ids)
         running = RequestStatus.RUNNING
         for scheduled in batch.requests:
@@ -268,8 +267,6 @@ class Scheduler:
                     tokens.num_emissions += 1
                 else:
                     self._sample(request, result, step_idx)
-            if commit:
-                self.kv.commit(request)
             if not request.live_seq_ids:
                 self._finish(request, now_s, finished)
         if not self.running and self.held:

@@ -35,6 +35,7 @@ class Step:
         self._preempted: set[int] = set()
         self._range_copies = scheduler.cache_config.memory_model == "contiguous"
         self._hits: dict[int, Sequence[int]] = {}
+        self._commit = scheduler.cache_config.enable_prefix_caching
 
     # -- read-only view ----------------------------------------------------------------------
 
@@ -174,6 +175,8 @@ class Step:
                 self._token_budget -= 1
                 self._seq_budget -= 1
                 requests_out.append(ScheduledRequest(request, 1, computed, (live[0],), False))
+                if self._commit:
+                    kv.commit(request, computed + 1)
             else:
                 self.schedule(request, 1)
         return others
@@ -237,6 +240,7 @@ class Step:
         seqs: int,
     ) -> None:
         batch = self.batch
+        computed_end = request.num_computed_tokens + num_positions
         if copies:
             batch.copies.extend(copies)
             request.num_cow_copies += len(copies)
@@ -244,6 +248,10 @@ class Step:
             range_copies = self.s.kv.take_range_copies(request)
             if range_copies:
                 batch.range_copies.extend(range_copies)
+        if self._commit:
+            # As vLLM's allocate_slots: full blocks of known tokens enter the prefix cache
+            # when they are scheduled, not when the step ends.
+            self.s.kv.commit(request, min(computed_end, request.num_tokens))
         self._scheduled.add(request.internal_idx)
         self._token_budget -= num_positions * width
         self._seq_budget -= seqs

@@ -1,0 +1,81 @@
+"""Hand-checked scenarios, one per scheduling rule we take from vLLM v1's scheduler: prefix
+blocks registered at schedule time, the null block, the watermark while something runs, and
+a preempted request's recompute under ``continuous`` waiting until it fits whole.
+
+Each expected number is worked out in the test's docstring; none needs vLLM installed
+(``benchmarks/vllm_conformance.py`` checks the same rules against the real scheduler).
+"""
+
+from __future__ import annotations
+
+from engine.core.batch import ScheduledBatch, StepResult
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
+
+
+def make(
+    policy: str,
+    num_blocks: int,
+    *,
+    budget: int = 64,
+    prefix_caching: bool = False,
+    watermark: float | None = None,
+) -> Scheduler:
+    extra = {} if watermark is None else {"watermark": watermark}
+    cache = CacheConfig(
+        num_blocks=num_blocks, block_size=4, enable_prefix_caching=prefix_caching, **extra
+    )
+    return Scheduler(cache, SchedulerConfig(policy=policy, max_num_batched_tokens=budget))
+
+
+def run_step(s: Scheduler, now_s: float) -> ScheduledBatch:
+    batch = s.schedule(now_s)
+    s.update(batch, StepResult(duration_s=0.01), now_s + 0.01)
+    return batch
+
+
+def positions(batch: ScheduledBatch) -> dict[str, int]:
+    return {r.request_id: r.num_positions for r in batch.requests}
+
+
+def test_blocks_enter_the_prefix_cache_when_scheduled() -> None:
+    """Two 12-token requests with the same prompt, block size 4, both waiting at t=0.
+
+    A is admitted first and computes all 12 tokens; its 3 full blocks are registered as it is
+    scheduled. B, admitted next in the same step, may hit at most (12 - 1) // 4 = 2 blocks
+    (its last token must be computed), so it computes 12 - 8 = 4 tokens in that step. Were
+    blocks registered only after the step, B would hit nothing and compute 12.
+    """
+    s = make("chunked", 32, prefix_caching=True)
+    prompt = tuple(range(100, 112))
+    for rid in ("A", "B"):
+        s.add_request(Request(rid, 0.0, 12, 4, prompt_token_ids=prompt), 0.0)
+    free_before = s.kv.allocator.num_free_blocks  # type: ignore[attr-defined]
+    batch = run_step(s, 0.0)
+    assert positions(batch) == {"A": 12, "B": 4}
+    b = next(r.request for r in batch.requests if r.request_id == "B")
+    assert b.num_prefix_hit_tokens == 8
+    # A holds 3 blocks, B shares 2 of them and holds 1 of its own: 4 taken.
+    assert free_before - s.kv.allocator.num_free_blocks == 4  # type: ignore[attr-defined]
+
+
+def test_blocks_of_a_chunk_are_hit_in_the_same_step() -> None:
+    """Budget 10, block size 4, two requests with the same 16-token prompt.
+
+    Step 0: A takes the whole budget (a 10-token chunk); B waits. Step 1: A computes its last
+    6 tokens and registers blocks 2 and 3 as it is scheduled; B, admitted in the 4 tokens
+    left, hits (16 - 1) // 4 = 3 blocks and computes the last 4: its prompt is done. Were
+    blocks registered after the step, B would hit only A's first 2 blocks and compute 4 of
+    its remaining 8.
+    """
+    s = make("chunked", 32, budget=10, prefix_caching=True)
+    prompt = tuple(range(200, 216))
+    for rid in ("A", "B"):
+        s.add_request(Request(rid, 0.0, 16, 4, prompt_token_ids=prompt), 0.0)
+    assert positions(run_step(s, 0.0)) == {"A": 10}
+    batch = run_step(s, 0.01)
+    assert positions(batch) == {"A": 6, "B": 4}
+    b = next(r.request for r in batch.requests if r.request_id == "B")
+    assert b.num_prefix_hit_tokens == 12
+    assert b.num_computed_tokens == 16 and b.num_output_tokens == 1
