@@ -101,7 +101,10 @@ class PagedKVManager:
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
         self.block_size = config.block_size
-        self.allocator = BlockAllocator(config.num_blocks, config.block_size, config.num_cpu_blocks)
+        # vLLM's BlockPool takes one block as its null block: the allocator gets the rest.
+        self.allocator = BlockAllocator(
+            config.num_usable_blocks, config.block_size, config.num_cpu_blocks
+        )
         self.watermark_blocks = config.watermark_blocks
         self.prefix_caching = config.enable_prefix_caching
         self._keys: dict[int, SequenceKeys] = {}  # seq_id -> keys of its cached full blocks
@@ -118,12 +121,12 @@ class PagedKVManager:
 
     def rejection_reason(self, request: Request) -> str | None:
         need = self.max_blocks_needed(request)
-        usable = self.config.num_blocks - self.watermark_blocks
+        usable = self.config.num_usable_blocks - self.watermark_blocks
         if need > usable:
             return (
                 f"needs {need} KV blocks of {self.block_size} tokens at its longest, but the cache "
-                f"has {usable} usable blocks ({self.config.num_blocks} minus watermark "
-                f"{self.watermark_blocks})"
+                f"has {usable} usable blocks ({self.config.num_blocks} minus the null block and "
+                f"watermark {self.watermark_blocks})"
             )
         return None
 

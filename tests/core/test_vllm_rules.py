@@ -8,6 +8,8 @@ Each expected number is worked out in the test's docstring; none needs vLLM inst
 
 from __future__ import annotations
 
+import pytest
+
 from engine.core.batch import ScheduledBatch, StepResult
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.request import Request
@@ -79,3 +81,23 @@ def test_blocks_of_a_chunk_are_hit_in_the_same_step() -> None:
     b = next(r.request for r in batch.requests if r.request_id == "B")
     assert b.num_prefix_hit_tokens == 12
     assert b.num_computed_tokens == 16 and b.num_output_tokens == 1
+
+
+def test_num_blocks_counts_the_null_block() -> None:
+    """``num_blocks = 10`` is vLLM's ``num_gpu_blocks``: one is the null block, 9 are usable.
+
+    A request of 36 tokens at its longest (32 prompt + 4 output) needs 9 blocks of 4: it is
+    served. One of 37 tokens needs 10 and is rejected up front.
+    """
+    s = make("continuous", 10)
+    assert s.kv.allocator.num_free_blocks == 9  # type: ignore[attr-defined]
+    assert s.memory_snapshot().total_slots == 9 * 4
+    assert s.add_request(Request("fits", 0.0, 32, 4), 0.0)
+    too_long = Request("too-long", 0.0, 33, 4)
+    assert not s.add_request(too_long, 0.0)
+    assert too_long.reject_reason is not None and "null block" in too_long.reject_reason
+
+
+def test_paged_cache_needs_a_block_besides_the_null_block() -> None:
+    with pytest.raises(ValueError, match="num_blocks"):
+        CacheConfig(num_blocks=1)
