@@ -37,8 +37,9 @@ class CacheConfig:
     reservation: ReservationRule = "max"
     num_cpu_blocks: int = 0
     enable_prefix_caching: bool = False
-    # Fraction of blocks kept free when admitting new work, so running requests can grow.
-    watermark: float = 0.01
+    # Fraction of blocks kept free when admitting new work while something runs, so running
+    # requests can grow (vLLM's ``watermark``, default 0.0 as there).
+    watermark: float = 0.0
     max_model_len: int = 4096
 
     def __post_init__(self) -> None:

@@ -153,11 +153,12 @@ class Scheduler:
         self._changed_since_schedule = True
 
     def _reserve_incoming(self, batch: ScheduledBatch) -> None:
-        """Reserve blocks for transferred requests, FCFS, while they fit (with watermark)."""
+        """Reserve blocks for transferred requests, FCFS, while they fit (with the watermark
+        while something runs)."""
         while self.incoming:
             request = self.incoming[0]
             known = request.num_prompt_tokens  # KV arriving; the first token is computed here
-            if not self.kv.can_admit(request, known + 1, ()):
+            if not self.kv.can_admit(request, known + 1, (), watermark=bool(self.running)):
                 return
             self.incoming.popleft()
             self.kv.admit(request, known, ())

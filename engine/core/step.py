@@ -135,7 +135,7 @@ class Step:
                 return False
             copies = []
         elif status is RequestStatus.SWAPPED:
-            if not self.s.kv.can_swap_in(request, num_positions):
+            if not self.s.kv.can_swap_in(request, num_positions, watermark=bool(self.s.running)):
                 return False
             self._swap_in(request)
             copies = self.s.kv.grow(request, num_positions)
@@ -203,9 +203,10 @@ class Step:
     def _admit(self, request: Request, num_positions: int, pending: int) -> bool:
         kv = self.s.kv
         hits = self._prefix_hits(request)
-        # Like vLLM's v0 block manager, admit only if the whole known prompt fits, even when
-        # this step computes just a chunk: admitting on a chunk alone thrashes under load.
-        if not kv.can_admit(request, pending, hits):
+        # As vLLM (scheduler_reserve_full_isl, on by default), admit only if the whole known
+        # prompt fits, even when this step computes just a chunk: admitting on a chunk alone
+        # thrashes under load. The watermark is kept free only while some request runs.
+        if not kv.can_admit(request, pending, hits, watermark=bool(self.s.running)):
             return False
         kv.admit(request, num_positions, hits)
         hit_tokens = len(hits) * kv.block_size

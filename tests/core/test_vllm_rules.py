@@ -12,7 +12,7 @@ import pytest
 
 from engine.core.batch import ScheduledBatch, StepResult
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.request import Request
+from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 
 
@@ -101,3 +101,30 @@ def test_num_blocks_counts_the_null_block() -> None:
 def test_paged_cache_needs_a_block_besides_the_null_block() -> None:
     with pytest.raises(ValueError, match="num_blocks"):
         CacheConfig(num_blocks=1)
+
+
+def test_watermark_defaults_to_zero() -> None:
+    assert CacheConfig(num_blocks=8).watermark == 0.0
+
+
+def test_watermark_applies_only_while_something_runs() -> None:
+    """``num_blocks = 11`` (10 usable), watermark 0.2: 2 blocks kept free while anything runs.
+
+    A (prompt 20: 5 blocks of 4) is admitted into the idle cache. B (prompt 16: 4 blocks) is
+    then checked with A running: 5 free - 4 = 1 < 2, so B waits (without the watermark it
+    would have joined). Step 1: A decodes into a 6th block and finishes; B still waits
+    (4 - 4 = 0 < 2). Step 2: nothing runs, so no watermark: B gets in.
+    C alone (prompt 36, 1 output: 37 tokens, 10 blocks) was rejected up front by the old rule
+    (10 > 10 - 2); now the idle cache admits it, as vLLM does.
+    """
+    s = make("continuous", 11, watermark=0.2)
+    s.add_request(Request("A", 0.0, 20, 2), 0.0)
+    s.add_request(Request("B", 0.0, 16, 2), 0.0)
+    assert positions(run_step(s, 0.0)) == {"A": 20}  # B held back by the watermark
+    assert positions(run_step(s, 0.01)) == {"A": 1}  # A finishes (2 outputs)
+    assert positions(run_step(s, 0.02)) == {"B": 16}  # idle again: no watermark
+    s2 = make("continuous", 11, watermark=0.2)
+    c = Request("C", 0.0, 36, 1)
+    assert s2.add_request(c, 0.0)
+    assert positions(run_step(s2, 0.0)) == {"C": 36}
+    assert c.status is RequestStatus.FINISHED

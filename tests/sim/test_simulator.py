@@ -29,7 +29,7 @@ GOLDEN_CASES = {
     ),
     "parallel_sampling_chunked_swap": (
         "parallel_sampling.csv",
-        {"policy": "chunked", "preemption_mode": "swap", "num_blocks": 401},
+        {"policy": "chunked", "preemption_mode": "swap", "num_blocks": 400},
     ),
 }
 
