@@ -128,3 +128,51 @@ def test_watermark_applies_only_while_something_runs() -> None:
     assert s2.add_request(c, 0.0)
     assert positions(run_step(s2, 0.0)) == {"C": 36}
     assert c.status is RequestStatus.FINISHED
+
+
+def test_continuous_recompute_is_not_split() -> None:
+    """``continuous``, budget 12, block size 4, plenty of blocks.
+
+    V (prompt 8) computes its prompt and decodes twice (10 computed, 3 outputs); W, X, Y
+    (1-token prompts) join at step 3, where V decodes once more (4 outputs). V is then
+    preempted (by hand, as memory pressure would): it has 8 + 4 = 12 known tokens to
+    recompute. While W, X and Y decode, 12 - 3 = 9 tokens are left in each step: V waits
+    whole (the old rule split it: 9 tokens, then 3). W, X and Y finish at step 10 (8 outputs
+    each); at step 11 V recomputes all 12 in one step.
+    """
+    s = make("continuous", 64, budget=12)
+    v = Request("V", 0.0, 8, 8)
+    s.add_request(v, 0.0)
+    run_step(s, 0.0)  # V's prompt: 8 computed, 1 output
+    run_step(s, 0.01)  # 9 computed, 2 outputs
+    run_step(s, 0.02)  # 10 computed, 3 outputs
+    for rid in ("W", "X", "Y"):
+        s.add_request(Request(rid, 0.02, 1, 8), 0.03)
+    assert positions(run_step(s, 0.03)) == {"V": 1, "W": 1, "X": 1, "Y": 1}
+    s._preempt(v, ScheduledBatch(step_idx=-1, now_s=0.04))
+    assert v.num_pending_positions == 12  # 8 prompt + 4 outputs
+    # W, X, Y decode (3 tokens), 9 left < 12: V waits whole instead of computing 9.
+    batch = run_step(s, 0.04)
+    assert positions(batch) == {"W": 1, "X": 1, "Y": 1}
+    assert v.status is RequestStatus.WAITING and v.num_computed_tokens == 0
+    scheduled: list[dict[str, int]] = []
+    for step_idx in range(5, 12):
+        scheduled.append(positions(run_step(s, step_idx * 0.01)))
+    assert scheduled[:6] == [{"W": 1, "X": 1, "Y": 1}] * 6
+    assert scheduled[6] == {"V": 12}
+
+
+def test_continuous_recompute_longer_than_the_budget_is_split() -> None:
+    """Budget 8: V (prompt 8) decodes to 8 + 2 = 10 known tokens, then is preempted. 10 > 8
+    could never fit whole in a step (vLLM would not run with such a budget): it is split
+    into 8, then the last 2.
+    """
+    s = make("continuous", 64, budget=8)
+    v = Request("V", 0.0, 8, 8)
+    s.add_request(v, 0.0)
+    run_step(s, 0.0)  # prompt: 1 output
+    run_step(s, 0.01)  # 2 outputs, 9 computed
+    s._preempt(v, ScheduledBatch(step_idx=-1, now_s=0.02))
+    assert v.num_pending_positions == 10
+    assert positions(run_step(s, 0.02)) == {"V": 8}
+    assert positions(run_step(s, 0.03)) == {"V": 2}
