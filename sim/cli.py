@@ -95,7 +95,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-blocks",
         type=_positive_int,
         default=None,
-        help="KV blocks per replica (default: derived from GPU memory, as vLLM does)",
+        help=(
+            "KV blocks per replica, counted as vLLM's num_gpu_blocks: paged memory keeps one "
+            "as the null block (default: derived from GPU memory, as vLLM does)"
+        ),
     )
     parser.add_argument(
         "--gpu-memory-utilization",
