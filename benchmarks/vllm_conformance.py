@@ -403,7 +403,7 @@ def grid(workloads: dict[str, list[Item]], quick: bool) -> list[tuple[str, Setti
             ("chunked", "continuous"),
             (512, 2048),
             (8, 256),
-            (64, 512),
+            (64, 160, 512),
             (False, True),
         ):
             if quick and seqs == 8:
