@@ -101,7 +101,7 @@ class LLM:
             requests.append(request)
         engine.scheduler.mark_arrivals_done()
         while engine.has_unfinished():
-            batch, _ = engine.step()
+            batch = engine.step().batch
             if batch.is_empty and batch.next_wakeup_s is not None:
                 time.sleep(max(0.0, batch.next_wakeup_s - engine.clock()))
         engine.scheduler.arrivals_done = False

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -99,6 +99,16 @@ class StepRecord:
 
 
 @dataclass(slots=True)
+class StepOutput:
+    """What one ``LLMEngine.step`` did: the batch, the requests it finished, and its measured
+    record (None for an empty batch, which executes nothing)."""
+
+    batch: ScheduledBatch
+    finished: list[Request]
+    record: StepRecord | None
+
+
+@dataclass(slots=True)
 class _Sampling:
     params: SamplingParams
     seed: int
@@ -165,7 +175,6 @@ class LLMEngine:
             backend=config.backend,
         )
         self.clock = clock
-        self.steps: list[StepRecord] = []
         self._sampling: dict[str, _Sampling] = {}
         self._num_added = 0
 
@@ -208,20 +217,21 @@ class LLMEngine:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def step(self, now_s: float | None = None) -> tuple[ScheduledBatch, list[Request]]:
+    def step(self, now_s: float | None = None) -> StepOutput:
         """Schedule, execute and apply one step starting at ``now_s`` (the clock if None)."""
         start_s = self.clock() if now_s is None else now_s
         batch = self.scheduler.schedule(start_s)
+        record = None
         if batch.is_empty:
             finished = self.scheduler.update(batch, StepResult(0.0), start_s)
         else:
             result = self.runner.execute(batch)
             end_s = start_s + result.duration_s if now_s is not None else self.clock()
-            self.steps.append(StepRecord(batch, start_s, end_s - start_s, self.runner.last_timing))
+            record = StepRecord(batch, start_s, end_s - start_s, self.runner.last_timing)
             finished = self.scheduler.update(batch, result, end_s)
         for request in finished:
             self._sampling.pop(request.request_id, None)
-        return batch, finished
+        return StepOutput(batch, finished, record)
 
     # -- sizing ------------------------------------------------------------------------------
 
@@ -276,11 +286,3 @@ def _eos_id(model_config: object) -> int | None:
     if isinstance(eos, (list, tuple)):
         return int(eos[0]) if eos else None
     return int(eos) if eos is not None else None
-
-
-@dataclass(slots=True)
-class EngineRun:
-    """Requests and steps of one engine run, for the run records."""
-
-    requests: list[Request] = field(default_factory=list)
-    steps: list[StepRecord] = field(default_factory=list)
