@@ -23,6 +23,7 @@ from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from engine.kv_cache import KVCache
 from engine.model import load_model
+from engine.model.config import ModelConfig
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
 
@@ -163,7 +164,7 @@ class LLMEngine:
             max_wait_s=config.max_wait_s,
         )
         self.scheduler = Scheduler(self.cache_config, self.scheduler_config)
-        self.eos_token_id = _eos_id(model_config)
+        self.eos_token_ids = _eos_ids(model_config)
         layers = self.model.make_kv_caches(num_blocks, config.block_size)
         self.kv_cache = KVCache(layers, self.cache_config.num_cpu_blocks, config.backend)
         self.runner = ModelRunner(
@@ -171,7 +172,7 @@ class LLMEngine:
             self.kv_cache,
             self.scheduler.block_tables,
             self._params_of,
-            eos_token_id=self.eos_token_id,
+            eos_token_ids=self.eos_token_ids,
             backend=config.backend,
         )
         self.clock = clock
@@ -281,8 +282,5 @@ class LLMEngine:
         return num_blocks
 
 
-def _eos_id(model_config: object) -> int | None:
-    eos = getattr(model_config, "eos_token_id", None)
-    if isinstance(eos, (list, tuple)):
-        return int(eos[0]) if eos else None
-    return int(eos) if eos is not None else None
+def _eos_ids(model_config: ModelConfig) -> frozenset[int]:
+    return frozenset(model_config.eos_token_ids)

@@ -262,3 +262,25 @@ def test_engine_cli_errors_name_the_problem(
     code = engine_main(["run", str(trace), "--model", str(config.parent), "--quiet"])
     assert code == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_generation_stops_at_the_models_eos(
+    model_dir: Path, prompts: list[list[int]], expected: list[list[int]], tmp_path: Path
+) -> None:
+    import shutil
+
+    stop_dir = tmp_path / "eos"
+    shutil.copytree(model_dir, stop_dir)
+    config = json.loads((stop_dir / "config.json").read_text())
+    eos = expected[0][3]  # greedy's 4th token for prompt 0 becomes end-of-sequence
+    config["eos_token_id"] = [eos, 999_999]
+    (stop_dir / "config.json").write_text(json.dumps(config))
+    llm = LLM(model=str(stop_dir), block_size=4)
+    stopped, ignored = llm.generate(
+        [prompts[0], prompts[0]], [SamplingParams(max_tokens=MAX_TOKENS), GREEDY]
+    )
+    first = expected[0].index(eos)
+    assert stopped.outputs[0].token_ids == expected[0][: first + 1]
+    assert stopped.outputs[0].finish_reason == "stop"
+    assert ignored.outputs[0].token_ids == expected[0]
+    assert ignored.outputs[0].finish_reason == "length"
