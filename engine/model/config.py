@@ -244,10 +244,11 @@ def _dtype_name(fields: _Fields) -> str | None:
 def _eos_ids(value: object) -> tuple[int, ...]:
     if value is None:
         return ()
-    values = value if isinstance(value, list | tuple) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    values: list[object] = list(value) if isinstance(value, list | tuple) else [value]
+    ids = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    if len(ids) != len(values):
         raise ValueError(f"eos_token_id must be an int or a list of ints, got {value!r}")
-    return tuple(int(v) for v in values)
+    return tuple(ids)
 
 
 def model_config_from_hf(
