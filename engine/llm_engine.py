@@ -133,11 +133,12 @@ class LLMEngine:
         model_config = self.model.config
         self.device = torch.device(config.device)
         self.dtype = next(self.model.parameters()).dtype
-        max_len = config.max_model_len or model_config.max_position_embeddings
-        if max_len > model_config.max_position_embeddings:
+        # The model's own limit: its positions, or a sliding window it does not apply.
+        max_len = config.max_model_len or model_config.max_model_len
+        if max_len > model_config.max_model_len:
             raise ValueError(
-                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
-                f"{model_config.max_position_embeddings}"
+                f"max_model_len {max_len} exceeds the model's limit of "
+                f"{model_config.max_model_len} tokens"
             )
         block_bytes = KVCache.bytes_per_block(
             model_config.num_layers,
