@@ -426,9 +426,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a smaller grid")
     parser.add_argument("--only", help="run only workloads whose name contains this")
+    parser.add_argument(
+        "--setup", action="store_true", help="print how to build the vLLM environment and exit"
+    )
     args = parser.parse_args(argv)
+    if args.setup:
+        doc = __doc__ or ""
+        print(doc[doc.index("--setup") : doc.index("It prints one line")].rstrip())
+        return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import vllm
+    try:
+        import vllm
+    except ImportError:
+        print(
+            "error: vllm is not importable by this interpreter; run it with the separate "
+            "environment's python (see --setup)",
+            file=sys.stderr,
+        )
+        return 2
 
     data = ROOT / "traces" / "data"
     sources = {
@@ -446,6 +461,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         workloads[f"{name}@arrivals"] = load_items(path, args.limit, False, args.max_output)
     if args.only:
         workloads = {k: v for k, v in workloads.items() if args.only in k}
+        if not workloads:
+            print(f"error: --only {args.only!r} matches no workload", file=sys.stderr)
+            return 2
     model = model_dir()
     print(f"vLLM {vllm.__version__}; block_size {BLOCK_SIZE}; our core with its defaults")
     print(
