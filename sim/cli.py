@@ -21,15 +21,15 @@ from sim.model_spec import MODEL_PRESETS
 from sim.run import POLICY_CHOICES, RunConfig, RunResult, simulate
 from traces import cli as traces_cli
 from traces.loaders import FORMATS, load_trace
+from traces.options import (
+    fraction,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 
 DEFAULTS = RunConfig()
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +68,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tp",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.tp,
         help="tensor-parallel degree (default: %(default)s)",
     )
@@ -87,49 +87,49 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--block-size",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.block_size,
         help="KV block size in tokens (default: %(default)s)",
     )
     parser.add_argument(
         "--num-blocks",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="KV blocks per replica (default: derived from GPU memory, as vLLM does)",
     )
     parser.add_argument(
         "--gpu-memory-utilization",
-        type=float,
+        type=fraction,
         default=DEFAULTS.gpu_memory_utilization,
         help="share of GPU memory the engine may use (default: %(default)s)",
     )
     parser.add_argument(
         "--swap-space-gib",
-        type=float,
+        type=non_negative_float,
         default=DEFAULTS.swap_space_gib,
         help="CPU swap space per replica in GiB (default: %(default)s)",
     )
     parser.add_argument(
         "--max-num-seqs",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.max_num_seqs,
         help="max sequences per step (default: %(default)s)",
     )
     parser.add_argument(
         "--max-batch-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.max_num_batched_tokens,
         help="token budget per step (default: %(default)s)",
     )
     parser.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.batch_size,
         help="static/dynamic batch size B (default: %(default)s)",
     )
     parser.add_argument(
         "--max-wait-s",
-        type=float,
+        type=non_negative_float,
         default=DEFAULTS.max_wait_s,
         help="dynamic batching: start a batch once the oldest has waited this long "
         "(default: %(default)s)",
@@ -145,7 +145,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-model-len",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="max tokens per request (default: the model's)",
     )
@@ -154,11 +154,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="calibrated cost-model profile (JSON); default: analytic roofline",
     )
-    parser.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO in ms for goodput")
-    parser.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO in ms for goodput")
+    parser.add_argument(
+        "--slo-ttft", type=positive_float, default=None, help="TTFT SLO in ms for goodput"
+    )
+    parser.add_argument(
+        "--slo-tpot", type=positive_float, default=None, help="TPOT SLO in ms for goodput"
+    )
     parser.add_argument(
         "--seed",
-        type=int,
+        type=non_negative_int,
         default=DEFAULTS.seed,
         help="recorded with the run (the simulation itself is deterministic)",
     )
@@ -173,7 +177,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     deployment = parser.add_argument_group("deployment")
     deployment.add_argument(
         "--replicas",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.num_replicas,
         help="colocated replicas behind the router (default: %(default)s)",
     )
@@ -185,13 +189,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     deployment.add_argument(
         "--prefill-replicas",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.num_prefill,
         help="--policy disagg: prefill pool size (default: %(default)s)",
     )
     deployment.add_argument(
         "--decode-replicas",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.num_decode,
         help="--policy disagg: decode pool size (default: %(default)s)",
     )
@@ -203,19 +207,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     deployment.add_argument(
         "--link-gbps",
-        type=float,
+        type=positive_float,
         default=DEFAULTS.link_bandwidth_gbps,
         help="--policy disagg: KV link bandwidth in Gb/s (default: %(default)s)",
     )
     deployment.add_argument(
         "--link-latency-us",
-        type=float,
+        type=non_negative_float,
         default=DEFAULTS.link_latency_us,
         help="--policy disagg: KV link latency in us (default: %(default)s)",
     )
     deployment.add_argument(
         "--link-parallel",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.link_parallel_transfers,
         help="--policy disagg: transfers the link carries at once; the "
         "rest queue (default: %(default)s)",

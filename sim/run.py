@@ -4,6 +4,7 @@ core and the cost model (``simulate``), and its results and files (``RunResult``
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -86,13 +87,24 @@ class RunConfig:
         for name in ("num_replicas", "num_prefill", "num_decode", "link_parallel_transfers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.link_bandwidth_gbps <= 0 or self.link_latency_us < 0:
+        # ``not x > 0`` (rather than ``x <= 0``) is also true for NaN.
+        for name in ("link_bandwidth_gbps", "slo_ttft_s", "slo_tpot_s"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("link_latency_us", "swap_space_gib", "max_wait_s"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
-                f"link needs bandwidth > 0 and latency >= 0, got {self.link_bandwidth_gbps!r} "
-                f"Gb/s and {self.link_latency_us!r} us"
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
             )
-        if self.swap_space_gib < 0:
-            raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib!r}")
+        if self.preemption_mode == "swap" and self.swap_space_gib == 0:
+            raise ValueError(
+                "preemption_mode 'swap' needs CPU swap space, but swap_space_gib is 0 "
+                "(--swap-space-gib > 0, or --preemption recompute)"
+            )
 
     def resolved_memory_model(self) -> MemoryModel:
         policy = self.pool_policy if self.policy == "disagg" else self.policy
@@ -169,12 +181,18 @@ def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResu
         model, hardware, config.tp, config.block_size, config.gpu_memory_utilization
     )
     policy = _pool_policy(config)
+    num_cpu_blocks = int(config.swap_space_gib * GIB // kv_bytes_per_block)
+    if config.preemption_mode == "swap" and num_cpu_blocks == 0:
+        raise ValueError(
+            f"preemption_mode 'swap': swap_space_gib {config.swap_space_gib!r} holds no KV block "
+            f"of {kv_bytes_per_block} bytes (--swap-space-gib larger, or --preemption recompute)"
+        )
     cache = CacheConfig(
         num_blocks=num_blocks,
         block_size=config.block_size,
         memory_model=config.memory_model or POLICIES[policy].default_memory_model,
         reservation=config.reservation,
-        num_cpu_blocks=int(config.swap_space_gib * GIB // kv_bytes_per_block),
+        num_cpu_blocks=num_cpu_blocks,
         enable_prefix_caching=config.enable_prefix_caching,
         max_model_len=config.max_model_len or model.max_model_len,
     )
