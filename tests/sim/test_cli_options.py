@@ -98,7 +98,7 @@ def test_every_numeric_option_runs_sanely_or_is_refused_by_name(
 ) -> None:
     extra = DISAGG if shape == "disagg" else []
     if command == "compare":
-        extra = ["--policies", "disagg" if shape == "disagg" else "continuous"] + extra[2:]
+        extra = ["--policies", "disagg" if shape == "disagg" else "continuous", *extra[2:]]
     options = _numeric_options(_subparser(command))
     assert len(options) >= 19
     for option in options:
@@ -127,7 +127,7 @@ def test_every_numeric_option_of_trace_generate_runs_sanely_or_is_refused_by_nam
             err = capsys.readouterr().err
             if code == 0:
                 trace = load_trace(out)
-                assert 1 <= len(trace) and all(r.prompt_tokens >= 1 for r in trace.requests)
+                assert len(trace) >= 1 and all(r.prompt_tokens >= 1 for r in trace.requests)
                 assert all(math.isfinite(r.arrival_s) for r in trace.requests)
             else:
                 _check_refusal(code, option, value, err)
