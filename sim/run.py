@@ -140,13 +140,13 @@ class RunResult:
     transfers: list[Transfer] = field(default_factory=list)
 
     @property
-    def mean_real_token_share(self) -> float:
+    def mean_real_token_share(self) -> float | None:
         """Share of allocated KV slots (real + internal + reserved) holding real tokens, over
-        all steps (the vLLM paper's Figure 2 metric)."""
+        all steps (the vLLM paper's Figure 2 metric); None if nothing was ever allocated."""
         c = self.steps.columns
         real = sum(c["real_token_slots"])
         used = real + sum(c["internal_fragmentation_slots"]) + sum(c["reservation_waste_slots"])
-        return real / used if used else 1.0
+        return real / used if used else None
 
     def write(self, out: Path) -> None:
         payload = {
@@ -180,6 +180,11 @@ def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResu
     num_blocks = config.num_blocks or derive_num_blocks(
         model, hardware, config.tp, config.block_size, config.gpu_memory_utilization
     )
+    if config.max_model_len is not None and config.max_model_len > model.max_model_len:
+        raise ValueError(
+            f"max_model_len {config.max_model_len} exceeds {config.model}'s context of "
+            f"{model.max_model_len} tokens (--max-model-len, or a --model with a longer one)"
+        )
     policy = _pool_policy(config)
     num_cpu_blocks = int(config.swap_space_gib * GIB // kv_bytes_per_block)
     if config.preemption_mode == "swap" and num_cpu_blocks == 0:
@@ -205,15 +210,15 @@ def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResu
         max_wait_s=config.max_wait_s,
     )
     cost_model = make_cost_model(model, hardware, config.tp, config.profile)
-    end_s = trace.requests[-1].arrival_s
-    bar = tqdm(total=round(end_s, 3), unit="sim-s", disable=not (progress and sys.stderr.isatty()))
-
-    def on_step(now_s: float) -> None:
-        if now_s - bar.n >= 1.0 or now_s >= end_s:
-            bar.n = round(min(now_s, end_s), 3)
-            bar.refresh()
-
-    recorder = StepRecorder(on_step=on_step if not bar.disable else None)
+    # Progress counts requests that finished or were rejected, so it reaches 100% only once
+    # the backlog has drained (not when the last request arrives).
+    bar = tqdm(
+        total=len(trace.requests),
+        unit="req",
+        desc="requests done",
+        disable=not (progress and sys.stderr.isatty()),
+    )
+    recorder = StepRecorder()
 
     def make_replica(env: simpy.Environment, index: int, pool: str, steps: StepRecorder) -> Replica:
         executor = CostModelExecutor(cost_model, config.block_size)
@@ -241,6 +246,7 @@ def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResu
         router=config.router,
         disagg=(config.num_prefill, config.num_decode) if config.policy == "disagg" else None,
         link=make_link,
+        on_done=None if bar.disable else bar.update,
     )
     bar.close()
     summary = summarize(output.requests, output.end_s, config.slo_ttft_s, config.slo_tpot_s)

@@ -32,6 +32,7 @@ from traces.options import (
     positive_int,
 )
 from traces.problems import TraceFormatError
+from traces.rows import ON_ERROR_CHOICES
 from traces.schema import Trace
 from traces.writer import write_trace
 
@@ -200,8 +201,9 @@ def add_info_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--on-error",
         default="raise",
-        choices=("raise", "skip"),
-        help="raise: fail listing every bad row; skip: leave bad rows out and count them",
+        choices=ON_ERROR_CHOICES,
+        help="bad rows: raise fails listing every one (file, line, field); skip leaves them "
+        "out and counts them (default: %(default)s)",
     )
 
 
