@@ -161,7 +161,9 @@ class PagedKVManager:
         if self.prefix_caching:
             # A request admitted without a lookup (KV transferred in) has no lookup keys.
             lookup = self._lookup_keys.get(request.internal_idx)
-            self._keys[seq_id] = SequenceKeys(lookup.keys[: len(hits)] if lookup else None)
+            self._keys[seq_id] = SequenceKeys(
+                lookup.keys[: len(hits)] if lookup is not None else None
+            )
 
     def _blocks_to_grow(self, request: Request, num_positions: int) -> int:
         alloc = self.allocator
