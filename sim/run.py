@@ -238,17 +238,19 @@ def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResu
             config.link_parallel_transfers,
         )
 
-    output = run_deployment(
-        trace,
-        make_replica,
-        recorder,
-        num_replicas=config.num_replicas,
-        router=config.router,
-        disagg=(config.num_prefill, config.num_decode) if config.policy == "disagg" else None,
-        link=make_link,
-        on_done=None if bar.disable else bar.update,
-    )
-    bar.close()
+    try:
+        output = run_deployment(
+            trace,
+            make_replica,
+            recorder,
+            num_replicas=config.num_replicas,
+            router=config.router,
+            disagg=(config.num_prefill, config.num_decode) if config.policy == "disagg" else None,
+            link=make_link,
+            on_done=None if bar.disable else bar.update,
+        )
+    finally:
+        bar.close()
     summary = summarize(output.requests, output.end_s, config.slo_ttft_s, config.slo_tpot_s)
     if config.policy == "disagg":
         summary["kv_transfer_bytes"] = sum(t.num_bytes for t in output.transfers)
