@@ -54,7 +54,7 @@ def test_a_run_that_admits_nothing_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report = tmp_path / "r.html"
-    assert main(["run", str(EXAMPLE), *SMALL, "--num-blocks", "1", "--report", str(report)]) == 0
+    assert main(["run", str(EXAMPLE), *SMALL, "--num-blocks", "2", "--report", str(report)]) == 0
     out = capsys.readouterr().out
     kv_line = next(line for line in out.splitlines() if line.startswith("KV memory"))
     assert "no request admitted" in kv_line and "%" not in kv_line
