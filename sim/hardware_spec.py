@@ -27,6 +27,22 @@ class HardwareSpec:
     interconnect_bandwidth_bytes_per_s: float  # NVLink, one direction, one GPU
     interconnect_latency_s: float  # one hop of a ring all-reduce
     host_link_bandwidth_bytes_per_s: float  # PCIe, one direction: what swapping uses
+    # How kernels reach those peaks. Defaults are the A100 values, fitted to Vidur's measured
+    # A100 files (see the presets for each one's source); a new GPU should set its own.
+    num_sms: int = 108  # streaming multiprocessors: the width of one wave of GEMM tiles
+    gemm_tile_tokens: int = 128  # cuBLAS fp16 tile, token (M) side: the 128-token steps in
+    gemm_tile_cols: int = 128  # ... Vidur's A100 GEMM times; output (N) side
+    gemm_flops_efficiency: float = 0.75  # share of per-SM peak a full wave of tiles reaches
+    memory_bandwidth_efficiency: float = 0.8  # streaming reads of weights (GEMV, large copies)
+    elementwise_bandwidth_efficiency: float = 0.5  # norms, rotary, activation, residual add
+    attention_flops_efficiency: float = 0.5  # FlashAttention prefill, share of peak
+    attention_bandwidth_efficiency: float = 0.5  # paged decode attention, share of HBM bandwidth
+    kernel_launch_floor_s: float = 4e-6  # the shortest a kernel runs, however little it does
+    allreduce_call_latency_s: float = 0.0  # NCCL per-call cost: launch, sync, protocol setup
+    interconnect_bus_efficiency: float = 0.75  # NCCL bus bandwidth / link rate, large messages
+    nvlink_domain_size: int = 8  # GPUs that all reach each other over NVLink (8: NVSwitch)
+    # Per-GPU bandwidth, one direction, to a GPU outside the NVLink domain (PCIe or network).
+    scale_out_bandwidth_bytes_per_s: float = 25e9
 
     def __post_init__(self) -> None:
         for field in (
@@ -36,10 +52,30 @@ class HardwareSpec:
             "hbm_capacity_bytes",
             "interconnect_bandwidth_bytes_per_s",
             "host_link_bandwidth_bytes_per_s",
+            "num_sms",
+            "gemm_tile_tokens",
+            "gemm_tile_cols",
+            "nvlink_domain_size",
+            "scale_out_bandwidth_bytes_per_s",
         ):
             value = getattr(self, field)
             if not value > 0:
                 raise ValueError(f"HardwareSpec.{field} must be positive, got {value!r}")
+        for field in (
+            "gemm_flops_efficiency",
+            "memory_bandwidth_efficiency",
+            "elementwise_bandwidth_efficiency",
+            "attention_flops_efficiency",
+            "attention_bandwidth_efficiency",
+            "interconnect_bus_efficiency",
+        ):
+            value = getattr(self, field)
+            if not 0 < value <= 1:
+                raise ValueError(f"HardwareSpec.{field} must be in (0, 1], got {value!r}")
+        for field in ("kernel_launch_floor_s", "allreduce_call_latency_s"):
+            value = getattr(self, field)
+            if not value >= 0:
+                raise ValueError(f"HardwareSpec.{field} must be >= 0, got {value!r}")
         if self.peak_fp8_flops is not None and not self.peak_fp8_flops > 0:
             raise ValueError(
                 f"HardwareSpec.peak_fp8_flops must be positive or None, got {self.peak_fp8_flops!r}"
