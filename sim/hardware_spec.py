@@ -37,7 +37,12 @@ class HardwareSpec:
     elementwise_bandwidth_efficiency: float = 0.5  # norms, rotary, activation, residual add
     attention_flops_efficiency: float = 0.5  # FlashAttention prefill, share of peak
     attention_bandwidth_efficiency: float = 0.5  # paged decode attention, share of HBM bandwidth
-    kernel_launch_floor_s: float = 4e-6  # the shortest a kernel runs, however little it does
+    kernel_launch_floor_s: float = 2e-6  # the shortest a kernel runs, however little it does
+    # Row kernels (norm, rotary, activation) run one thread block per token: each thread walks
+    # its row `row_block_threads` elements at a time, one dependent HBM round trip per step.
+    row_block_threads: int = 1024
+    dram_latency_s: float = 6e-7
+    attention_latency_s: float = 0.0  # fixed cost of one attention call (split-KV reduce, setup)
     allreduce_call_latency_s: float = 0.0  # NCCL per-call cost: launch, sync, protocol setup
     interconnect_bus_efficiency: float = 0.75  # NCCL bus bandwidth / link rate, large messages
     nvlink_domain_size: int = 8  # GPUs that all reach each other over NVLink (8: NVSwitch)
@@ -55,6 +60,7 @@ class HardwareSpec:
             "num_sms",
             "gemm_tile_tokens",
             "gemm_tile_cols",
+            "row_block_threads",
             "nvlink_domain_size",
             "scale_out_bandwidth_bytes_per_s",
         ):
@@ -72,7 +78,12 @@ class HardwareSpec:
             value = getattr(self, field)
             if not 0 < value <= 1:
                 raise ValueError(f"HardwareSpec.{field} must be in (0, 1], got {value!r}")
-        for field in ("kernel_launch_floor_s", "allreduce_call_latency_s"):
+        for field in (
+            "kernel_launch_floor_s",
+            "dram_latency_s",
+            "attention_latency_s",
+            "allreduce_call_latency_s",
+        ):
             value = getattr(self, field)
             if not value >= 0:
                 raise ValueError(f"HardwareSpec.{field} must be >= 0, got {value!r}")
