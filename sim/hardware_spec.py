@@ -3,7 +3,8 @@ capacity a real engine would derive for a model on that accelerator (`derive_num
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from sim.model_spec import ModelSpec, check_tp
 
@@ -27,27 +28,35 @@ class HardwareSpec:
     interconnect_bandwidth_bytes_per_s: float  # NVLink, one direction, one GPU
     interconnect_latency_s: float  # one hop of a ring all-reduce
     host_link_bandwidth_bytes_per_s: float  # PCIe, one direction: what swapping uses
-    # How kernels reach those peaks. Defaults are the A100 values, fitted to Vidur's measured
-    # A100 files (see the presets for each one's source); a new GPU should set its own.
+    # How kernels reach those peaks. The defaults are A100 values: the SM count and tile shape
+    # from NVIDIA's A100 whitepaper and cuBLAS; every efficiency, latency and floor is a fit to
+    # Vidur's measured A100-80GB files (../shared/profiles/vidur: mlp.csv of four models at TP
+    # 1-8, attention.csv, both all_reduce.csv), checked with `python -m sim costmodel check`.
+    # Other GPUs keep them until measured: only the datasheet numbers above change.
     num_sms: int = 108  # streaming multiprocessors: the width of one wave of GEMM tiles
     gemm_tile_tokens: int = 128  # cuBLAS fp16 tile, token (M) side: the 128-token steps in
     gemm_tile_cols: int = 128  # ... Vidur's A100 GEMM times; output (N) side
     gemm_flops_efficiency: float = 0.75  # share of per-SM peak a full wave of tiles reaches
-    memory_bandwidth_efficiency: float = 0.8  # streaming reads of weights (GEMV, large copies)
-    elementwise_bandwidth_efficiency: float = 0.5  # norms, rotary, activation, residual add
-    attention_flops_efficiency: float = 0.5  # FlashAttention prefill, share of peak
-    attention_bandwidth_efficiency: float = 0.5  # paged decode attention, share of HBM bandwidth
+    gemm_latency_s: float = 5e-6  # fixed cost of one GEMM: launch, pipeline fill, split-K reduce
+    memory_bandwidth_efficiency: float = 0.8  # weight reads, vectorised elementwise (add), copies
+    elementwise_bandwidth_efficiency: float = 0.5  # one-block-per-token norm, rotary, activation
+    attention_flops_efficiency: float = 0.25  # FlashAttention prefill over the paged cache
+    attention_bandwidth_efficiency: float = 0.75  # paged decode attention reading K and V
+    attention_latency_s: float = 12e-6  # fixed cost of one attention call (split-KV reduce, setup)
     kernel_launch_floor_s: float = 2e-6  # the shortest a kernel runs, however little it does
     # Row kernels (norm, rotary, activation) run one thread block per token: each thread walks
     # its row `row_block_threads` elements at a time, one dependent HBM round trip per step.
     row_block_threads: int = 1024
     dram_latency_s: float = 6e-7
-    attention_latency_s: float = 0.0  # fixed cost of one attention call (split-KV reduce, setup)
-    allreduce_call_latency_s: float = 0.0  # NCCL per-call cost: launch, sync, protocol setup
-    interconnect_bus_efficiency: float = 0.75  # NCCL bus bandwidth / link rate, large messages
+    # NCCL all-reduce: per call (launch, the ranks' handshake; small messages measure 25-60 us
+    # on both A100 node types) and bus bandwidth as a share of the NVLink rate (~180 of 300 GB/s
+    # measured for large messages).
+    allreduce_call_latency_s: float = 35e-6
+    interconnect_bus_efficiency: float = 0.6
     nvlink_domain_size: int = 8  # GPUs that all reach each other over NVLink (8: NVSwitch)
-    # Per-GPU bandwidth, one direction, to a GPU outside the NVLink domain (PCIe or network).
-    scale_out_bandwidth_bytes_per_s: float = 25e9
+    # Per-GPU bandwidth, one direction, to a GPU outside the NVLink domain: between nodes, the
+    # network. 10 GB/s fits Vidur's multi-node DGX rows (an HDR NIC per GPU would be 25 GB/s).
+    scale_out_bandwidth_bytes_per_s: float = 10e9
 
     def __post_init__(self) -> None:
         for field in (
@@ -80,6 +89,7 @@ class HardwareSpec:
                 raise ValueError(f"HardwareSpec.{field} must be in (0, 1], got {value!r}")
         for field in (
             "kernel_launch_floor_s",
+            "gemm_latency_s",
             "dram_latency_s",
             "attention_latency_s",
             "allreduce_call_latency_s",
@@ -111,9 +121,9 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
     # "H100 Tensor Core GPU" and "H200 Tensor Core GPU" product pages), SXM variants. Sparse
     # figures halved to dense. NVLink 600/900 GB/s and PCIe 64/128 GB/s are quoted for both
     # directions together; we store one direction. HBM "GB" there are binary: nvidia-smi shows
-    # 81920 MiB on an A100-80GB and 81559 MiB on an H100-SXM. The 2 us NVLink hop latency is a
-    # typical small-message NCCL figure, not a datasheet number.
-    nvlink_hop_s = 2e-6
+    # 81920 MiB on an A100-80GB and 81559 MiB on an H100-SXM. The 1 us per ring step is a fit
+    # to Vidur's A100 all-reduce files (the per-call latency dominates small messages).
+    nvlink_hop_s = 1e-6
     presets = [
         HardwareSpec(
             "A100-40GB", 312e12, 19.5e12, None, 1555e9, 40 * _GIB, 300e9, nvlink_hop_s, 32e9
@@ -121,17 +131,56 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
         HardwareSpec(
             "A100-80GB", 312e12, 19.5e12, None, 2039e9, 80 * _GIB, 300e9, nvlink_hop_s, 32e9
         ),
+        # 132 SMs on the SXM H100 and H200 (H100 whitepaper); NDR InfiniBand, 400 Gb/s a GPU.
         HardwareSpec(
-            "H100-SXM", 989.4e12, 66.9e12, 1978.9e12, 3350e9, 80 * _GIB, 450e9, nvlink_hop_s, 64e9
+            "H100-SXM",
+            989.4e12,
+            66.9e12,
+            1978.9e12,
+            3350e9,
+            80 * _GIB,
+            450e9,
+            nvlink_hop_s,
+            64e9,
+            num_sms=132,
+            scale_out_bandwidth_bytes_per_s=50e9,
         ),
         HardwareSpec(
-            "H200", 989.4e12, 66.9e12, 1978.9e12, 4800e9, 141 * _GIB, 450e9, nvlink_hop_s, 64e9
+            "H200",
+            989.4e12,
+            66.9e12,
+            1978.9e12,
+            4800e9,
+            141 * _GIB,
+            450e9,
+            nvlink_hop_s,
+            64e9,
+            num_sms=132,
+            scale_out_bandwidth_bytes_per_s=50e9,
         ),
     ]
     return {spec.name: spec for spec in presets}
 
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = _hardware_presets()
+
+
+NODE_TYPES: dict[str, dict[str, float]] = {
+    # NVSwitch (DGX/HGX boards): every GPU of the node in one NVLink domain; the preset as is.
+    "dgx": {},
+    # NVLink bridges join GPUs in pairs; a ring over more crosses PCIe (gen4 x16: 32 GB/s per
+    # direction), as in Vidur's `a100_pairwise_nvlink` measurements.
+    "pairwise_nvlink": {"nvlink_domain_size": 2, "scale_out_bandwidth_bytes_per_s": 32e9},
+}
+"""How the GPUs of one node are wired, by the names Vidur's network profiles use."""
+
+
+def hardware_for_node(hardware: HardwareSpec, node_type: str) -> HardwareSpec:
+    """`hardware` in a node of `node_type` (a key of NODE_TYPES)."""
+    if node_type not in NODE_TYPES:
+        raise ValueError(f"unknown node type {node_type!r}; known: {', '.join(NODE_TYPES)}")
+    changes: dict[str, Any] = dict(NODE_TYPES[node_type])
+    return replace(hardware, **changes)
 
 
 def get_hardware_preset(name: str) -> HardwareSpec:
