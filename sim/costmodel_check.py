@@ -122,7 +122,11 @@ def compare_attention(
 
 class AllReduceTable:
     """Measured all-reduce times of one node type at `tp` workers in one node, by message size:
-    linear between the two nearest measured sizes; None outside the measured range."""
+    the median of the `NEIGHBOURS` measured sizes nearest it (neighbouring small sizes differ by
+    up to 2x in the raw medians, run-to-run noise a single point would pass into the step);
+    None outside the measured range."""
+
+    NEIGHBOURS = 5
 
     def __init__(self, rows: list[AllReduceRow], tp: int) -> None:
         points = sorted(
@@ -135,10 +139,8 @@ class AllReduceTable:
         if not self.sizes or not self.sizes[0] <= size <= self.sizes[-1]:
             return None
         i = bisect_left(self.sizes, size)
-        if self.sizes[i] == size:
-            return self.times[i]
-        w = (size - self.sizes[i - 1]) / (self.sizes[i] - self.sizes[i - 1])
-        return (1 - w) * self.times[i - 1] + w * self.times[i]
+        low = max(0, min(i - self.NEIGHBOURS // 2, len(self.sizes) - self.NEIGHBOURS))
+        return statistics.median(self.times[low : low + self.NEIGHBOURS])
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,12 +21,15 @@ def gemm_s(hw: HardwareSpec, m: int, n: int, k: int, dtype_bytes: int) -> float:
     """
     if m <= 0:
         return 0.0
-    tiles = math.ceil(m / hw.gemm_tile_tokens) * math.ceil(n / hw.gemm_tile_cols)
+    # Few tokens get a narrower tile (cuBLAS has 16- to 64-row tiles): the smallest power of
+    # two, at least 16, that holds them, so a batch-1 GEMM does not pay for 128 rows.
+    tile_rows = min(hw.gemm_tile_tokens, max(16, 1 << (m - 1).bit_length()))
+    tiles = math.ceil(m / tile_rows) * math.ceil(n / hw.gemm_tile_cols)
     # Fewer tiles than SMs: cuBLAS splits K across the idle SMs (split-K), so the work spreads
     # over the whole GPU instead of leaving SMs idle.
     waves = tiles / hw.num_sms if tiles < hw.num_sms else math.ceil(tiles / hw.num_sms)
     sm_flops_per_s = hw.peak_flops(dtype_bytes) / hw.num_sms * hw.gemm_flops_efficiency
-    compute = waves * 2 * hw.gemm_tile_tokens * hw.gemm_tile_cols * k / sm_flops_per_s
+    compute = waves * 2 * tile_rows * hw.gemm_tile_cols * k / sm_flops_per_s
     memory = (
         (n * k + m * k + m * n)
         * dtype_bytes

@@ -121,7 +121,8 @@ def test_tp2_halves_linear_and_adds_allreduce(roofline: RooflineCostModel) -> No
     tp2 = RooflineCostModel(LLAMA, A100, tp=2)
     for shape in (StepShape(prefill_chunks=((2048, 0),)), StepShape(decode_context_tokens=(512,))):
         one, two = roofline.step_breakdown(shape), tp2.step_breakdown(shape)
-        assert two["linear"] == pytest.approx(one["linear"] / 2, rel=0.05)
+        # Half the weights and FLOPs; the fixed GEMM latency does not halve.
+        assert one["linear"] / 2 <= two["linear"] <= 0.6 * one["linear"]
         assert one["allreduce"] == 0.0
         assert two["allreduce"] > 0.0
 
