@@ -40,9 +40,9 @@ class HardwareSpec:
     gemm_latency_s: float = 5e-6  # fixed cost of one GEMM: launch, pipeline fill, split-K reduce
     memory_bandwidth_efficiency: float = 0.8  # weight reads, vectorised elementwise (add), copies
     elementwise_bandwidth_efficiency: float = 0.5  # one-block-per-token norm, rotary, activation
-    attention_flops_efficiency: float = 0.25  # FlashAttention prefill over the paged cache
+    attention_flops_efficiency: float = 0.37  # FlashAttention prefill, per (query, key) pair
     attention_bandwidth_efficiency: float = 0.75  # paged decode attention reading K and V
-    attention_latency_s: float = 12e-6  # fixed cost of one attention call (split-KV reduce, setup)
+    attention_latency_s: float = 15e-6  # fixed cost of one attention call (split-KV reduce, setup)
     kernel_launch_floor_s: float = 2e-6  # the shortest a kernel runs, however little it does
     # Row kernels (norm, rotary, activation) run one thread block per token: each thread walks
     # its row `row_block_threads` elements at a time, one dependent HBM round trip per step.

@@ -1,0 +1,183 @@
+"""The analytic cost model against Vidur's measured A100 op times (issue 12's targets), and the
+Vidur-workload terms side by side before and after the mechanisms were added.
+
+For each A100 model file set: per-kind and per-op median / p90 / max absolute % error and the
+signed bias over every measured shape (`python -m sim costmodel check` does the same for one
+model); whole decode and prefill steps per TP degree; what the worst decile is made of. Then
+Llama-2-70B TP2 on A100-80GB (Vidur's reference workload) with the roofline of the base
+commit (`BEFORE`, loaded from git) and of this tree.
+
+Run: python benchmarks/costmodel_vs_measured.py [--vidur-dir ../shared/profiles/vidur]
+(results committed in benchmarks/results/costmodel_vs_measured.txt)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+
+from sim.costmodel_check import Comparison, run_check, summarize
+from sim.hardware_spec import HARDWARE_PRESETS, hardware_for_node
+from sim.model_spec import MODEL_PRESETS
+from sim.roofline import RooflineCostModel
+from sim.step_shape import StepShape
+
+ROOT = Path(__file__).resolve().parents[1]
+VIDUR = ROOT.parent / "shared/profiles/vidur"
+MODELS = ("Llama-2-7B", "Llama-2-70B", "Llama-3-8B", "Llama-3-70B")
+BEFORE = "a275f97"  # the branch point: the bandwidth-only roofline issue 12 describes
+# Vidur's figures for this workload, from issue 12's table (its measured-op predictor).
+VIDUR_DECODE_MS = {1: 57.4, 32: 70.1, 128: 107.0}
+VIDUR_ALLREDUCE_MS = 12.2
+VIDUR_PREFILL_ATTENTION_MS = 55.2
+
+
+def _line(kind: str, group: list[Comparison]) -> str:
+    errors = sorted(abs(c.error_pct) for c in group)
+    bias = statistics.median(c.error_pct for c in group)
+    p90 = errors[min(len(errors) - 1, int(0.9 * len(errors)))]
+    return (
+        f"{kind:28s} {len(group):6d} {statistics.median(errors):8.1f} {p90:8.1f} "
+        f"{errors[-1]:8.1f} {bias:+7.1f}"
+    )
+
+
+def _header() -> str:
+    return f"{'':28s} {'n':>6s} {'med|e|%':>8s} {'p90|e|%':>8s} {'max|e|%':>8s} {'bias%':>7s}"
+
+
+def _worst_decile(comparisons: list[Comparison]) -> str:
+    """What the worst 10% of one kind's comparisons are: counts by op and by TP degree."""
+    ranked = sorted(comparisons, key=lambda c: -abs(c.error_pct))
+    worst = ranked[: max(1, len(ranked) // 10)]
+    ops = Counter(c.op for c in worst)
+    tps = Counter(c.shape.split()[0] for c in worst)
+    sign = Counter("over" if c.error_pct > 0 else "under" for c in worst)
+    return f"ops {dict(ops.most_common(4))}; {dict(tps.most_common(4))}; {dict(sign)}"
+
+
+def accuracy(vidur_dir: Path) -> list[Comparison]:
+    hardware = HARDWARE_PRESETS["A100-80GB"]
+    pooled: list[Comparison] = []
+    network_done = False
+    for name in MODELS:
+        result = run_check(vidur_dir, MODEL_PRESETS[name], hardware)
+        comparisons = result.comparisons
+        if network_done:  # the network files are model-independent: count them once
+            comparisons = [c for c in comparisons if c.kind != "allreduce"]
+        network_done = True
+        pooled += comparisons
+        print(f"## {name} ({', '.join(sorted(result.files))})")
+        print(_header())
+        for row in summarize(comparisons, by_op=False):
+            group = [c for c in comparisons if c.kind == row["kind"]]
+            print(_line(str(row["kind"]), group))
+        for kind in ("decode_step", "prefill_step"):
+            by_tp: dict[str, list[Comparison]] = {}
+            for c in comparisons:
+                if c.kind == kind:
+                    by_tp.setdefault(c.shape.split()[0], []).append(c)
+            for tp, group in sorted(by_tp.items()):
+                print(_line(f"  {kind} {tp}", group))
+        print()
+    print("## all A100 files pooled, per op")
+    print(_header())
+    keys = sorted({(c.kind, c.op) for c in pooled})
+    for kind, op in keys:
+        print(_line(f"{kind}:{op}", [c for c in pooled if (c.kind, c.op) == (kind, op)]))
+    print()
+    print("## worst decile per kind (what it is made of)")
+    for kind in sorted({c.kind for c in pooled}):
+        print(f"{kind:13s} {_worst_decile([c for c in pooled if c.kind == kind])}")
+    return pooled
+
+
+def _load_before() -> ModuleType:
+    """The roofline module as it was at BEFORE, importable beside this tree's."""
+    source = subprocess.run(
+        ["git", "show", f"{BEFORE}:sim/roofline.py"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    path = Path(tempfile.mkdtemp()) / "roofline_before.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("roofline_before", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["roofline_before"] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def side_by_side() -> None:
+    model = MODEL_PRESETS["Llama-2-70B"]
+    hardware = hardware_for_node(HARDWARE_PRESETS["A100-80GB"], "pairwise_nvlink")
+    # The base commit's preset had a 2 us NVLink hop; its roofline reads no other changed field.
+    old_hardware = replace(hardware, interconnect_latency_s=2e-6)
+    before = _load_before().RooflineCostModel(model, old_hardware, 2)
+    after = RooflineCostModel(model, hardware, 2)
+    print("## Vidur workload: Llama-2-70B, TP2, A100-80GB (NVLink pair), block 16")
+    print(
+        f"{'quantity':44s} {'before':>9s} {'after':>9s} {'Vidur':>9s} {'err before':>10s} "
+        f"{'err after':>10s}"
+    )
+
+    def row(label: str, old: float, new: float, vidur: float) -> None:
+        print(
+            f"{label:44s} {old:9.1f} {new:9.1f} {vidur:9.1f} "
+            f"{(old - vidur) / vidur * 100:+9.1f}% {(new - vidur) / vidur * 100:+9.1f}%"
+        )
+
+    for batch, vidur_ms in VIDUR_DECODE_MS.items():
+        shape = StepShape(decode_context_tokens=(2048,) * batch)
+        old_terms, new_terms = before.step_breakdown(shape), after.step_breakdown(shape)
+        row(
+            f"decode step, context 2048, batch {batch} (ms)",
+            sum(old_terms.values()) * 1e3,
+            sum(new_terms.values()) * 1e3,
+            vidur_ms,
+        )
+        if batch == 1:
+            row(
+                "  all-reduce per decode step (ms)",
+                old_terms["allreduce"] * 1e3,
+                new_terms["allreduce"] * 1e3,
+                VIDUR_ALLREDUCE_MS,
+            )
+    prefill = StepShape(prefill_chunks=((2048, 0),))
+    row(
+        "prefill attention, one 2048-token prompt (ms)",
+        before.step_breakdown(prefill)["prefill_attention"] * 1e3,
+        after.step_breakdown(prefill)["prefill_attention"] * 1e3,
+        VIDUR_PREFILL_ATTENTION_MS,
+    )
+    print("(step totals include our LM head and 2 ms CPU overhead per step; Vidur's figures are")
+    print(" from issue 12's table)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vidur-dir", type=Path, default=VIDUR)
+    args = parser.parse_args()
+    if not args.vidur_dir.is_dir():
+        print(f"error: {args.vidur_dir} is absent", file=sys.stderr)
+        return 2
+    print("# command: python benchmarks/costmodel_vs_measured.py")
+    accuracy(args.vidur_dir)
+    print()
+    side_by_side()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
