@@ -24,9 +24,11 @@ from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
+from sim.cost_model import make_cost_model
 from sim.costmodel_check import Comparison, run_check, summarize
 from sim.hardware_spec import HARDWARE_PRESETS, hardware_for_node
 from sim.model_spec import MODEL_PRESETS
+from sim.profile_import import vidur_profile, write_vidur_profile
 from sim.roofline import RooflineCostModel
 from sim.step_shape import StepShape
 
@@ -119,50 +121,45 @@ def _load_before() -> ModuleType:
     return module
 
 
-def side_by_side() -> None:
+def side_by_side(vidur_dir: Path) -> None:
     model = MODEL_PRESETS["Llama-2-70B"]
     hardware = hardware_for_node(HARDWARE_PRESETS["A100-80GB"], "pairwise_nvlink")
     # The base commit's preset had a 2 us NVLink hop; its roofline reads no other changed field.
     old_hardware = replace(hardware, interconnect_latency_s=2e-6)
     before = _load_before().RooflineCostModel(model, old_hardware, 2)
     after = RooflineCostModel(model, hardware, 2)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "profile.json"
+        profile = vidur_profile(vidur_dir, model, 2, "benchmark", node="pairwise_nvlink")
+        write_vidur_profile(profile, path)
+        imported = make_cost_model(model, hardware, 2, path)
     print("## Vidur workload: Llama-2-70B, TP2, A100-80GB (NVLink pair), block 16")
     print(
-        f"{'quantity':44s} {'before':>9s} {'after':>9s} {'Vidur':>9s} {'err before':>10s} "
-        f"{'err after':>10s}"
+        f"{'quantity':44s} {'before':>8s} {'after':>8s} {'import':>8s} {'Vidur':>8s} "
+        f"{'err before':>10s} {'err after':>10s} {'err import':>10s}"
     )
 
-    def row(label: str, old: float, new: float, vidur: float) -> None:
-        print(
-            f"{label:44s} {old:9.1f} {new:9.1f} {vidur:9.1f} "
-            f"{(old - vidur) / vidur * 100:+9.1f}% {(new - vidur) / vidur * 100:+9.1f}%"
-        )
+    def row(label: str, old: float, new: float, measured: float, vidur: float) -> None:
+        errors = " ".join(f"{(x - vidur) / vidur * 100:+9.1f}%" for x in (old, new, measured))
+        print(f"{label:44s} {old:8.1f} {new:8.1f} {measured:8.1f} {vidur:8.1f} {errors}")
 
     for batch, vidur_ms in VIDUR_DECODE_MS.items():
         shape = StepShape(decode_context_tokens=(2048,) * batch)
-        old_terms, new_terms = before.step_breakdown(shape), after.step_breakdown(shape)
-        row(
-            f"decode step, context 2048, batch {batch} (ms)",
-            sum(old_terms.values()) * 1e3,
-            sum(new_terms.values()) * 1e3,
-            vidur_ms,
-        )
+        terms = [m.step_breakdown(shape) for m in (before, after, imported)]
+        totals = [sum(t.values()) * 1e3 for t in terms]
+        row(f"decode step, context 2048, batch {batch} (ms)", *totals, vidur_ms)
         if batch == 1:
-            row(
-                "  all-reduce per decode step (ms)",
-                old_terms["allreduce"] * 1e3,
-                new_terms["allreduce"] * 1e3,
-                VIDUR_ALLREDUCE_MS,
-            )
+            allreduce = [t["allreduce"] * 1e3 for t in terms]
+            row("  all-reduce per decode step (ms)", *allreduce, VIDUR_ALLREDUCE_MS)
     prefill = StepShape(prefill_chunks=((2048, 0),))
-    row(
-        "prefill attention, one 2048-token prompt (ms)",
-        before.step_breakdown(prefill)["prefill_attention"] * 1e3,
-        after.step_breakdown(prefill)["prefill_attention"] * 1e3,
-        VIDUR_PREFILL_ATTENTION_MS,
-    )
-    print("(step totals include our LM head and 2 ms CPU overhead per step; Vidur's figures are")
-    print(" from issue 12's table)")
+    attention = [
+        m.step_breakdown(prefill)["prefill_attention"] * 1e3 for m in (before, after, imported)
+    ]
+    row("prefill attention, one 2048-token prompt (ms)", *attention, VIDUR_PREFILL_ATTENTION_MS)
+    print("before: the roofline at the base commit; after: this tree's roofline; import: this")
+    print("tree with the profile `profile import-vidur --tp 2 --node pairwise_nvlink` makes.")
+    print("Step totals include our LM head and 2 ms CPU overhead per step; Vidur's figures are")
+    print("from issue 12's table.")
 
 
 def main() -> int:
@@ -175,7 +172,7 @@ def main() -> int:
     print("# command: python benchmarks/costmodel_vs_measured.py")
     accuracy(args.vidur_dir)
     print()
-    side_by_side()
+    side_by_side(args.vidur_dir)
     return 0
 
 
