@@ -27,6 +27,7 @@ from types import ModuleType
 from sim.cost_model import make_cost_model
 from sim.costmodel_check import Comparison, run_check, summarize
 from sim.hardware_spec import HARDWARE_PRESETS, hardware_for_node
+from sim.kv_capacity import vidur_num_blocks, vllm_kv_capacity
 from sim.model_spec import MODEL_PRESETS
 from sim.profile_import import vidur_profile, write_vidur_profile
 from sim.roofline import RooflineCostModel
@@ -40,6 +41,7 @@ BEFORE = "a275f97"  # the branch point: the bandwidth-only roofline issue 12 des
 VIDUR_DECODE_MS = {1: 57.4, 32: 70.1, 128: 107.0}
 VIDUR_ALLREDUCE_MS = 12.2
 VIDUR_PREFILL_ATTENTION_MS = 55.2
+VIDUR_KV_BLOCKS = 3328
 
 
 def _line(kind: str, group: list[Comparison]) -> str:
@@ -102,23 +104,24 @@ def accuracy(vidur_dir: Path) -> list[Comparison]:
     return pooled
 
 
-def _load_before() -> ModuleType:
-    """The roofline module as it was at BEFORE, importable beside this tree's."""
+def _load_before(module: str = "roofline") -> ModuleType:
+    """A `sim` module as it was at BEFORE, importable beside this tree's."""
     source = subprocess.run(
-        ["git", "show", f"{BEFORE}:sim/roofline.py"],
+        ["git", "show", f"{BEFORE}:sim/{module}.py"],
         cwd=ROOT,
         check=True,
         capture_output=True,
         text=True,
     ).stdout
-    path = Path(tempfile.mkdtemp()) / "roofline_before.py"
+    name = f"{module}_before"
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("roofline_before", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["roofline_before"] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[name] = loaded  # dataclasses look their module up here
+    spec.loader.exec_module(loaded)
+    return loaded
 
 
 def side_by_side(vidur_dir: Path) -> None:
@@ -156,6 +159,13 @@ def side_by_side(vidur_dir: Path) -> None:
         m.step_breakdown(prefill)["prefill_attention"] * 1e3 for m in (before, after, imported)
     ]
     row("prefill attention, one 2048-token prompt (ms)", *attention, VIDUR_PREFILL_ATTENTION_MS)
+    old_blocks = _load_before("hardware_spec").derive_num_blocks(model, hardware, 2, 16)
+    # Vidur's reference run: continuous batching, batch cap 128, 4,096-token budget.
+    new_blocks = vllm_kv_capacity(model, hardware, 2, 16, 0.9, 4096, 128).num_gpu_blocks
+    vidur_rule = vidur_num_blocks(model, hardware, 2, 16)
+    row("KV blocks on one replica", old_blocks, new_blocks, vidur_rule, VIDUR_KV_BLOCKS)
+    print("(KV: 'after' is vLLM's rule, sim/kv_capacity.py; the 'import' column holds Vidur's")
+    print(" own rule as sim/kv_capacity.vidur_num_blocks computes it)")
     print("before: the roofline at the base commit; after: this tree's roofline; import: this")
     print("tree with the profile `profile import-vidur --tp 2 --node pairwise_nvlink` makes.")
     print("Step totals include our LM head and 2 ms CPU overhead per step; Vidur's figures are")

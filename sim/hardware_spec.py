@@ -1,18 +1,23 @@
 """Accelerator numbers the cost model needs (`HardwareSpec`), named presets, and the KV-cache
-capacity a real engine would derive for a model on that accelerator (`derive_num_blocks`)."""
+capacity a real engine would derive for a model on that accelerator (`derive_num_blocks`,
+which follows vLLM's rule in `sim.kv_capacity`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sim.kv_capacity import (
+    NCCL_BYTES,
+    NON_TORCH_BYTES,
+    SAMPLER_FP32_COPIES,
+    ModelDoesNotFitError,
+    forward_peak_bytes,
+    vllm_kv_capacity,
+)
 from sim.model_spec import ModelSpec, check_tp
 
 _GIB = 1 << 30
-
-
-class ModelDoesNotFitError(ValueError):
-    """The weights and activation reserve leave no room for even one KV block."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,21 +198,16 @@ def get_hardware_preset(name: str) -> HardwareSpec:
     )
 
 
-def default_activation_reserve_bytes(model: ModelSpec, tp: int = 1) -> int:
-    """Memory a real engine's profiling run would see besides weights and KV.
-
-    vLLM measures the peak of a dummy forward over `max_num_batched_tokens` tokens; we estimate
-    the same peak: hidden states, residual, QKV and MLP intermediates for min(max_model_len,
-    8192) tokens, fp32 logits for 256 sampled rows, plus 1 GiB for the CUDA context, cuBLAS
-    workspace and NCCL buffers that the engine also cannot hand to the KV cache.
-    """
+def default_activation_reserve_bytes(
+    model: ModelSpec, tp: int = 1, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256
+) -> int:
+    """Memory a real engine's profiling run sees besides weights and KV: vLLM's peak
+    activation (forward pass or sampler, whichever is larger) plus memory outside PyTorch.
+    The terms and their sources are in `sim.kv_capacity`."""
     check_tp(model, tp)
-    num_tokens = min(model.max_model_len, 8192)
-    qkv = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim // tp
-    mlp = (3 if model.gated_mlp else 2) * model.intermediate_size // tp
-    per_token = (4 * model.hidden_size + qkv + mlp) * model.dtype_bytes
-    logits = 256 * model.vocab_size * 4 // tp
-    return num_tokens * per_token + logits + _GIB
+    forward = forward_peak_bytes(model, tp, max_num_batched_tokens)
+    sampler = int(SAMPLER_FP32_COPIES * max_num_seqs * model.vocab_size * 4)
+    return max(forward, sampler) + NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 else 0)
 
 
 def derive_num_blocks(
@@ -217,29 +217,42 @@ def derive_num_blocks(
     block_size: int,
     gpu_memory_utilization: float = 0.9,
     activation_reserve_bytes: int | None = None,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 256,
 ) -> int:
-    """KV blocks per rank: (capacity x utilization - weights per shard - reserve) / block bytes.
+    """vLLM's `num_gpu_blocks` on one rank (`sim.kv_capacity.vllm_kv_capacity`): its block
+    pool keeps one of them as the null block. `activation_reserve_bytes`, when given, stands
+    for the peak activation and the non-torch memory together.
 
-    Raises ModelDoesNotFitError (a ValueError) when not even one block fits.
+    Raises ModelDoesNotFitError (a ValueError) when not even one usable block fits.
     """
+    if activation_reserve_bytes is None:
+        capacity = vllm_kv_capacity(
+            model,
+            hardware,
+            tp,
+            block_size,
+            gpu_memory_utilization,
+            max_num_batched_tokens,
+            max_num_seqs,
+        )
+        return capacity.num_gpu_blocks
+    if activation_reserve_bytes < 0:
+        raise ValueError(f"activation_reserve_bytes must be >= 0, got {activation_reserve_bytes!r}")
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}"
         )
-    if activation_reserve_bytes is None:
-        activation_reserve_bytes = default_activation_reserve_bytes(model, tp)
-    if activation_reserve_bytes < 0:
-        raise ValueError(f"activation_reserve_bytes must be >= 0, got {activation_reserve_bytes!r}")
     budget = int(hardware.hbm_capacity_bytes * gpu_memory_utilization)
     weights = model.weight_bytes_per_shard(tp)
     block_bytes = model.kv_bytes_per_block(block_size, tp)
     free = budget - weights - activation_reserve_bytes
-    if free < block_bytes:
+    if free < 2 * block_bytes:
         raise ModelDoesNotFitError(
             f"{model.name} at tp={tp} does not fit on {hardware.name}: "
             f"{weights / _GIB:.1f} GiB of weights per GPU + {activation_reserve_bytes / _GIB:.1f} "
             f"GiB activation reserve leave {free / _GIB:.1f} GiB of the {budget / _GIB:.1f} GiB "
-            f"budget (gpu_memory_utilization={gpu_memory_utilization}), less than one "
-            f"{block_bytes / 2**20:.1f} MiB KV block; raise tp or use a larger GPU"
+            f"budget (gpu_memory_utilization={gpu_memory_utilization}), less than two "
+            f"{block_bytes / 2**20:.1f} MiB KV blocks; raise tp or use a larger GPU"
         )
     return free // block_bytes
