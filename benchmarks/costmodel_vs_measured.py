@@ -25,13 +25,14 @@ from pathlib import Path
 from types import ModuleType
 
 from sim.cost_model import make_cost_model
-from sim.costmodel_check import Comparison, run_check, summarize
-from sim.hardware_spec import HARDWARE_PRESETS, hardware_for_node
+from sim.costmodel_check import Comparison, compare_mlp, run_check, summarize
+from sim.hardware_spec import HARDWARE_PRESETS, HardwareSpec, hardware_for_node
 from sim.kv_capacity import vidur_num_blocks, vllm_kv_capacity
 from sim.model_spec import MODEL_PRESETS
 from sim.profile_import import vidur_profile, write_vidur_profile
 from sim.roofline import RooflineCostModel
 from sim.step_shape import StepShape
+from sim.vidur_profiles import MlpRow, find_vidur_files, read_mlp_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 VIDUR = ROOT.parent / "shared/profiles/vidur"
@@ -84,6 +85,10 @@ def accuracy(vidur_dir: Path) -> list[Comparison]:
         for row in summarize(comparisons, by_op=False):
             group = [c for c in comparisons if c.kind == row["kind"]]
             print(_line(str(row["kind"]), group))
+        bare = run_check(vidur_dir, MODEL_PRESETS[name], hardware, node="none").comparisons
+        for kind in ("decode_step", "prefill_step"):
+            group = [c for c in bare if c.kind == kind]
+            print(_line(f"{kind} without all-reduce", group))
         for kind in ("decode_step", "prefill_step"):
             by_tp: dict[str, list[Comparison]] = {}
             for c in comparisons:
@@ -102,6 +107,56 @@ def accuracy(vidur_dir: Path) -> list[Comparison]:
     for kind in sorted({c.kind for c in pooled}):
         print(f"{kind:13s} {_worst_decile([c for c in pooled if c.kind == kind])}")
     return pooled
+
+
+FITTED = {
+    "gemm_flops_efficiency": (0.6, 0.65, 0.7, 0.75, 0.8, 0.85),
+    "memory_bandwidth_efficiency": (0.7, 0.75, 0.8, 0.85, 0.9),
+    "gemm_latency_s": (2e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6),
+    "elementwise_bandwidth_efficiency": (0.35, 0.4, 0.45, 0.5, 0.55, 0.6),
+    "dram_latency_s": (3e-7, 4e-7, 5e-7, 6e-7, 7e-7, 8e-7),
+    "kernel_launch_floor_s": (1e-6, 1.5e-6, 2e-6, 2.5e-6, 3e-6),
+}
+"""The compute constants fitted to the mlp files, and the grid the hold-out refit searches."""
+
+
+def _mlp_score(rows: dict[str, list[MlpRow]], hardware: HardwareSpec) -> float:
+    """Mean over the mlp.csv ops of the median absolute % error, over the given models."""
+    errors: dict[str, list[float]] = {}
+    for name, model_rows in rows.items():
+        tps = {row.tp for row in model_rows}
+        for c in compare_mlp(model_rows, MODEL_PRESETS[name], hardware, tps):
+            errors.setdefault(c.op, []).append(abs(c.error_pct))
+    return statistics.mean(statistics.median(e) for e in errors.values())
+
+
+def holdout(vidur_dir: Path) -> None:
+    """Refit the compute constants on the Llama-2 files alone (coordinate descent over
+    FITTED, two rounds) and score the held-out Llama-3 files with the refit and the
+    committed constants."""
+    found = {name: find_vidur_files(vidur_dir, MODEL_PRESETS[name]).mlp for name in MODELS}
+    rows = {name: read_mlp_csv(path) for name, path in found.items() if path is not None}
+    fit = {name: rows[name] for name in ("Llama-2-7B", "Llama-2-70B")}
+    held = {name: rows[name] for name in ("Llama-3-8B", "Llama-3-70B")}
+    committed = HARDWARE_PRESETS["A100-80GB"]
+    hardware = committed
+    for _ in range(2):
+        for field, grid in FITTED.items():
+            scores = {v: _mlp_score(fit, replace(hardware, **{field: v})) for v in grid}
+            hardware = replace(hardware, **{field: min(scores, key=lambda v: scores[v])})
+    print("## hold-out: compute constants refit on the Llama-2 files only, scored on Llama-3")
+    print(f"{'constant':34s} {'committed':>10s} {'refit':>10s}")
+    for field in FITTED:
+        print(f"{field:34s} {getattr(committed, field):10.3g} {getattr(hardware, field):10.3g}")
+    print("mean over ops of the median |error| %   committed  refit-on-Llama-2")
+    print(
+        f"  fit set (Llama-2-7B, -70B)            {_mlp_score(fit, committed):8.1f} "
+        f"{_mlp_score(fit, hardware):8.1f}"
+    )
+    print(
+        f"  held out (Llama-3-8B, -70B)           {_mlp_score(held, committed):8.1f} "
+        f"{_mlp_score(held, hardware):8.1f}"
+    )
 
 
 def _load_before(module: str = "roofline") -> ModuleType:
@@ -181,6 +236,8 @@ def main() -> int:
         return 2
     print("# command: python benchmarks/costmodel_vs_measured.py")
     accuracy(args.vidur_dir)
+    print()
+    holdout(args.vidur_dir)
     print()
     side_by_side(args.vidur_dir)
     return 0

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sim.hardware_spec import (
     HARDWARE_PRESETS,
+    NODE_TYPES,
     HardwareSpec,
     get_hardware_preset,
     hardware_for_node,
@@ -74,9 +75,14 @@ def compare_mlp(
     return out
 
 
+def _node_hardware(hw: HardwareSpec, node: str) -> HardwareSpec:
+    """`hw` wired as `node`; a node type we do not know is taken as the preset describes it."""
+    return hardware_for_node(hw, node) if node in NODE_TYPES else hw
+
+
 def compare_allreduce(rows: list[AllReduceRow], hw: HardwareSpec, node: str) -> list[Comparison]:
     """Every all-reduce row, priced on `hw` wired as `node`."""
-    node_hw = hardware_for_node(hw, node)
+    node_hw = _node_hardware(hw, node)
     out = []
     for row in rows:
         if row.time_s > 0:
@@ -232,7 +238,8 @@ def run_check(
     node: str | None = None,
 ) -> CheckResult:
     """Compare every file present in `vidur_dir` that fits `model` (all TP degrees, or `tp`).
-    Whole steps use the all-reduce of `node` (default: `dgx` if present, else the only one)."""
+    Whole steps use the all-reduce of `node` (default: `dgx` if present, else the only one;
+    `none`: steps without all-reduce, to see the compute model apart from the network)."""
     found = find_vidur_files(vidur_dir, model, gpu)
     files: dict[str, str] = {}
     comparisons: list[Comparison] = []
@@ -254,13 +261,15 @@ def run_check(
         files[f"network/{node_type}"] = str(path)
         allreduce_rows[node_type] = read_allreduce_csv(path)
         comparisons += compare_allreduce(allreduce_rows[node_type], hardware, node_type)
-    if node is None and allreduce_rows:
+    if node == "none":
+        node = None
+    elif node is None and allreduce_rows:
         node = "dgx" if "dgx" in allreduce_rows else sorted(allreduce_rows)[0]
-    if node is not None and node not in allreduce_rows:
+    elif node is not None and node not in allreduce_rows:
         raise ValueError(f"--node {node!r}: no network/{found.gpu}_{node}/all_reduce.csv")
     for t, roofline in rooflines.items():
         if node is not None:
-            roofline = RooflineCostModel(model, hardware_for_node(hardware, node), t)
+            roofline = RooflineCostModel(model, _node_hardware(hardware, node), t)
         inputs = StepInputs(
             tp=t,
             mlp={row.num_tokens: row for row in mlp_rows if row.tp == t},
@@ -333,7 +342,10 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=None, help="one TP degree (default: all)")
     parser.add_argument("--gpu", default=None, help="folder under compute/ (default: the only)")
     parser.add_argument(
-        "--node", default=None, help="network node type for whole steps (default: dgx)"
+        "--node",
+        default=None,
+        help="network node type whose all-reduce whole steps use (default: dgx if present; "
+        "none: steps without all-reduce)",
     )
     parser.add_argument("--json", default=None, help="also write every comparison here")
 

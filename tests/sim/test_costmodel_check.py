@@ -50,11 +50,15 @@ def test_allreduce_beyond_the_nvlink_domain_uses_the_slow_link() -> None:
 
 
 def test_gemm_waves_step_every_tile_of_tokens() -> None:
-    n, k = 12288, 4096  # Llama-2-7B QKV: 96 column tiles, under one wave of 108 SMs a row tile
-    in_one, in_two = gemm_s(A100, 128, n, k, 2), gemm_s(A100, 129, n, k, 2)
-    assert in_two > 1.5 * in_one
-    assert gemm_s(A100, 200, n, k, 2) == in_two  # same number of waves, same time
+    rows = A100.gemm_tile_tokens
+    n, k = 108 * A100.gemm_tile_cols, 8192  # one tile row fills exactly one wave of 108 SMs
+    ten_waves, eleven_waves = gemm_s(A100, 10 * rows, n, k, 2), gemm_s(A100, 10 * rows + 1, n, k, 2)
+    wave_s = 2 * rows * A100.gemm_tile_cols * k / (312e12 / 108 * A100.gemm_flops_efficiency)
+    assert ten_waves == pytest.approx(10 * wave_s + A100.gemm_latency_s)
+    assert eleven_waves == pytest.approx(11 * wave_s + A100.gemm_latency_s)
+    assert gemm_s(A100, 11 * rows, n, k, 2) == eleven_waves  # same waves, same time
     # One token: a weight read at the streaming efficiency, plus the GEMM's fixed latency.
+    n = 12288
     read_s = (n * k + k + n) * 2 / (A100.hbm_bandwidth_bytes_per_s * 0.8)
     assert gemm_s(A100, 1, n, k, 2) == pytest.approx(read_s + A100.gemm_latency_s)
 
