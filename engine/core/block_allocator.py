@@ -5,8 +5,19 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from engine.core.kv_state import KVState
 
 BlockPair = tuple[int, int]
+
+
+class SeqRun(NamedTuple):
+    """One sequence's growth over a run of identical steps."""
+
+    seq_id: int
+    positions_per_step: int
+    positions_left: int  # it stops growing after these (a prompt's last chunk)
 
 
 class OutOfBlocksError(RuntimeError):
@@ -96,6 +107,21 @@ class BlockAllocator:
     def prefix_cache(self) -> dict[int, int]:
         """A copy of the prefix cache: content key -> block id."""
         return dict(self._key_to_block)
+
+    def state(self) -> KVState:
+        """A read-only copy of every block's state (no ``committed_blocks``: the manager
+        above knows those)."""
+        return KVState(
+            num_free_blocks=self.num_free_blocks,
+            ref_counts=tuple(self._ref),
+            block_tables=tuple((s, tuple(t)) for s, t in sorted(self._tables.items())),
+            num_tokens=tuple(sorted(self._num_tokens.items())),
+            prefix_cache=tuple(sorted(self._key_to_block.items())),
+            eviction_order=tuple(self._evictable),
+            swapped_tables=tuple((s, tuple(t)) for s, t in sorted(self._cpu_tables.items())),
+            cpu_ref_counts=tuple(self._cpu_ref),
+            num_free_cpu_blocks=len(self._cpu_free),
+        )
 
     def match_prefix(self, keys: Iterable[int]) -> list[int]:
         """Blocks holding the longest cached run of ``keys`` (read-only)."""
@@ -250,6 +276,49 @@ class BlockAllocator:
         self._write(table, num_tokens, num_new_tokens)
         self._num_tokens[seq_id] = num_tokens + num_new_tokens
         return copies
+
+    def append_steps(self, runs: Sequence[SeqRun], num_steps: int) -> None:
+        """Grow every sequence of ``runs`` for ``num_steps`` steps at once, taking blocks in the
+        order that appending step by step (each step, sequence after sequence) would take
+        them, so the block tables come out the same. No tail may need a copy-on-write;
+        nothing changes if the pool runs out (``OutOfBlocksError``)."""
+        bs = self.block_size
+        tables, tokens, ref = self._tables, self._num_tokens, self._ref
+        starts: list[tuple[int, int, int]] = []  # (step, run index, blocks it starts)
+        for order, (seq_id, per_step, left) in enumerate(runs):
+            held = tokens[seq_id]
+            table = tables[seq_id]
+            if held % bs and ref[table[-1]] != 1:
+                raise ValueError(f"sequence {seq_id} shares its tail block: it needs a copy")
+            if per_step == 1 and left >= num_steps:  # a decode: a block every bs steps
+                starts.extend((step, order, 1) for step in range(-held % bs, num_steps, bs))
+                continue
+            blocks = len(table)
+            for step in range(num_steps):
+                done = min((step + 1) * per_step, left)
+                need = -(-(held + done) // bs) - blocks
+                if need:
+                    starts.append((step, order, need))
+                    blocks += need
+                if done == left:
+                    break
+        need = sum(n for _, _, n in starts)
+        if need > self.num_free_blocks:
+            raise OutOfBlocksError(f"need {need} blocks, {self.num_free_blocks} free")
+        starts.sort()
+        for _, order, count in starts:
+            table = tables[runs[order].seq_id]
+            for _ in range(count):
+                table.append(self._take_block())
+        fill = self._fill
+        for seq_id, per_step, left in runs:
+            held = tokens[seq_id]
+            now = held + min(num_steps * per_step, left)
+            table = tables[seq_id]
+            for block_idx in range(held // bs, len(table)):
+                fill[table[block_idx]] = min(bs, now - block_idx * bs)
+            tokens[seq_id] = now
+            self.num_filled_slots += now - held
 
     def append_in_place(self, seq_id: int) -> bool:
         """Append one token if the last block is held alone and has room; else do nothing and

@@ -11,6 +11,7 @@ from engine.core.block_allocator import BlockPair, OutOfBlocksError
 from engine.core.config import CacheConfig, ReservationRule
 from engine.core.growth import Growth, RepeatShape
 from engine.core.kv_manager import RangeCopy
+from engine.core.kv_state import KVState
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 
@@ -215,6 +216,10 @@ class ContiguousKVManager:
             self._add_tokens(seq_id, num_positions)
         return []
 
+    def grow_steps(self, growth: Sequence[Growth], num_steps: int) -> None:
+        for request, per_step, left in growth:  # inside reservations: order does not matter
+            self.grow(request, min(num_steps * per_step, left))
+
     def take_range_copies(self, request: Request) -> list[RangeCopy]:
         return self._pending_copies.pop(request.internal_idx, [])
 
@@ -258,6 +263,16 @@ class ContiguousKVManager:
 
     def slot_ranges(self, request: Request) -> tuple[tuple[int, int], ...]:
         return tuple(self.allocator.range_of(s) for s in request.active_seq_ids)
+
+    def state(self) -> KVState:
+        alloc = self.allocator
+        return KVState(
+            num_free_blocks=(alloc.num_slots - alloc.num_reserved_slots) // self.block_size,
+            ref_counts=(),
+            block_tables=tuple(sorted(alloc.ranges().items())),
+            num_tokens=tuple(sorted(self._tokens.items())),
+            free_ranges=tuple(alloc.holes()),
+        )
 
     def snapshot(self, next_waiting: Request | None) -> MemorySnapshot:
         alloc = self.allocator

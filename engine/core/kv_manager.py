@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from itertools import accumulate
 from typing import Protocol
 
-from engine.core.block_allocator import BlockAllocator, BlockPair, OutOfBlocksError
+from engine.core.block_allocator import BlockAllocator, BlockPair, OutOfBlocksError, SeqRun
 from engine.core.config import CacheConfig
 from engine.core.growth import Growth, RepeatShape
+from engine.core.kv_state import KVState
 from engine.core.memory import MemorySnapshot
 from engine.core.prefix_cache import SequenceKeys
 from engine.core.request import Request
@@ -74,6 +76,11 @@ class KVCacheManager(Protocol):
         ...
 
     def grow(self, request: Request, num_positions: int) -> list[BlockPair]: ...
+    def grow_steps(self, growth: Sequence[Growth], num_steps: int) -> None:
+        """Grow every (request, positions per step, positions left) of ``growth`` as
+        ``num_steps`` steps would, one after another (same blocks, same order)."""
+        ...
+
     def take_range_copies(self, request: Request) -> list[RangeCopy]: ...
     def fork(self, request: Request) -> None: ...
     def free_sequence(self, request: Request, seq_id: int) -> None: ...
@@ -85,6 +92,9 @@ class KVCacheManager(Protocol):
     def commit(self, request: Request) -> None: ...
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]: ...
     def snapshot(self, next_waiting: Request | None) -> MemorySnapshot: ...
+    def state(self) -> KVState:
+        """A read-only copy of the whole memory state (for comparing runs)."""
+        ...
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:
@@ -394,6 +404,16 @@ class PagedKVManager:
             copies.extend(self.allocator.append_slots(seq_id, num_positions))
         return copies
 
+    def grow_steps(self, growth: Sequence[Growth], num_steps: int) -> None:
+        self.allocator.append_steps(
+            [
+                SeqRun(seq_id, per_step, left)
+                for request, per_step, left in growth
+                for seq_id in request.active_seq_ids
+            ],
+            num_steps,
+        )
+
     def take_range_copies(self, request: Request) -> list[RangeCopy]:
         return []
 
@@ -467,6 +487,10 @@ class PagedKVManager:
 
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:
         return tuple(self.allocator.block_table(s) for s in request.active_seq_ids)
+
+    def state(self) -> KVState:
+        committed = tuple(sorted((s, len(keys.keys)) for s, keys in self._keys.items()))
+        return replace(self.allocator.state(), committed_blocks=committed)
 
     def snapshot(self, next_waiting: Request | None) -> MemorySnapshot:
         alloc = self.allocator

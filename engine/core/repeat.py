@@ -373,55 +373,47 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
     first_idx = len(s.step_end_s)
     s.step_end_s.extend(step_end_s)
     finished: list[Request] = []
-    # Everyone grows before anyone samples a first token or finishes, as in the steps
-    # themselves: those requests are dealt with after the loop. A decode that goes on is
-    # done in the loop (what _sample and TokenTimeline.add do, inlined for speed), unless
-    # blocks are committed to the prefix cache: commits keep the requests' order.
     kv = s.kv
-    grow = kv.grow
-    # One sequence growing in a paged cache: straight to the allocator (one call less each).
-    append = kv.allocator.append_slots if isinstance(kv, PagedKVManager) else None
-    commit = s.cache_config.enable_prefix_caching
-    last_idx = first_idx + count - 1
-    last_s = step_end_s[-1]
-    later: list[tuple[Request, int, int]] = []
-    for request, per_step, left in grown:
-        num_positions = min(count * per_step, left)
-        if append is not None and not request.forked:
-            append(request.live_seq_ids[0], num_positions)
-        else:
-            grow(request, num_positions)
-        if left == _NEVER and not commit:  # a decode
-            outputs = request.num_output_tokens + count
-            if outputs < request.max_output_tokens and request.first_token_s is not None:
+    # Positions each request computes in the run's last step.
+    finals = [_positions_at(per_step, left, count - 1) for _, per_step, left in grown]
+    if s.cache_config.enable_prefix_caching:
+        # Blocks are registered at the end of every step and evicted as steps take them, and
+        # the two interleave: all but the last step go one at a time, growth then commits.
+        for step in range(count - 1):
+            at_step = [
+                (r, p, p)
+                for r, per_step, left in grown
+                for p in (_positions_at(per_step, left, step),)
+            ]
+            kv.grow_steps(at_step, 1)
+            for request, num_positions, _ in at_step:
                 request.num_computed_tokens += num_positions
-                request.num_output_tokens = outputs
-                tokens = request.tokens
-                counts = tokens.run_counts
-                if counts and tokens.run_starts[-1] + counts[-1] == first_idx:
-                    counts[-1] += count
-                    tokens.last_s = last_s
-                    tokens.num_emissions += count
-                else:
-                    tokens.add(first_idx, count)
-                continue
-        later.append((request, left, num_positions))
+                kv.commit(request)
+        kv.grow_steps([(r, p, p) for (r, _, _), p in zip(grown, finals, strict=True)], 1)
+    else:
+        kv.grow_steps(grown, count)
+        for (request, per_step, left), final in zip(grown, finals, strict=True):
+            request.num_computed_tokens += min(count * per_step, left) - final
     if shape.admit_step < count:
         _admit_head(s, shape, s.step_end_s[first_idx + count - 2])
-    for request, left, num_positions in later:
-        request.num_computed_tokens += num_positions
+    # The last step's rules, as ``update`` applies them; a decode samples once per step.
+    last_idx = first_idx + count - 1
+    last_s = step_end_s[-1]
+    for (request, _, left), final in zip(grown, finals, strict=True):
         if left == _NEVER:
-            s._sample(request, None, first_idx, count)
-        elif request.num_computed_tokens == request.num_tokens:
-            s._sample(request, None, last_idx)  # its prompt's last chunk
-        if commit:
-            s.kv.commit(request)
-        if not request.live_seq_ids:
-            s._finish(request, last_s, finished)
+            s.end_step(request, final, None, first_idx, last_s, finished, count)
+        else:
+            s.end_step(request, final, None, last_idx, last_s, finished)
     if not s.running and s.held:
         finished.extend(s._release_held(step_end_s[-1]))
     s.step_idx += count
     return finished
+
+
+def _positions_at(per_step: int, left: int, step: int) -> int:
+    """Positions computed in repeat ``step`` (0 = the first) by a request growing
+    ``per_step`` a step with ``left`` positions to go."""
+    return max(0, min(per_step, left - step * per_step))
 
 
 def _admit_head(s: Scheduler, shape: RepeatShape, start_s: float) -> None:

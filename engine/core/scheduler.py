@@ -14,6 +14,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.contiguous_allocator import ContiguousKVManager
 from engine.core.growth import Growth, RepeatShape
 from engine.core.kv_manager import KVCacheManager, PagedKVManager
+from engine.core.kv_state import KVState
 from engine.core.memory import MemorySnapshot
 from engine.core.policies import POLICIES, Policy
 from engine.core.request import Request, RequestStatus, TokenTimeline
@@ -238,43 +239,73 @@ class Scheduler:
         step_idx = len(self.step_end_s)
         if batch.requests:
             self.step_end_s.append(now_s)
-        commit = self.cache_config.enable_prefix_caching
         plain = not (result.sampled_token_ids or result.stopped_seq_ids)
         running = RequestStatus.RUNNING
         for scheduled in batch.requests:
             request = scheduled.request
             if request.status is not running:
                 continue  # aborted while the step ran
-            computed = request.num_computed_tokens + scheduled.num_positions
-            request.num_computed_tokens = computed
-            prompt = request.num_prompt_tokens
-            if request.n > 1 and not request.forked and computed == prompt:
-                self.kv.fork(request)
-                request.forked = True
-            outputs = request.num_output_tokens
-            if computed == prompt + outputs:
-                tokens = request.tokens
-                counts = tokens.run_counts
-                if (
-                    plain
-                    and outputs + 1 < request.max_output_tokens
-                    and counts
-                    and tokens.run_starts[-1] + counts[-1] == step_idx
-                ):
-                    # A decode continuing its run of steps, not its last: the common case.
-                    request.num_output_tokens = outputs + 1
-                    counts[-1] += 1
-                    tokens.last_s = now_s
-                    tokens.num_emissions += 1
-                else:
-                    self._sample(request, result, step_idx)
-            if commit:
-                self.kv.commit(request)
-            if not request.live_seq_ids:
-                self._finish(request, now_s, finished)
+            self.end_step(
+                request,
+                scheduled.num_positions,
+                None if plain else result,
+                step_idx,
+                now_s,
+                finished,
+            )
         if not self.running and self.held:
             finished.extend(self._release_held(now_s))
         return finished
+
+    def end_step(
+        self,
+        request: Request,
+        num_positions: int,
+        result: StepResult | None,
+        step_idx: int,
+        now_s: float,
+        finished: list[Request],
+        num_steps: int = 1,
+    ) -> None:
+        """The rules that end a step for one scheduled ``request``, in this order: its
+        ``num_positions`` positions are computed; a prompt just completed forks its samples;
+        when every known token is computed, each live sample samples a token (a finished
+        sample frees its blocks); newly full blocks go to the prefix cache; a request with no
+        live sample finishes (into ``finished``). The step ends at ``now_s`` and has index
+        ``step_idx`` in ``step_end_s``.
+
+        A run of ``num_steps`` identical decode steps (indices ``step_idx`` onwards) is ended
+        in one call, with ``num_positions`` those of its last step: the earlier steps' blocks
+        must have been committed already (see ``FastForward.apply``), so that the outcome is
+        the one of ending each step in turn. This is the only place these rules live.
+        """
+        computed = request.num_computed_tokens + num_positions
+        request.num_computed_tokens = computed
+        prompt = request.num_prompt_tokens
+        if request.n > 1 and not request.forked and computed == prompt:
+            self.kv.fork(request)
+            request.forked = True
+        outputs = request.num_output_tokens
+        if computed + 1 == prompt + outputs + num_steps:
+            tokens = request.tokens
+            counts = tokens.run_counts
+            if (
+                result is None
+                and outputs + num_steps < request.max_output_tokens
+                and counts
+                and tokens.run_starts[-1] + counts[-1] == step_idx
+            ):
+                # A decode continuing its run of steps, not its last: the common case.
+                request.num_output_tokens = outputs + num_steps
+                counts[-1] += num_steps
+                tokens.last_s = now_s
+                tokens.num_emissions += num_steps
+            else:
+                self._sample(request, result, step_idx, num_steps)
+        if self.cache_config.enable_prefix_caching:
+            self.kv.commit(request)
+        if not request.live_seq_ids:
+            self._finish(request, now_s, finished)
 
     def _sample(
         self, request: Request, result: StepResult | None, step_idx: int, count: int = 1
@@ -362,6 +393,11 @@ class Scheduler:
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:
         """Block tables of the request's active sequences (paged memory), for an executor."""
         return self.kv.block_tables(request)
+
+    def kv_state(self) -> KVState:
+        """A read-only copy of the KV memory's whole state: free blocks, reference counts,
+        block tables, prefix-cache entries and their eviction order, the swap pool."""
+        return self.kv.state()
 
     def memory_snapshot(self) -> MemorySnapshot:
         return self.kv.snapshot(self.waiting[0] if self.waiting else None)
