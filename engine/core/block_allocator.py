@@ -116,7 +116,7 @@ class BlockAllocator:
             ref_counts=tuple(self._ref),
             block_tables=tuple((s, tuple(t)) for s, t in sorted(self._tables.items())),
             num_tokens=tuple(sorted(self._num_tokens.items())),
-            prefix_cache=tuple(sorted(self._key_to_block.items())),
+            prefix_cache=frozenset(self._key_to_block.items()),
             eviction_order=tuple(self._evictable),
             swapped_tables=tuple((s, tuple(t)) for s, t in sorted(self._cpu_tables.items())),
             cpu_ref_counts=tuple(self._cpu_ref),

@@ -169,9 +169,9 @@ class PagedKVManager:
         num_tokens = len(hits) * self.block_size + num_positions
         self.allocator.allocate(seq_id, num_tokens, hits)
         if self.prefix_caching:
-            self._keys[seq_id] = SequenceKeys(
-                self._lookup_keys[request.internal_idx].keys[: len(hits)]
-            )
+            # A transferred request (disaggregated decode side) was never looked up: no hits.
+            lookup = self._lookup_keys.get(request.internal_idx)
+            self._keys[seq_id] = SequenceKeys(lookup.keys[: len(hits)] if lookup else [])
 
     def _blocks_to_grow(self, request: Request, num_positions: int) -> int:
         alloc = self.allocator

@@ -13,8 +13,8 @@ class KVState:
     """Everything that decides what a memory manager does next, as plain values.
 
     Paged memory fills every field. ``block_tables`` and ``swapped_tables`` hold block ids;
-    ``eviction_order`` lists cached-free blocks, first evicted first; ``prefix_cache`` is
-    (content key, block id) sorted by key; ``committed_blocks`` counts the full blocks of each
+    ``eviction_order`` lists cached-free blocks, first evicted first; ``prefix_cache`` holds
+    (content key, block id) pairs; ``committed_blocks`` counts the full blocks of each
     sequence already registered in the prefix cache. Contiguous memory reports each
     sequence's reservation as a two-entry table ``(start slot, num slots)``, its holes as
     ``free_ranges`` and leaves the block-only fields empty.
@@ -24,7 +24,7 @@ class KVState:
     ref_counts: tuple[int, ...]
     block_tables: SeqBlocks
     num_tokens: tuple[tuple[int, int], ...]  # (seq_id, tokens held), by seq_id
-    prefix_cache: tuple[tuple[int, int], ...] = ()
+    prefix_cache: frozenset[tuple[int, int]] = frozenset()
     eviction_order: tuple[int, ...] = ()
     committed_blocks: tuple[tuple[int, int], ...] = ()
     swapped_tables: SeqBlocks = ()

@@ -356,8 +356,11 @@ class Scheduler:
         for request in released:
             request.status = RequestStatus.FINISHED
             request.finish_s = now_s
-            self.kv.free(request)
             del self._requests[request.request_id]
+            if request.hold_kv_on_finish:  # a disaggregated prefill: its KV is still sent
+                self.kv_held[request.request_id] = request
+            else:
+                self.kv.free(request)
         return released
 
     # -- fast-forwarding identical steps (engine/core/repeat.py) -------------------------------
