@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from engine.core.kv_state import KVState
 from engine.core.policies import POLICIES
 from engine.core.scheduler import Scheduler
-from sim.records import SUMMED_COLUMNS
+from records.schema import SUMMED_COLUMNS
 from sim.run import RunConfig, RunResult, simulate
 from traces.schema import Trace, TraceRequest
 
