@@ -4,15 +4,32 @@ the mechanism behind ``StepContext.schedule`` (growth, preemption, admission, sw
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from engine.core.batch import ScheduledBatch, ScheduledRequest
 from engine.core.block_allocator import BlockPair
+from engine.core.config import CacheConfig
+from engine.core.kv_manager import KVCacheManager
+from engine.core.policies import Policy
 from engine.core.request import Request, RequestStatus
 
-if TYPE_CHECKING:
-    from engine.core.scheduler import Scheduler
+
+class StepHost(Protocol):
+    """What a step needs from its scheduler (``Scheduler`` is the one implementation; naming
+    it here instead keeps the import one-way)."""
+
+    policy: Policy
+    cache_config: CacheConfig
+    kv: KVCacheManager
+    running: list[Request]
+    waiting: deque[Request]
+    swapped: deque[Request]
+    arrivals_done: bool
+    num_held_samples: int
+
+    def preempt(self, victim: Request, batch: ScheduledBatch) -> None: ...
 
 
 def arrival_order(request: Request) -> tuple[float, int]:
@@ -23,7 +40,7 @@ def arrival_order(request: Request) -> tuple[float, int]:
 class Step:
     """The ``StepContext`` of one ``Scheduler.schedule`` call."""
 
-    def __init__(self, scheduler: Scheduler, now_s: float, batch: ScheduledBatch) -> None:
+    def __init__(self, scheduler: StepHost, now_s: float, batch: ScheduledBatch) -> None:
         self.s = scheduler
         self._now_s = now_s
         self.batch = batch
@@ -184,7 +201,7 @@ class Step:
         while copies is None:
             victim = self._pick_victim(request)
             self._preempted.add(victim.internal_idx)
-            self.s._preempt(victim, self.batch)
+            self.s.preempt(victim, self.batch)
             if victim is request:
                 return None
             copies = kv.try_grow(request, num_positions)

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from hypothesis import strategies as st
 
+from engine.core.fastforward import FastForward
 from engine.core.kv_state import KVState
 from engine.core.policies import POLICIES
 from engine.core.scheduler import Scheduler
@@ -39,31 +40,39 @@ def recording_states() -> Iterator[dict[StateKey, KVState]]:
     states: dict[StateKey, KVState] = {}
     schedulers: list[Scheduler] = []
     originals: dict[str, Any] = {
-        name: getattr(Scheduler, name) for name in ("__init__", "update", "repeat")
+        "__init__": Scheduler.__init__,
+        "update": Scheduler.update,
+        "apply": FastForward.apply,
     }
 
     def init(self: Scheduler, *args: Any, **kwargs: Any) -> None:
         originals["__init__"](self, *args, **kwargs)
         schedulers.append(self)
 
-    def recorded(name: str) -> Callable[..., Any]:
-        def call(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
-            finished = originals[name](self, *args, **kwargs)
-            key = StateKey(schedulers.index(self), len(self.step_end_s))
-            if key not in states:
-                states[key] = self.kv_state()
-            return finished
+    def record(scheduler: Scheduler) -> None:
+        key = StateKey(schedulers.index(scheduler), len(scheduler.step_end_s))
+        if key not in states:
+            states[key] = scheduler.kv_state()
 
-        return call
+    def update(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
+        finished = originals["update"](self, *args, **kwargs)
+        record(self)
+        return finished
+
+    def apply(self: FastForward, *args: Any, **kwargs: Any) -> Any:
+        finished = originals["apply"](self, *args, **kwargs)
+        record(self.scheduler)
+        return finished
 
     Scheduler.__init__ = init  # type: ignore[method-assign]
-    Scheduler.update = recorded("update")  # type: ignore[method-assign]
-    Scheduler.repeat = recorded("repeat")  # type: ignore[method-assign]
+    Scheduler.update = update  # type: ignore[method-assign]
+    FastForward.apply = apply  # type: ignore[method-assign]
     try:
         yield states
     finally:
-        for name, original in originals.items():
-            setattr(Scheduler, name, original)
+        Scheduler.__init__ = originals["__init__"]  # type: ignore[method-assign]
+        Scheduler.update = originals["update"]  # type: ignore[method-assign]
+        FastForward.apply = originals["apply"]  # type: ignore[method-assign]
 
 
 def run_both(
