@@ -32,6 +32,9 @@ class StepHost(Protocol):
     def preempt(self, victim: Request, batch: ScheduledBatch) -> None: ...
 
 
+_UNLIMITED = 1 << 62  # a budget no step can use up (the policy set none)
+
+
 def arrival_order(request: Request) -> tuple[float, int]:
     """FCFS order: arrival time, then the order requests were added."""
     return (request.arrival_s, request.internal_idx)
@@ -45,9 +48,9 @@ class Step:
         self._now_s = now_s
         self.batch = batch
         budget = scheduler.policy.token_budget()
-        self._token_budget = budget if budget is not None else 1 << 62
+        self._token_budget = budget if budget is not None else _UNLIMITED
         seqs = scheduler.policy.seq_budget()
-        self._seq_budget = seqs if seqs is not None else 1 << 62
+        self._seq_budget = seqs if seqs is not None else _UNLIMITED
         self._scheduled: set[int] = set()
         self._preempted: set[int] = set()
         self._range_copies = scheduler.cache_config.memory_model == "contiguous"
