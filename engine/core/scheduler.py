@@ -148,11 +148,12 @@ class Scheduler:
         self._changed_since_schedule = True
 
     def _reserve_incoming(self, batch: ScheduledBatch) -> None:
-        """Reserve blocks for transferred requests, FCFS, while they fit (with watermark)."""
+        """Reserve blocks for transferred requests, FCFS, while they fit (with the watermark
+        while something runs)."""
         while self.incoming:
             request = self.incoming[0]
             known = request.num_prompt_tokens  # KV arriving; the first token is computed here
-            if not self.kv.can_admit(request, known + 1, ()):
+            if not self.kv.can_admit(request, known + 1, (), watermark=bool(self.running)):
                 return
             self.incoming.popleft()
             self.kv.admit(request, known, ())
@@ -264,14 +265,14 @@ class Scheduler:
         """The rules that end a step for one scheduled ``request``, in this order: its
         ``num_positions`` positions are computed; a prompt just completed forks its samples;
         when every known token is computed, each live sample samples a token (a finished
-        sample frees its blocks); newly full blocks go to the prefix cache; a request with no
-        live sample finishes (into ``finished``). The step ends at ``now_s`` and has index
-        ``step_idx`` in ``step_end_s``.
+        sample frees its blocks); a request with no live sample finishes (into ``finished``).
+        The step ends at ``now_s`` and has index ``step_idx`` in ``step_end_s``. (Its full
+        blocks entered the prefix cache when it was scheduled: ``step.commit_scheduled``.)
 
         A run of ``num_steps`` identical decode steps (indices ``step_idx`` onwards) is ended
-        in one call, with ``num_positions`` those of its last step: the earlier steps' blocks
-        must have been committed already (see ``engine.core.fastforward``), so that the outcome is
-        the one of ending each step in turn. This is the only place these rules live.
+        in one call, with ``num_positions`` those of its last step, the earlier steps'
+        positions already computed (see ``engine.core.fastforward``): the outcome is the one
+        of ending each step in turn. This is the only place these rules live.
         """
         computed = request.num_computed_tokens + num_positions
         request.num_computed_tokens = computed
@@ -296,8 +297,6 @@ class Scheduler:
                 tokens.num_emissions += num_steps
             else:
                 self._sample(request, result, step_idx, num_steps)
-        if self.cache_config.enable_prefix_caching:
-            self.kv.commit(request)
         if not request.live_seq_ids:
             self._finish(request, now_s, finished)
 

@@ -35,6 +35,14 @@ class StepHost(Protocol):
 _UNLIMITED = 1 << 62  # a budget no step can use up (the policy set none)
 
 
+def commit_scheduled(kv: KVCacheManager, request: Request, computed_end: int, known: int) -> None:
+    """As vLLM's ``allocate_slots``: once a step schedules ``request`` up to ``computed_end``
+    tokens, the full blocks among them whose tokens are known (the first ``known``) enter the
+    prefix cache, at schedule time, not when the step ends. The one place of this rule: the
+    step (``Step``) and fast-forward's bulk steps both call it."""
+    kv.commit(request, min(computed_end, known))
+
+
 def arrival_order(request: Request) -> tuple[float, int]:
     """FCFS order: arrival time, then the order requests were added."""
     return (request.arrival_s, request.internal_idx)
@@ -55,6 +63,7 @@ class Step:
         self._preempted: set[int] = set()
         self._range_copies = scheduler.cache_config.memory_model == "contiguous"
         self._hits: dict[int, Sequence[int]] = {}
+        self._commit = scheduler.cache_config.enable_prefix_caching
 
     # -- read-only view ----------------------------------------------------------------------
 
@@ -154,7 +163,7 @@ class Step:
                 return False
             copies = []
         elif status is RequestStatus.SWAPPED:
-            if not self.s.kv.can_swap_in(request, num_positions):
+            if not self.s.kv.can_swap_in(request, num_positions, watermark=bool(self.s.running)):
                 return False
             self._swap_in(request)
             copies = self.s.kv.grow(request, num_positions)
@@ -194,6 +203,8 @@ class Step:
                 self._token_budget -= 1
                 self._seq_budget -= 1
                 requests_out.append(ScheduledRequest(request, 1, computed, (live[0],), False))
+                if self._commit:
+                    commit_scheduled(kv, request, computed + 1, request.num_tokens)
             else:
                 self.schedule(request, 1)
         return others
@@ -220,9 +231,10 @@ class Step:
     def _admit(self, request: Request, num_positions: int, pending: int) -> bool:
         kv = self.s.kv
         hits = self._prefix_hits(request)
-        # Like vLLM's v0 block manager, admit only if the whole known prompt fits, even when
-        # this step computes just a chunk: admitting on a chunk alone thrashes under load.
-        if not kv.can_admit(request, pending, hits):
+        # As vLLM (scheduler_reserve_full_isl, on by default), admit only if the whole known
+        # prompt fits, even when this step computes just a chunk: admitting on a chunk alone
+        # thrashes under load. The watermark is kept free only while some request runs.
+        if not kv.can_admit(request, pending, hits, watermark=bool(self.s.running)):
             return False
         kv.admit(request, num_positions, hits)
         hit_tokens = len(hits) * kv.block_size
@@ -257,6 +269,7 @@ class Step:
         seqs: int,
     ) -> None:
         batch = self.batch
+        computed_end = request.num_computed_tokens + num_positions
         if copies:
             batch.copies.extend(copies)
             request.num_cow_copies += len(copies)
@@ -264,6 +277,10 @@ class Step:
             range_copies = self.s.kv.take_range_copies(request)
             if range_copies:
                 batch.range_copies.extend(range_copies)
+        if self._commit:
+            # As vLLM's allocate_slots: full blocks of known tokens enter the prefix cache
+            # when they are scheduled, not when the step ends.
+            commit_scheduled(self.s.kv, request, computed_end, request.num_tokens)
         self._scheduled.add(request.internal_idx)
         self._token_budget -= num_positions * width
         self._seq_budget -= seqs

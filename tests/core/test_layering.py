@@ -112,7 +112,7 @@ def test_no_import_cycle_inside_the_core() -> None:
 
     def visit(module: str, path: list[str]) -> None:
         if module in path:
-            cycle = path[path.index(module) :] + [module]
+            cycle = [*path[path.index(module) :], module]
             raise AssertionError("import cycle: " + " -> ".join(cycle))
         if module in done:
             return

@@ -29,6 +29,7 @@ PARAMS_B = {
     "Mistral-7B": 7.24,
     "Qwen2.5-7B": 7.62,
     "OPT-13B": 12.85,
+    "tiny-llama": 0.0069632,  # ours: 4 x 692,224 per layer + 2 x 8192 x 256 embeddings
 }
 
 

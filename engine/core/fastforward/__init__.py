@@ -34,6 +34,7 @@ from engine.core.kv_manager import KVCacheManager, PagedKVManager
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
+from engine.core.step import commit_scheduled
 
 __all__ = ["UNBOUNDED", "FastForward", "RepeatShape", "RequestGrowth", "RunPlan", "StepTokens"]
 
@@ -87,21 +88,19 @@ class FastForward:
         # Positions each request computes in the last step.
         finals = [_positions_at(g, count - 1) for g in growth]
         if s.cache_config.enable_prefix_caching:
-            # Blocks are registered at the end of every step and evicted as steps take them,
-            # and the two interleave: all but the last step go one at a time, growth first.
-            for step in range(count - 1):
-                at_step = [
-                    RequestGrowth(g.request, p, p)
-                    for g in growth
-                    for p in (_positions_at(g, step),)
-                ]
-                _grow(kv, at_step, 1)
-                for request, num_positions, _ in at_step:
-                    request.num_computed_tokens += num_positions
-                    kv.commit(request)
-            _grow(
-                kv, [RequestGrowth(g.request, p, p) for g, p in zip(growth, finals, strict=True)], 1
-            )
+            # Each step grows each request and registers its full blocks as it is scheduled,
+            # request after request (growth may evict cached blocks): one step at a time.
+            for step in range(count):
+                for g in growth:
+                    request = g.request
+                    num_positions = _positions_at(g, step)
+                    _grow(kv, [RequestGrowth(request, num_positions, num_positions)], 1)
+                    end = request.num_computed_tokens + num_positions
+                    # A decode's known tokens grow by the one sampled each step.
+                    known = request.num_tokens + (step if g.is_decode else 0)
+                    commit_scheduled(kv, request, end, known)
+                    if step < count - 1:  # (the last step's positions: ``end_step``)
+                        request.num_computed_tokens = end
         else:
             _grow(kv, growth, count)
             for g, final in zip(growth, finals, strict=True):
