@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     wall_s = time.perf_counter() - start
     print(f"# python {platform.python_version()} on {platform.machine()}, seed {args.seed}")
     print(
-        f"{runs['examples']} draws run (asked {args.examples}); {runs['with_skips']} skipped "
-        f"steps ({runs['skipped_steps']:,} steps in all); {wall_s:.0f} s"
+        f"{runs['examples']} draws run (asked {args.examples}); {runs['with_skips']} of them "
+        f"fast-forwarded ({runs['skipped_steps']:,} steps skipped in all); {wall_s:.0f} s"
     )
     print("result: " + ("all equal" if failure is None else f"FAILED: {failure}"))
     return 0 if failure is None else 1
