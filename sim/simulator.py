@@ -5,6 +5,7 @@ policy timer) wakes it, and skipping over runs of identical decode steps exactly
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Generator
 
 import simpy
@@ -38,6 +39,18 @@ def to_request(item: TraceRequest) -> Request:
 
 def _ignore(requests: list[Request]) -> None:
     return None
+
+
+def _delay_until(now_s: float, end_s: float) -> float:
+    """The delay that brings SimPy's clock from ``now_s`` to exactly ``end_s``: ``now_s +
+    (end_s - now_s)`` may miss it by a unit in the last place, and then everything that
+    follows (a KV transfer, the run's end) would differ from stepping one step at a time."""
+    delay = max(0.0, end_s - now_s)
+    while now_s + delay < end_s:
+        delay = math.nextafter(delay, math.inf)
+    while delay > 0.0 and now_s + delay > end_s:
+        delay = math.nextafter(delay, 0.0)
+    return delay
 
 
 class Replica:
@@ -141,7 +154,7 @@ class Replica:
         self._skipping = True
         while True:
             try:
-                yield self.env.timeout(max(0.0, ends[last] - self.env.now))
+                yield self.env.timeout(_delay_until(self.env.now, ends[last]))
                 break
             except simpy.Interrupt:
                 # The step under way finishes as planned; the next one is scheduled afresh.

@@ -91,3 +91,29 @@ def test_disaggregated_static_pool_hands_held_kv_to_the_link() -> None:
         **SMALL,  # type: ignore[arg-type]
     )
     assert_fast_forward_exact(_trace(*[(1, 1, 1)] * 5, (1, 2, 1)), config)
+
+
+def test_skipped_run_ends_exactly_when_the_steps_would() -> None:
+    """Found by the benchmark's draws: SimPy's clock reached a skipped run's end a unit in the
+    last place off the summed step times, so a disaggregated prefill's transfer (and the
+    run's duration) differed from stepping one step at a time."""
+    config = RunConfig(
+        policy="disagg",
+        pool_policy="chunked",
+        memory_model="paged",
+        num_blocks=800,
+        max_num_seqs=2,
+        max_num_batched_tokens=8,
+        batch_size=1,
+        max_wait_s=0.0,
+        **SMALL,  # type: ignore[arg-type]
+    )
+    specs = [(0.0, 1)] * 4 + [(0.3, 469), (0.3, 4), (0.3, 1), (0.3, 1)]
+    trace = Trace(
+        name="regression",
+        requests=tuple(
+            TraceRequest(f"r{idx}", arrival_s, prompt, 1)
+            for idx, (arrival_s, prompt) in enumerate(specs)
+        ),
+    )
+    assert_fast_forward_exact(trace, config)
