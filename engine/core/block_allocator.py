@@ -283,42 +283,61 @@ class BlockAllocator:
         them, so the block tables come out the same. No tail may need a copy-on-write;
         nothing changes if the pool runs out (``OutOfBlocksError``)."""
         bs = self.block_size
-        tables, tokens, ref = self._tables, self._num_tokens, self._ref
-        starts: list[tuple[int, int, int]] = []  # (step, run index, blocks it starts)
+        tables, tokens, ref, fill = self._tables, self._num_tokens, self._ref, self._fill
+        num_runs = len(runs)
+        # Blocks started, each as step * num_runs + run index: sorted, the order of the steps.
+        starts: list[int] = []
+        grows: list[tuple[int, int, int]] = []  # (tokens held, tokens after, blocks started)
+        added = 0
         for order, (seq_id, per_step, left) in enumerate(runs):
             held = tokens[seq_id]
             table = tables[seq_id]
+            grown = num_steps * per_step
+            if grown > left:
+                grown = left
+            after = held + grown
+            new_blocks = -(-after // bs) - len(table)
             if held % bs and ref[table[-1]] != 1:
                 raise ValueError(f"sequence {seq_id} shares its tail block: it needs a copy")
-            if per_step == 1 and left >= num_steps:  # a decode: a block every bs steps
-                starts.extend((step, order, 1) for step in range(-held % bs, num_steps, bs))
+            added += grown
+            grows.append((held, after, new_blocks))
+            if not new_blocks:
+                continue
+            if per_step == 1:  # a decode: a block every bs steps
+                first = -held % bs
+                stop = (first + new_blocks * bs) * num_runs
+                starts.extend(range(first * num_runs + order, stop, bs * num_runs))
                 continue
             blocks = len(table)
             for step in range(num_steps):
-                done = min((step + 1) * per_step, left)
-                need = -(-(held + done) // bs) - blocks
-                if need:
-                    starts.append((step, order, need))
-                    blocks += need
-                if done == left:
-                    break
-        need = sum(n for _, _, n in starts)
-        if need > self.num_free_blocks:
-            raise OutOfBlocksError(f"need {need} blocks, {self.num_free_blocks} free")
+                need = -(-(held + min((step + 1) * per_step, left)) // bs) - blocks
+                starts.extend([step * num_runs + order] * need)
+                blocks += need
+        if len(starts) > self.num_free_blocks:
+            raise OutOfBlocksError(f"need {len(starts)} blocks, {self.num_free_blocks} free")
         starts.sort()
-        for _, order, count in starts:
-            table = tables[runs[order].seq_id]
-            for _ in range(count):
-                table.append(self._take_block())
-        fill = self._fill
-        for seq_id, per_step, left in runs:
-            held = tokens[seq_id]
-            now = held + min(num_steps * per_step, left)
-            table = tables[seq_id]
-            for block_idx in range(held // bs, len(table)):
-                fill[table[block_idx]] = min(bs, now - block_idx * bs)
-            tokens[seq_id] = now
-            self.num_filled_slots += now - held
+        run_tables = [tables[run.seq_id] for run in runs]
+        free = self._free
+        if len(starts) <= len(free):
+            # No eviction: blocks come off the free stack in order.
+            for key in starts:
+                block_id = free.pop()
+                ref[block_id] = 1
+                run_tables[key % num_runs].append(block_id)
+            self.num_used_blocks += len(starts)
+        else:
+            for key in starts:
+                run_tables[key % num_runs].append(self._take_block())
+        for (seq_id, _, _), table, (held, after, new_blocks) in zip(
+            runs, run_tables, grows, strict=True
+        ):
+            if new_blocks:
+                for block_idx in range(held // bs, len(table)):
+                    fill[table[block_idx]] = min(bs, after - block_idx * bs)
+            elif after > held:
+                fill[table[-1]] += after - held
+            tokens[seq_id] = after
+        self.num_filled_slots += added
 
     def append_in_place(self, seq_id: int) -> bool:
         """Append one token if the last block is held alone and has room; else do nothing and

@@ -86,7 +86,9 @@ class FastForward:
         first_idx = s.record_step_ends(step_end_s)
         kv = s.kv
         # Positions each request computes in the last step.
-        finals = [_positions_at(g, count - 1) for g in growth]
+        finals = [
+            1 if g.positions_left == UNBOUNDED else _positions_at(g, count - 1) for g in growth
+        ]
         if s.cache_config.enable_prefix_caching:
             # Each step grows each request and registers its full blocks as it is scheduled,
             # request after request (growth may evict cached blocks): one step at a time.
@@ -103,9 +105,13 @@ class FastForward:
                         request.num_computed_tokens = end
         else:
             _grow(kv, growth, count)
-            for g, final in zip(growth, finals, strict=True):
-                total = min(count * g.positions_per_step, g.positions_left)
-                g.request.num_computed_tokens += total - final
+            if count > 1:
+                for g, final in zip(growth, finals, strict=True):
+                    if g.positions_left == UNBOUNDED:  # a decode: one position a step
+                        g.request.num_computed_tokens += count - 1
+                    else:
+                        total = min(count * g.positions_per_step, g.positions_left)
+                        g.request.num_computed_tokens += total - final
         last_idx = first_idx + count - 1
         last_s = step_end_s[-1]
         head = None

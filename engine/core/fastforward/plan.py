@@ -94,7 +94,9 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
         ):
             if width != len(request.live_seq_ids):
                 return None
-            limit = min(limit, request.max_output_tokens - outputs)
+            remaining = request.max_output_tokens - outputs
+            if remaining < limit:
+                limit = remaining
             grown.append(RequestGrowth(request, 1, UNBOUNDED))
             computed = request.num_computed_tokens
             phases[computed % bs] += width
@@ -164,7 +166,9 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
             and computed + 1 == prompt_tokens + outputs
             and (request.forked or request.n == 1)
         ):
-            limit = min(limit, request.max_output_tokens - outputs)
+            remaining = request.max_output_tokens - outputs
+            if remaining < limit:
+                limit = remaining
             grown.append(RequestGrowth(request, 1, UNBOUNDED))
             phases[computed % bs] += 1
             decode_tokens += computed
