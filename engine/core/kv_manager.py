@@ -143,9 +143,11 @@ class PagedKVManager:
         num_tokens = len(hits) * self.block_size + num_positions
         self.allocator.allocate(seq_id, num_tokens, hits)
         if self.prefix_caching:
-            # A transferred request (disaggregated decode side) was never looked up: no hits.
+            # A request admitted without a lookup (KV transferred in) has no lookup keys.
             lookup = self._lookup_keys.get(request.internal_idx)
-            self._keys[seq_id] = SequenceKeys(lookup.keys[: len(hits)] if lookup else [])
+            self._keys[seq_id] = SequenceKeys(
+                lookup.keys[: len(hits)] if lookup is not None else None
+            )
 
     def _blocks_to_grow(self, request: Request, num_positions: int) -> int:
         alloc = self.allocator

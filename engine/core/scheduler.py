@@ -221,6 +221,8 @@ class Scheduler:
             retry = not self.running and self.held
             if batch.requests or not (retry or len(batch.preempted_ids) > num_preempted):
                 break
+        if self.incoming and batch.preempted_ids:
+            self._reserve_incoming(batch)  # preemption freed the room they lacked above
         batch.num_running = len(self.running)
         batch.num_waiting = len(self.waiting)
         batch.num_swapped = len(self.swapped)
@@ -350,7 +352,7 @@ class Scheduler:
             request.status = RequestStatus.FINISHED
             request.finish_s = now_s
             del self._requests[request.request_id]
-            if request.hold_kv_on_finish:  # a disaggregated prefill: its KV is still sent
+            if request.hold_kv_on_finish:  # a disagg prefill: its KV is sent first
                 self.kv_held[request.request_id] = request
             else:
                 self.kv.free(request)
