@@ -187,6 +187,8 @@ def configs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> RunConfig:
     tokens = draw(st.sampled_from([8, 40, 160, 800, 4000]))  # cache size in tokens
     prefix = memory == "paged" and draw(st.booleans())
     disagg = policy == "disagg"
+    preemption = draw(st.sampled_from(["recompute", "swap"]))
+    swap = preemption == "swap"
     return RunConfig(
         policy=policy,
         pool_policy=pool_policy,
@@ -196,8 +198,9 @@ def configs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> RunConfig:
         block_size=block_size,
         num_blocks=max(2, tokens // block_size),
         enable_prefix_caching=prefix,
-        preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
-        swap_space_gib=draw(st.sampled_from([0.0, 0.004, 0.03])),
+        preemption_mode=preemption,
+        # Swap needs room for at least one block (16 MiB at 32 tokens of Llama-2-7B).
+        swap_space_gib=draw(st.sampled_from([0.02, 0.05] if swap else [0.0, 0.004, 0.03])),
         max_num_seqs=draw(st.sampled_from([1, 2, 5, 256])),
         max_num_batched_tokens=draw(st.sampled_from([8, 24, 96, 8192])),
         batch_size=draw(st.integers(1, 4)),
