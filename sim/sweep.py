@@ -57,8 +57,10 @@ class PointOutput:
 
 def num_gpus(config: Any) -> int:
     """GPUs a deployment holds: TP times its replicas (both pools for disagg)."""
-    replicas = config.num_prefill + config.num_decode if config.policy == "disagg" else (
-        config.num_replicas
+    replicas = (
+        config.num_prefill + config.num_decode
+        if config.policy == "disagg"
+        else (config.num_replicas)
     )
     return int(config.tp * replicas)
 
@@ -96,7 +98,7 @@ def run_point(task: PointTask, keep_files: bool = True) -> PointOutput:
         rate = options.get(RATE)
         trace = _trace(task.source, float(rate) if rate is not None else None)
         result = simulate(trace, config)
-    except Exception as error:  # noqa: BLE001 - a failing point is recorded, the sweep goes on
+    except Exception as error:  # a failing point is recorded; the sweep goes on
         last = traceback.extract_tb(error.__traceback__)[-1:]
         where = f" ({Path(last[0].filename).name}:{last[0].lineno})" if last else ""
         row.update(status="error", error=f"{type(error).__name__}: {error}{where}")

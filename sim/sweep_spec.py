@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import tomllib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +17,11 @@ from traces import cli as traces_cli
 from traces.loaders import load_trace
 from traces.schema import Trace
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 reads TOML with the tomli backport
+    import tomli as tomllib
+
 OptionValue = str | int | float | bool
 # Options that name the trace or the outputs: the spec's [trace] table or the sweep CLI own them.
 NOT_SWEPT = frozenset({"trace", "format", "skip_bad_rows", "out", "report", "quiet"})
@@ -26,7 +31,7 @@ RATE = "rate"  # target mean arrival rate in req/s: time-scales a trace, or the 
 class _RaisingParser(argparse.ArgumentParser):
     """An argparse parser that raises ``ValueError`` instead of printing and exiting."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         raise ValueError(message)
 
 
@@ -197,7 +202,9 @@ def parse_spec(data: dict[str, Any], root: Path, where: str) -> SweepSpec:
     _check_options(f"{where} [run]", base, allowed)
     _check_options(f"{where} [grid]", grid, allowed)
     for idx, item in enumerate(listed):
-        _check_options(f"{where} [[points]] {idx + 1}", item if isinstance(item, dict) else {}, allowed)
+        _check_options(
+            f"{where} [[points]] {idx + 1}", item if isinstance(item, dict) else {}, allowed
+        )
     source = _source(trace, generator, root, where)
     try:
         points = tuple(_grid_points(base, grid, listed))
@@ -211,7 +218,9 @@ def parse_spec(data: dict[str, Any], root: Path, where: str) -> SweepSpec:
     return SweepSpec(source, points)
 
 
-def _source(trace: dict[str, Any], generator: dict[str, Any], root: Path, where: str) -> TraceSource:
+def _source(
+    trace: dict[str, Any], generator: dict[str, Any], root: Path, where: str
+) -> TraceSource:
     if bool(trace) == bool(generator):
         raise ValueError(f"{where}: give exactly one of [trace] (path = ...) or [generator]")
     if trace:
