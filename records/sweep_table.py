@@ -61,7 +61,7 @@ def load_sweep_csv(path: str | Path) -> pd.DataFrame:
     missing = [c for c in LEAD_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"{path}: not a sweep.csv (missing columns {missing})")
-    frame["error"] = frame["error"].fillna("").astype(str)
+    frame["error"] = ["" if pd.isna(v) else str(v) for v in frame["error"]]
     return frame
 
 

@@ -40,7 +40,7 @@ class SearchSettings:
 @dataclass
 class CapacityResult:
     """The bracket ``[low_rate, high_rate]``: ``low_rate`` passed, ``high_rate`` failed (None:
-    none failed, or none passed for ``low_rate``). ``capacity_rate`` is ``low_rate``."""
+    none failed, or none passed for ``low_rate``)."""
 
     low_rate: float | None = None
     high_rate: float | None = None
@@ -49,7 +49,8 @@ class CapacityResult:
 
     @property
     def capacity_rate(self) -> float | None:
-        return self.low_rate
+        """The highest passing rate below the lowest failure; None when the search failed."""
+        return None if self.error else self.low_rate
 
 
 Runner = Callable[[list[float]], list[PointOutput]]
