@@ -8,6 +8,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,7 +22,15 @@ from tqdm import tqdm
 
 from records.run_dir import write_run_dir
 from records.sweep_table import write_sweep_csv
-from sim.sweep_spec import RATE, OptionValue, TraceSource, load_spec, point_config
+from sim.sweep_spec import (
+    RATE,
+    OptionValue,
+    TraceSource,
+    load_spec,
+    point_argv,
+    point_config,
+    scale_trace,
+)
 
 SWEEP_KEY = "sweep_point"  # summary.json key holding the options a point ran with
 
@@ -79,9 +88,20 @@ _TRACE_CACHE: dict[tuple[str, float | None], Any] = {}
 
 
 def _trace(source: TraceSource, rate: float | None) -> Any:
-    key = (json.dumps(source.describe(), sort_keys=True), rate)
+    """The point's trace: a file is read once per worker and time-scaled per rate; a generator
+    runs again at each rate. Only the latest trace is kept, so memory stays flat."""
+    described = json.dumps(source.describe(), sort_keys=True)
+    key: tuple[str, float | None]
+    if source.path is not None:
+        key = (described, None)
+        if key not in _TRACE_CACHE:
+            _TRACE_CACHE.clear()
+            _TRACE_CACHE[key] = source.load()
+        base = _TRACE_CACHE[key]
+        return base if rate is None else scale_trace(base, rate)
+    key = (described, rate)
     if key not in _TRACE_CACHE:
-        _TRACE_CACHE.clear()  # one trace at a time per worker keeps memory flat
+        _TRACE_CACHE.clear()
         _TRACE_CACHE[key] = source.load(rate)
     return _TRACE_CACHE[key]
 
@@ -104,31 +124,27 @@ def run_point(task: PointTask, keep_files: bool = True) -> PointOutput:
         row.update(status="error", error=f"{type(error).__name__}: {error}{where}")
         return PointOutput(task.index, row)
     row.update(status="ok", error="")
+    if task.source.path and RATE not in options:
+        # The same run by hand; a time-scaled trace has no file to name.
+        source = task.source
+        flags = ["--format", source.format] if source.format != "auto" else []
+        flags += ["--skip-bad-rows"] if source.skip_bad_rows else []
+        argv = ["python", "-m", "sim", "run", task.source.path, *flags, *point_argv(options)]
+        result.command = shlex.join(argv)
     row.update(result.summary)
     row["slo_attainment"] = slo_attainment(result.summary)
     files = None
     if keep_files:
-        payload = {
-            "trace": result.trace_name,
-            "config": _config_dict(config),
-            "memory_model": result.memory_model,
-            "num_blocks": result.num_blocks,
-            "num_skipped_rows": result.num_skipped_rows,
-            "notes": result.notes,
-            "mean_real_token_share": result.mean_real_token_share,
-            "summary": result.summary,
-            "trace_stats": result.trace_stats,
-            "command": None,
-            SWEEP_KEY: task.identity,
-        }
+        payload = {**result.payload(), SWEEP_KEY: task.identity}
         files = (result.requests_frame(), result.steps.to_frame(), payload)
     return PointOutput(task.index, row, files)
 
 
-def _config_dict(config: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(config)
+def lost_point(task: PointTask, error: BaseException) -> PointOutput:
+    """The row of a point whose worker died before it could report."""
+    row: dict[str, Any] = {"point": task.index, "run_dir": task.folder, **dict(task.options)}
+    row.update(status="error", error=f"worker lost: {type(error).__name__}: {error}")
+    return PointOutput(task.index, row)
 
 
 def resumed_output(task: PointTask, out: Path) -> PointOutput | None:
@@ -160,9 +176,12 @@ def _local(tasks: Sequence[PointTask], jobs: int, keep: bool) -> Iterator[PointO
             yield run_point(task, keep)
         return
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_point, task, keep) for task in tasks]
+        futures = {pool.submit(run_point, task, keep): task for task in tasks}
         for future in as_completed(futures):
-            yield future.result()
+            try:
+                yield future.result()
+            except Exception as error:  # a worker died (killed, out of memory): record it
+                yield lost_point(futures[future], error)
 
 
 def _ray(tasks: Sequence[PointTask], address: str | None, keep: bool) -> Iterator[PointOutput]:
@@ -176,9 +195,13 @@ def _ray(tasks: Sequence[PointTask], address: str | None, keep: bool) -> Iterato
     try:
         remote = ray.remote(run_point)
         pending = [remote.remote(task, keep) for task in tasks]
+        tasks_by_ref = dict(zip(pending, tasks, strict=True))
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(done[0])
+            try:
+                yield ray.get(done[0])
+            except Exception as error:  # a worker or node died: record it
+                yield lost_point(tasks_by_ref[done[0]], error)
     finally:
         if started:
             ray.shutdown()
@@ -209,15 +232,8 @@ def execute(
 def _write_point(out: Path, output: PointOutput) -> None:
     if output.files is not None:
         requests, steps, payload = output.files
-        payload["servesim_version"] = _version()
         write_run_dir(out / output.row["run_dir"], requests, steps, payload)
         output.files = None  # the driver keeps rows only
-
-
-def _version() -> str:
-    from sim.run import servesim_version
-
-    return servesim_version()
 
 
 @dataclass(frozen=True, slots=True)

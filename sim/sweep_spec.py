@@ -119,14 +119,17 @@ def _argv(options: Mapping[str, OptionValue], actions: Mapping[str, argparse.Act
     return argv
 
 
+def point_argv(options: Mapping[str, OptionValue]) -> list[str]:
+    """The ``run`` flags these options stand for (``rate`` left out: ``run`` has no such flag)."""
+    run_options = {k: v for k, v in options.items() if _key(k) != RATE}
+    return _argv(run_options, _run_options(_run_parser()))
+
+
 def point_config(options: Mapping[str, OptionValue]) -> RunConfig:
     """The `RunConfig` that ``run`` would build from these options (``rate`` left out)."""
     from sim.cli import config_from_args
 
-    parser = _run_parser()
-    run_options = {k: v for k, v in options.items() if _key(k) != RATE}
-    args = parser.parse_args(["TRACE", *_argv(run_options, _run_options(parser))])
-    return config_from_args(args)
+    return config_from_args(_run_parser().parse_args(["TRACE", *point_argv(options)]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,3 +178,17 @@ def test_ray_writes_the_same_bytes(swept: Path, tmp_path: Path) -> None:
     assert outcome.csv_path.read_bytes() == (swept / "out" / "sweep.csv").read_bytes()
     for row in outcome.rows:
         assert (tmp_path / "ray" / row["run_dir"] / "summary.json").is_file()
+
+
+def test_ray_without_the_extra_is_a_clear_error(
+    swept: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("ray is installed")
+    argv = ["sweep", str(swept / "spec.toml"), "--out", str(tmp_path / "o"), "--ray", "--quiet"]
+    assert main(argv) == 2
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err
