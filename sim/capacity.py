@@ -179,6 +179,10 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
         if action.dest == "trace":
             action.nargs = "?"  # --sweep's spec may name the trace instead
             action.help = "trace file (any supported format); with --sweep, the spec's [trace]"
+        if action.dest == "out":
+            action.help = "write capacity.csv, capacity_probes.csv and a folder per probe here"
+        if action.dest == "report":
+            action.help = "write an HTML report (attainment and latency against rate) here"
         if action.dest == "slo_ttft":
             action.help = "TTFT SLO in ms (required)"
         if action.dest == "slo_tpot":
