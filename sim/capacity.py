@@ -221,7 +221,7 @@ def _configs(
     if args.sweep is None:
         if args.trace is None:
             raise ValueError("capacity needs TRACE or --sweep SPEC")
-        source = TraceSource(path=args.trace, format=args.format, skip_bad_rows=args.skip_bad_rows)
+        source = TraceSource(path=args.trace, format=args.format, on_error=args.on_error)
         return source, [{**cli, **slos}]
     if args.trace is not None:
         raise ValueError("give TRACE or --sweep SPEC (whose [trace] names the trace), not both")

@@ -128,7 +128,7 @@ def run_point(task: PointTask, keep_files: bool = True) -> PointOutput:
         # The same run by hand; a time-scaled trace has no file to name.
         source = task.source
         flags = ["--format", source.format] if source.format != "auto" else []
-        flags += ["--skip-bad-rows"] if source.skip_bad_rows else []
+        flags += ["--on-error", source.on_error] if source.on_error != "raise" else []
         argv = ["python", "-m", "sim", "run", task.source.path, *flags, *point_argv(options)]
         result.command = shlex.join(argv)
     row.update(result.summary)

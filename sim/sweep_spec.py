@@ -24,7 +24,7 @@ else:  # pragma: no cover - Python 3.10 reads TOML with the tomli backport
 
 OptionValue = str | int | float | bool
 # Options that name the trace or the outputs: the spec's [trace] table or the sweep CLI own them.
-NOT_SWEPT = frozenset({"trace", "format", "skip_bad_rows", "out", "report", "quiet"})
+NOT_SWEPT = frozenset({"trace", "format", "on_error", "out", "report", "quiet"})
 RATE = "rate"  # target mean arrival rate in req/s: time-scales a trace, or the generator's rate
 
 
@@ -64,7 +64,7 @@ class TraceSource:
 
     path: str | None = None
     format: str = "auto"
-    skip_bad_rows: bool = False
+    on_error: str = "raise"
     generator: tuple[tuple[str, OptionValue], ...] = ()
 
     def __post_init__(self) -> None:
@@ -72,12 +72,12 @@ class TraceSource:
             raise ValueError("exactly one of [trace] path or [generator] must be given")
 
     def describe(self) -> dict[str, Any]:
-        return {"path": self.path, "format": self.format, "generator": dict(self.generator)}
+        described = {"path": self.path, "format": self.format, "generator": dict(self.generator)}
+        return {**described, "on_error": self.on_error}
 
     def load(self, rate: float | None = None) -> Trace:
         if self.path is not None:
-            on_error = "skip" if self.skip_bad_rows else "raise"
-            trace = load_trace(self.path, format=self.format, on_error=on_error)
+            trace = load_trace(self.path, format=self.format, on_error=self.on_error)
             return trace if rate is None else scale_trace(trace, rate)
         options = dict(self.generator)
         if rate is not None:
@@ -227,7 +227,7 @@ def _source(
     if bool(trace) == bool(generator):
         raise ValueError(f"{where}: give exactly one of [trace] (path = ...) or [generator]")
     if trace:
-        unknown = set(trace) - {"path", "format", "skip_bad_rows", "rates"}
+        unknown = set(trace) - {"path", "format", "on_error", "rates"}
         if unknown or not isinstance(trace.get("path"), str):
             raise ValueError(f"{where} [trace]: needs path = '...'; unknown keys {sorted(unknown)}")
         path = Path(trace["path"])
@@ -235,7 +235,7 @@ def _source(
         return TraceSource(
             path=str(path),
             format=str(trace.get("format", "auto")),
-            skip_bad_rows=bool(trace.get("skip_bad_rows", False)),
+            on_error=str(trace.get("on_error", "raise")),
         )
     options = {k: v for k, v in generator.items() if k != "rates"}
     if any(_key(k) in ("output", "rate") for k in options):
