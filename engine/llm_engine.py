@@ -96,6 +96,7 @@ class StepRecord:
     start_s: float
     duration_s: float
     timing: StepTiming
+    update_s: float = 0.0  # the scheduler's update after the step (wall clock)
 
 
 @dataclass(slots=True)
@@ -217,8 +218,11 @@ class LLMEngine:
         else:
             result = self.runner.execute(batch)
             end_s = start_s + result.duration_s if now_s is not None else self.clock()
-            self.steps.append(StepRecord(batch, start_s, end_s - start_s, self.runner.last_timing))
+            record = StepRecord(batch, start_s, end_s - start_s, self.runner.last_timing)
+            self.steps.append(record)
+            update_start = time.perf_counter()
             finished = self.scheduler.update(batch, result, end_s)
+            record.update_s = time.perf_counter() - update_start
         for request in finished:
             self._sampling.pop(request.request_id, None)
         return batch, finished

@@ -171,14 +171,21 @@ def render_report(runs: Sequence[RunRecords], title: str | None = None) -> str:
     if not runs:
         raise ValueError("runs must hold at least one run, got none")
     title = title or "servesim report: " + ", ".join(run.label for run in runs)
+    return render_page(
+        report_sections(runs), title, "Which policy and memory layout serves this trace best, and why."
+    )
+
+
+def render_page(sections: Sequence[Section], title: str, lead: str) -> str:
+    """One self-contained page of ``sections`` (plotly.js embedded once)."""
     plotly_js = plotly.offline.get_plotlyjs().replace("</script", "<\\/script")
-    body = "".join(_section_html(s) for s in report_sections(runs))
+    body = "".join(_section_html(s) for s in sections)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{STYLE}</style>"
         f"<script>{ERROR_CAPTURE_JS}</script><script>{plotly_js}</script></head>"
         f"<body><h1>{escape(title)}</h1>"
-        '<p class="lead">Which policy and memory layout serves this trace best, and why.</p>'
+        f'<p class="lead">{escape(lead)}</p>'
         f'{body}<pre id="js-errors" class="hidden">[]</pre>'
         f'<pre id="render-status" class="hidden"></pre><script>{RENDER_JS}</script>'
         "</body></html>\n"

@@ -15,6 +15,8 @@ from engine.core.policies import POLICIES
 from records.run_dir import records_from_result
 from reports.cli import add_report_arguments, run_report
 from reports.html import write_report
+from sim.calibrate import add_calibrate_arguments, run_calibrate
+from sim.validate import add_validate_arguments, run_validate
 from sim.deployment import ROUTERS
 from sim.hardware_spec import HARDWARE_PRESETS
 from sim.model_spec import MODEL_PRESETS
@@ -399,6 +401,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_report_arguments(report)
     report.set_defaults(func=run_report)
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="time the real engine's parts and write a cost-model profile",
+        description="Time the real engine (torch) over a grid of sizes: linear layers, "
+        "elementwise ops, paged decode and prefill attention, the KV store, block copies, "
+        "swaps, LM head + sampling, input preparation, and whole steps as check points. "
+        "Writes a profile that --profile reads (docs/profile_format.md).",
+    )
+    add_calibrate_arguments(calibrate)
+    calibrate.set_defaults(func=run_calibrate)
+    validate = commands.add_parser(
+        "validate",
+        help="replay a trace on the real engine and measure the simulator's error",
+        description="Replay TRACE on the real engine (or read --replay ENGINE_RUN_DIR), "
+        "calibrate if no --profile, simulate the same trace and configuration with the profile "
+        "and with the analytic roofline, and compare per request (TTFT, TPOT, ITL, E2E), per "
+        "step (the cost model on the engine's own batches) and in aggregate. Writes "
+        "validation.json under --out.",
+    )
+    add_validate_arguments(validate)
+    validate.set_defaults(func=run_validate)
     trace = commands.add_parser("trace", help="generate or inspect traces")
     trace_commands = trace.add_subparsers(dest="trace_command", required=True)
     generate = trace_commands.add_parser("generate", help="write a synthetic trace as our CSV")
