@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -54,7 +55,7 @@ class CalibrationGrid:
             "num_blocks",
         ):
             values = getattr(self, name)
-            if not values or any(b <= a for a, b in zip(values, values[1:], strict=False)):
+            if not values or any(b <= a for a, b in pairwise(values)):
                 raise ValueError(f"CalibrationGrid.{name} must be increasing, got {values!r}")
             if values[0] < (0 if name == "prefill_context" else 1):
                 raise ValueError(f"CalibrationGrid.{name} starts too low: {values!r}")
@@ -325,7 +326,9 @@ class _Parts:
         cfg = self.cfg
         k, v = (self._rand(n, cfg.num_kv_heads, cfg.head_dim) for _ in range(2))
         blocks = self._blocks(-(-n // self.block_size))
-        slots = (blocks[:, None] * self.block_size + torch.arange(self.block_size, device=self.device))
+        slots = blocks[:, None] * self.block_size + torch.arange(
+            self.block_size, device=self.device
+        )
         slot_mapping = slots.reshape(-1)[:n].contiguous()
         return lambda: kernels.store_kv(
             k, v, self.k_cache, self.v_cache, slot_mapping, backend=self.backend
@@ -388,9 +391,11 @@ class _Parts:
                 "raise swap_space_gib or lower the grid"
             )
         device_ids = self._blocks(n).tolist()
-        pairs = [(d, h) for h, d in enumerate(device_ids)] if to_host else [
-            (h, d) for h, d in enumerate(device_ids)
-        ]
+        pairs = (
+            [(d, h) for h, d in enumerate(device_ids)]
+            if to_host
+            else [(h, d) for h, d in enumerate(device_ids)]
+        )
         return lambda: cache.apply(pairs, [], []) if to_host else cache.apply([], pairs, [])
 
     def swap_out(self, n: int) -> Callable[[], Any]:

@@ -172,7 +172,9 @@ def render_report(runs: Sequence[RunRecords], title: str | None = None) -> str:
         raise ValueError("runs must hold at least one run, got none")
     title = title or "servesim report: " + ", ".join(run.label for run in runs)
     return render_page(
-        report_sections(runs), title, "Which policy and memory layout serves this trace best, and why."
+        report_sections(runs),
+        title,
+        "Which policy and memory layout serves this trace best, and why.",
     )
 
 

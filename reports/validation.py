@@ -128,9 +128,9 @@ def error_table(result: dict[str, Any]) -> str:
     head += "<th>p90 |err|</th><th>bias</th></tr>"
     rows = []
     for _, label, model in _models(result):
-        items = [
-            (METRIC_NAMES[m], s) for m, s in model["requests"]["metrics"].items()
-        ] + [(f"step: {k}", s) for k, s in model["steps"]["by_kind"].items()]
+        items = [(METRIC_NAMES[m], s) for m, s in model["requests"]["metrics"].items()] + [
+            (f"step: {k}", s) for k, s in model["steps"]["by_kind"].items()
+        ]
         items.append(("step: all", model["steps"]["all"]))
         for name, stats in items:
             rows.append(
@@ -142,7 +142,9 @@ def error_table(result: dict[str, Any]) -> str:
 
 
 def validation_sections(result: dict[str, Any]) -> list[Section]:
-    metrics = [m for m in METRIC_NAMES if any(m in x["requests"]["metrics"] for _, _, x in _models(result))]
+    metrics = [
+        m for m in METRIC_NAMES if any(m in x["requests"]["metrics"] for _, _, x in _models(result))
+    ]
     lead = (
         f"Trace {result['trace']}, {result['num_requests']} requests: the simulator "
         "(calibrated profile and analytic roofline) against the real engine. Error is "
@@ -163,8 +165,7 @@ def validation_sections(result: dict[str, Any]) -> list[Section]:
         Section(
             "validation-steps",
             "Per step: the cost model on the engine's own batches",
-            "Each engine step priced by the cost model: its pure error, without scheduling "
-            "drift.",
+            "Each engine step priced by the cost model: its pure error, without scheduling drift.",
             (
                 ("fig-val-steps", step_scatter(result)),
                 ("fig-val-steps-seqs", step_error_by(result, "num_seqs", "batch size (seqs)")),

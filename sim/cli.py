@@ -16,11 +16,11 @@ from records.run_dir import records_from_result
 from reports.cli import add_report_arguments, run_report
 from reports.html import write_report
 from sim.calibrate import add_calibrate_arguments, run_calibrate
-from sim.validate import add_validate_arguments, run_validate
 from sim.deployment import ROUTERS
 from sim.hardware_spec import HARDWARE_PRESETS
 from sim.model_spec import MODEL_PRESETS
 from sim.run import POLICY_CHOICES, RunConfig, RunResult, simulate
+from sim.validate import add_validate_arguments, run_validate
 from traces import cli as traces_cli
 from traces.loaders import FORMATS, load_trace
 

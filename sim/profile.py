@@ -253,9 +253,7 @@ def load_profile(path: str | Path) -> Profile:
     known_ops = OP_AXES if version >= 2 else {k: v for k, v in OP_AXES.items() if k in _V1_OPS}
     unknown = sorted(set(ops) - set(known_ops))
     if unknown:
-        raise reader.fail(
-            f"ops.{unknown[0]}", f"unknown op; known ops: {', '.join(known_ops)}"
-        )
+        raise reader.fail(f"ops.{unknown[0]}", f"unknown op; known ops: {', '.join(known_ops)}")
     tp = reader.get(data, "tp", int, "tp")
     block_size = reader.get(data, "block_size", int, "block_size")
     for key, value in (("tp", tp), ("block_size", block_size)):

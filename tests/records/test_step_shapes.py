@@ -54,6 +54,6 @@ def test_bad_line_names_file_line_and_field(tmp_path: Path, line: str, problem: 
     write_step_shapes(path, [_record(0)])
     with path.open("a") as out:
         out.write(line + "\n")
-    with pytest.raises(ValueError, match="step_shapes.jsonl:2") as error:
+    with pytest.raises(ValueError, match=r"step_shapes\.jsonl:2") as error:
         load_step_shapes(path)
     assert problem in str(error.value)

@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from records.step_shapes import load_step_shapes  # noqa: E402
-from sim.cli import main as sim_main  # noqa: E402
-from sim.cost_model import StepShape, make_cost_model  # noqa: E402
-from sim.hardware_spec import HARDWARE_PRESETS  # noqa: E402
-from sim.model_spec import MODEL_PRESETS  # noqa: E402
-from sim.profile import load_profile  # noqa: E402
+from records.step_shapes import load_step_shapes
+from sim.cli import main as sim_main
+from sim.cost_model import StepShape, make_cost_model
+from sim.hardware_spec import HARDWARE_PRESETS
+from sim.model_spec import MODEL_PRESETS
+from sim.profile import load_profile
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,11 @@ def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Pa
         for row in rows:
             assert row["ttft_meas"] == pytest.approx(by_id[row["request_id"]].ttft_ms)
         steps = load_step_shapes(out / "engine" / "step_shapes.jsonl")
-        assert len(model["steps"]["rows"]) == len(steps) == len(pd.read_csv(out / "engine" / "steps.csv"))
+        assert (
+            len(model["steps"]["rows"])
+            == len(steps)
+            == len(pd.read_csv(out / "engine" / "steps.csv"))
+        )
         assert model["divergence"]["num_identical_steps"] >= 1  # the first batch is the same
     assert "Validation against the engine" in html.read_text()
 
@@ -93,7 +97,7 @@ def test_validate_refuses_a_run_of_other_requests(
     trace = _trace(tmp_path / "trace.csv")
     run = tmp_path / "run"
     run.mkdir()
-    (run / "summary.json").write_text("{\"summary\": {}, \"config\": {}}")
+    (run / "summary.json").write_text('{"summary": {}, "config": {}}')
     argv = ["validate", str(trace), "--profile", str(small_profile), "--replay", str(run)]
     assert sim_main([*argv, "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
