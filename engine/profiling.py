@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import kernels
 from engine.attention import build_metadata
-from engine.llm_engine import EngineConfig, LLMEngine
+from engine.llm_engine import EngineConfig, LLMEngine, StepRecord
 from engine.model.llama import apply_rope
 from engine.sampling import SampleSpec, SamplingParams, sample
 
@@ -126,8 +126,8 @@ class _Timer:
     def _once(self, fn: Callable[[], Any]) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
             fn()
             end.record()
@@ -140,12 +140,11 @@ class _Timer:
 
 def _device_info(device: torch.device) -> tuple[dict[str, str], dict[str, str]]:
     import platform
+    from importlib import metadata
 
     try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
+        triton_version = metadata.version("triton")
+    except metadata.PackageNotFoundError:
         triton_version = "none"
     software = {
         "torch": torch.__version__,
@@ -189,10 +188,11 @@ def measure(
     grid_ctx = tuple(c for c in grid.decode_context if c <= max_len) or (min(16, max_len),)
     out = Measurements()
     out.device, out.software = _device_info(device)
-    # The torch reference gathers every sequence up to the batch's longest context; Triton
-    # reads each sequence's own blocks.
+    # Both decode kernels (Triton, and the per-sequence torch reference) read each sequence's
+    # own context, so the batch is priced at its mean context ("max" is for a kernel that pads
+    # every sequence to the longest).
     backend = kernels.resolve_backend(device, config.backend)
-    out.decode_attention_context = "max" if backend == "torch" else "mean"
+    out.decode_attention_context = "mean"
     out.engine = {
         "backend": backend,
         "dtype": str(engine.dtype).removeprefix("torch."),
@@ -452,10 +452,13 @@ def check_steps(config: EngineConfig, grid: CalibrationGrid) -> list[dict[str, A
         params = SamplingParams(max_tokens=outputs, ignore_eos=True)
         engine.add_request(f"c{i}", ids, params, arrival_s=0.0, now_s=0.0)
     engine.scheduler.mark_arrivals_done()
+    records: list[StepRecord] = []
     while engine.has_unfinished():
-        engine.step()
+        output = engine.step()
+        if output.record is not None:
+            records.append(output.record)
     steps = []
-    for record in engine.steps[1:]:  # the first step pays one-off warm-up costs
+    for record in records[1:]:  # the first step pays one-off warm-up costs
         chunks, contexts = [], []
         for scheduled in record.batch.requests:
             width = len(scheduled.seq_ids)
