@@ -79,6 +79,29 @@ def noise(trace_path: Path, args: argparse.Namespace, out: Path) -> list[str]:
     return lines
 
 
+def term_table(out: Path) -> list[str]:
+    """Over every validation.json under ``out``: per step kind, the calibrated model's mean
+    measured and predicted step and its terms (ms), pooled over runs weighted by step count."""
+    pooled: dict[str, dict[str, float]] = {}
+    counts: dict[str, int] = {}
+    for path in sorted(out.glob("*/*/validation.json")):
+        model = json.loads(path.read_text())["models"]["calibrated"]
+        for row in model["steps"]["rows"]:
+            kind = row["kind"]
+            sums = pooled.setdefault(kind, {})
+            counts[kind] = counts.get(kind, 0) + 1
+            for key, value in [("measured", row["measured_s"]), ("predicted", row["predicted_s"])]:
+                sums[key] = sums.get(key, 0.0) + value
+            for key, value in row["terms"].items():
+                sums[key] = sums.get(key, 0.0) + value
+    lines = ["calibrated model on the engine's own steps, mean ms per step, all runs pooled:"]
+    for kind, sums in pooled.items():
+        n = counts[kind]
+        parts = [f"{k} {1000 * v / n:.2f}" for k, v in sums.items() if v]
+        lines.append(f"  {kind:<14} n={n:<6} " + ", ".join(parts))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/validate-cpu", help="where runs are written")
@@ -88,8 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", default=",".join(TRACES))
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--no-noise", action="store_true", help="skip the twice-run check")
+    parser.add_argument(
+        "--terms-only", action="store_true", help="only print the term table of runs in --out"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
+    if args.terms_only:
+        print("\n".join(term_table(out)))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "benchmarks/validate_cpu.py", *sys.argv[1:]])
     print(f"# {command}")
@@ -122,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_noise:
         for line in noise(ROOT / "traces" / "data" / "example.csv", args, out):
             print(line)
+    print("\n".join(term_table(out)))
     print(f"# wall time {time.perf_counter() - started:.0f} s")
     (out / "done.json").write_text(json.dumps({"command": command}) + "\n")
     return 0

@@ -9,7 +9,7 @@ import argparse
 import importlib
 import json
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ class RecordingExecutor:
     def execute(self, batch: ScheduledBatch) -> StepResult:
         result = self.inner.execute(batch)
         if not batch.is_empty:
-            self.shapes.append(record_of(len(self.shapes), batch, 0.0, result.duration_s, 0, 0))
+            self.shapes.append(record_of(len(self.shapes), batch, 0.0, result.duration_s, 0.0, 0.0))
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -184,7 +184,7 @@ def compare(
         "engine_summary": measured.summary,
         "profile": run.profile,
         "roofline_hardware": run.hardware,
-        "sim_config": {k: v for k, v in _asdict(run).items()},
+        "sim_config": asdict(run),
         "models": {},
     }
     for name, cost_model in _cost_models(run).items():
@@ -212,12 +212,6 @@ def compare(
             "num_sim_steps": len(sim_steps),
         }
     return result
-
-
-def _asdict(run: RunConfig) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(run)
 
 
 def validate(
