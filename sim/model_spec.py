@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from traces.text_files import read_text
+
 _DTYPE_BYTES = {
     "float32": 4,
     "float": 4,
@@ -203,7 +205,7 @@ def model_spec_from_hf_config(
     if path.is_dir():
         path = path / "config.json"
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(read_text(path, "model config"))
     except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"{path}: cannot read a JSON config ({error})") from error
     if not isinstance(config, dict):
