@@ -17,6 +17,7 @@ from reports.cli import add_report_arguments, run_report
 from reports.html import write_report
 from reports.tables import deployment_text, rejection_note
 from sim.calibrate import add_calibrate_arguments, run_calibrate
+from sim.costmodel_cli import add_costmodel_commands
 from sim.deployment import ROUTERS
 from sim.hardware_spec import HARDWARE_PRESETS
 from sim.model_spec import MODEL_PRESETS
@@ -102,7 +103,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-blocks",
         type=positive_int,
         default=None,
-        help="KV blocks per replica (default: derived from GPU memory, as vLLM does)",
+        help=(
+            "KV blocks per replica, counted as vLLM's num_gpu_blocks: paged memory keeps one "
+            "as the null block (default: derived from GPU memory, as vLLM does)"
+        ),
     )
     parser.add_argument(
         "--gpu-memory-utilization",
@@ -485,6 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_validate_arguments(validate)
     validate.set_defaults(func=run_validate)
+    add_costmodel_commands(commands)
     trace = commands.add_parser("trace", help="generate or inspect traces")
     trace_commands = trace.add_subparsers(dest="trace_command", required=True)
     generate = trace_commands.add_parser("generate", help="write a synthetic trace as our CSV")

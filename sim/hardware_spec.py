@@ -1,17 +1,23 @@
 """Accelerator numbers the cost model needs (`HardwareSpec`), named presets, and the KV-cache
-capacity a real engine would derive for a model on that accelerator (`derive_num_blocks`)."""
+capacity a real engine would derive for a model on that accelerator (`derive_num_blocks`,
+which follows vLLM's rule in `sim.kv_capacity`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
+from sim.kv_capacity import (
+    NCCL_BYTES,
+    NON_TORCH_BYTES,
+    SAMPLER_FP32_COPIES,
+    ModelDoesNotFitError,
+    forward_peak_bytes,
+    vllm_kv_capacity,
+)
 from sim.model_spec import ModelSpec, check_tp
 
 _GIB = 1 << 30
-
-
-class ModelDoesNotFitError(ValueError):
-    """The weights and activation reserve leave no room for even one KV block."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +33,37 @@ class HardwareSpec:
     interconnect_bandwidth_bytes_per_s: float  # NVLink, one direction, one GPU
     interconnect_latency_s: float  # one hop of a ring all-reduce
     host_link_bandwidth_bytes_per_s: float  # PCIe, one direction: what swapping uses
+    # How kernels reach those peaks. The defaults are A100 values: the SM count and tile shape
+    # from NVIDIA's A100 whitepaper and cuBLAS; every efficiency, latency and floor is a fit to
+    # Vidur's measured A100-80GB files (../shared/profiles/vidur: mlp.csv of four models at TP
+    # 1-8, attention.csv, both all_reduce.csv), checked with `python -m sim costmodel check`.
+    # Other GPUs keep them until measured: only the datasheet numbers above change.
+    num_sms: int = 108  # streaming multiprocessors: the width of one wave of GEMM tiles
+    # cuBLAS fp16 output tile: 64 token rows x 128 columns. Vidur's A100 GEMM times step with
+    # every 64-128 more tokens; 64 rows fit them best (median error 4-8% per linear op).
+    gemm_tile_tokens: int = 64
+    gemm_tile_cols: int = 128
+    gemm_flops_efficiency: float = 0.75  # share of per-SM peak a full wave of tiles reaches
+    gemm_latency_s: float = 5e-6  # fixed cost of one GEMM: launch, pipeline fill, split-K reduce
+    memory_bandwidth_efficiency: float = 0.8  # weight reads, vectorised elementwise (add), copies
+    elementwise_bandwidth_efficiency: float = 0.5  # one-block-per-token norm, rotary, activation
+    attention_flops_efficiency: float = 0.37  # FlashAttention prefill, per (query, key) pair
+    attention_bandwidth_efficiency: float = 0.75  # paged decode attention reading K and V
+    attention_latency_s: float = 15e-6  # fixed cost of one attention call (split-KV reduce, setup)
+    kernel_launch_floor_s: float = 2e-6  # the shortest a kernel runs, however little it does
+    # Row kernels (norm, rotary, activation) run one thread block per token: each thread walks
+    # its row `row_block_threads` elements at a time, one dependent HBM round trip per step.
+    row_block_threads: int = 1024
+    dram_latency_s: float = 6e-7
+    # NCCL all-reduce: per call (launch, the ranks' handshake; small messages measure 25-60 us
+    # on both A100 node types) and bus bandwidth as a share of the NVLink rate (~180 of 300 GB/s
+    # measured for large messages).
+    allreduce_call_latency_s: float = 35e-6
+    interconnect_bus_efficiency: float = 0.6
+    nvlink_domain_size: int = 8  # GPUs that all reach each other over NVLink (8: NVSwitch)
+    # Per-GPU bandwidth, one direction, to a GPU outside the NVLink domain: between nodes, the
+    # network. 10 GB/s fits Vidur's multi-node DGX rows (an HDR NIC per GPU would be 25 GB/s).
+    scale_out_bandwidth_bytes_per_s: float = 10e9
 
     def __post_init__(self) -> None:
         for field in (
@@ -36,10 +73,37 @@ class HardwareSpec:
             "hbm_capacity_bytes",
             "interconnect_bandwidth_bytes_per_s",
             "host_link_bandwidth_bytes_per_s",
+            "num_sms",
+            "gemm_tile_tokens",
+            "gemm_tile_cols",
+            "row_block_threads",
+            "nvlink_domain_size",
+            "scale_out_bandwidth_bytes_per_s",
         ):
             value = getattr(self, field)
             if not value > 0:
                 raise ValueError(f"HardwareSpec.{field} must be positive, got {value!r}")
+        for field in (
+            "gemm_flops_efficiency",
+            "memory_bandwidth_efficiency",
+            "elementwise_bandwidth_efficiency",
+            "attention_flops_efficiency",
+            "attention_bandwidth_efficiency",
+            "interconnect_bus_efficiency",
+        ):
+            value = getattr(self, field)
+            if not 0 < value <= 1:
+                raise ValueError(f"HardwareSpec.{field} must be in (0, 1], got {value!r}")
+        for field in (
+            "kernel_launch_floor_s",
+            "gemm_latency_s",
+            "dram_latency_s",
+            "attention_latency_s",
+            "allreduce_call_latency_s",
+        ):
+            value = getattr(self, field)
+            if not value >= 0:
+                raise ValueError(f"HardwareSpec.{field} must be >= 0, got {value!r}")
         if self.peak_fp8_flops is not None and not self.peak_fp8_flops > 0:
             raise ValueError(
                 f"HardwareSpec.peak_fp8_flops must be positive or None, got {self.peak_fp8_flops!r}"
@@ -64,9 +128,9 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
     # "H100 Tensor Core GPU" and "H200 Tensor Core GPU" product pages), SXM variants. Sparse
     # figures halved to dense. NVLink 600/900 GB/s and PCIe 64/128 GB/s are quoted for both
     # directions together; we store one direction. HBM "GB" there are binary: nvidia-smi shows
-    # 81920 MiB on an A100-80GB and 81559 MiB on an H100-SXM. The 2 us NVLink hop latency is a
-    # typical small-message NCCL figure, not a datasheet number.
-    nvlink_hop_s = 2e-6
+    # 81920 MiB on an A100-80GB and 81559 MiB on an H100-SXM. The 1 us per ring step is a fit
+    # to Vidur's A100 all-reduce files (the per-call latency dominates small messages).
+    nvlink_hop_s = 1e-6
     presets = [
         HardwareSpec(
             "A100-40GB", 312e12, 19.5e12, None, 1555e9, 40 * _GIB, 300e9, nvlink_hop_s, 32e9
@@ -74,11 +138,32 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
         HardwareSpec(
             "A100-80GB", 312e12, 19.5e12, None, 2039e9, 80 * _GIB, 300e9, nvlink_hop_s, 32e9
         ),
+        # 132 SMs on the SXM H100 and H200 (H100 whitepaper); NDR InfiniBand, 400 Gb/s a GPU.
         HardwareSpec(
-            "H100-SXM", 989.4e12, 66.9e12, 1978.9e12, 3350e9, 80 * _GIB, 450e9, nvlink_hop_s, 64e9
+            "H100-SXM",
+            989.4e12,
+            66.9e12,
+            1978.9e12,
+            3350e9,
+            80 * _GIB,
+            450e9,
+            nvlink_hop_s,
+            64e9,
+            num_sms=132,
+            scale_out_bandwidth_bytes_per_s=50e9,
         ),
         HardwareSpec(
-            "H200", 989.4e12, 66.9e12, 1978.9e12, 4800e9, 141 * _GIB, 450e9, nvlink_hop_s, 64e9
+            "H200",
+            989.4e12,
+            66.9e12,
+            1978.9e12,
+            4800e9,
+            141 * _GIB,
+            450e9,
+            nvlink_hop_s,
+            64e9,
+            num_sms=132,
+            scale_out_bandwidth_bytes_per_s=50e9,
         ),
         # One x86 core for the engine's CPU runs (one torch thread): 16 fp32 FMA lanes x 2 at
         # ~3 GHz, ~10 GB/s of one core's DRAM streaming, memcpy-speed "host link". A rough
@@ -91,6 +176,24 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
 HARDWARE_PRESETS: dict[str, HardwareSpec] = _hardware_presets()
 
 
+NODE_TYPES: dict[str, dict[str, float]] = {
+    # NVSwitch (DGX/HGX boards): every GPU of the node in one NVLink domain; the preset as is.
+    "dgx": {},
+    # NVLink bridges join GPUs in pairs; a ring over more crosses PCIe (gen4 x16: 32 GB/s per
+    # direction), as in Vidur's `a100_pairwise_nvlink` measurements.
+    "pairwise_nvlink": {"nvlink_domain_size": 2, "scale_out_bandwidth_bytes_per_s": 32e9},
+}
+"""How the GPUs of one node are wired, by the names Vidur's network profiles use."""
+
+
+def hardware_for_node(hardware: HardwareSpec, node_type: str) -> HardwareSpec:
+    """`hardware` in a node of `node_type` (a key of NODE_TYPES)."""
+    if node_type not in NODE_TYPES:
+        raise ValueError(f"unknown node type {node_type!r}; known: {', '.join(NODE_TYPES)}")
+    changes: dict[str, Any] = dict(NODE_TYPES[node_type])
+    return replace(hardware, **changes)
+
+
 def get_hardware_preset(name: str) -> HardwareSpec:
     """Look up a preset by name, ignoring case; the error lists the valid names."""
     for key, spec in HARDWARE_PRESETS.items():
@@ -101,21 +204,16 @@ def get_hardware_preset(name: str) -> HardwareSpec:
     )
 
 
-def default_activation_reserve_bytes(model: ModelSpec, tp: int = 1) -> int:
-    """Memory a real engine's profiling run would see besides weights and KV.
-
-    vLLM measures the peak of a dummy forward over `max_num_batched_tokens` tokens; we estimate
-    the same peak: hidden states, residual, QKV and MLP intermediates for min(max_model_len,
-    8192) tokens, fp32 logits for 256 sampled rows, plus 1 GiB for the CUDA context, cuBLAS
-    workspace and NCCL buffers that the engine also cannot hand to the KV cache.
-    """
+def default_activation_reserve_bytes(
+    model: ModelSpec, tp: int = 1, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256
+) -> int:
+    """Memory a real engine's profiling run sees besides weights and KV: vLLM's peak
+    activation (forward pass or sampler, whichever is larger) plus memory outside PyTorch.
+    The terms and their sources are in `sim.kv_capacity`."""
     check_tp(model, tp)
-    num_tokens = min(model.max_model_len, 8192)
-    qkv = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim // tp
-    mlp = (3 if model.gated_mlp else 2) * model.intermediate_size // tp
-    per_token = (4 * model.hidden_size + qkv + mlp) * model.dtype_bytes
-    logits = 256 * model.vocab_size * 4 // tp
-    return num_tokens * per_token + logits + _GIB
+    forward = forward_peak_bytes(model, tp, max_num_batched_tokens)
+    sampler = int(SAMPLER_FP32_COPIES * max_num_seqs * model.vocab_size * 4)
+    return max(forward, sampler) + NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 else 0)
 
 
 def derive_num_blocks(
@@ -125,21 +223,34 @@ def derive_num_blocks(
     block_size: int,
     gpu_memory_utilization: float = 0.9,
     activation_reserve_bytes: int | None = None,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 256,
 ) -> int:
-    """KV blocks per rank: (capacity x utilization - weights per shard - reserve) / block bytes.
+    """vLLM's `num_gpu_blocks` on one rank (`sim.kv_capacity.vllm_kv_capacity`): its block
+    pool keeps one of them as the null block. `activation_reserve_bytes`, when given, stands
+    for the peak activation and the non-torch memory together.
 
     This is vLLM's ``num_gpu_blocks``, the null block included: a paged cache of this many
     blocks gives requests one fewer (``CacheConfig.num_usable_blocks``). Raises
     ModelDoesNotFitError (a ValueError) when not even one block besides the null block fits.
     """
+    if activation_reserve_bytes is None:
+        capacity = vllm_kv_capacity(
+            model,
+            hardware,
+            tp,
+            block_size,
+            gpu_memory_utilization,
+            max_num_batched_tokens,
+            max_num_seqs,
+        )
+        return capacity.num_gpu_blocks
+    if activation_reserve_bytes < 0:
+        raise ValueError(f"activation_reserve_bytes must be >= 0, got {activation_reserve_bytes!r}")
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}"
         )
-    if activation_reserve_bytes is None:
-        activation_reserve_bytes = default_activation_reserve_bytes(model, tp)
-    if activation_reserve_bytes < 0:
-        raise ValueError(f"activation_reserve_bytes must be >= 0, got {activation_reserve_bytes!r}")
     budget = int(hardware.hbm_capacity_bytes * gpu_memory_utilization)
     weights = model.weight_bytes_per_shard(tp)
     block_bytes = model.kv_bytes_per_block(block_size, tp)
@@ -149,7 +260,7 @@ def derive_num_blocks(
             f"{model.name} at tp={tp} does not fit on {hardware.name}: "
             f"{weights / _GIB:.1f} GiB of weights per GPU + {activation_reserve_bytes / _GIB:.1f} "
             f"GiB activation reserve leave {free / _GIB:.1f} GiB of the {budget / _GIB:.1f} GiB "
-            f"budget (gpu_memory_utilization={gpu_memory_utilization}), less than one "
-            f"{block_bytes / 2**20:.1f} MiB KV block; raise tp or use a larger GPU"
+            f"budget (gpu_memory_utilization={gpu_memory_utilization}), less than two "
+            f"{block_bytes / 2**20:.1f} MiB KV blocks; raise tp or use a larger GPU"
         )
     return free // block_bytes

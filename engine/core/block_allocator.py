@@ -37,6 +37,10 @@ class BlockAllocator:
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._key_to_block: dict[int, int] = {}
+        # Further blocks caching a key that another block caches already (computed twice),
+        # oldest first: as vLLM's BlockPool they stay cached, and one takes over the key when
+        # the block holding it is evicted.
+        self._duplicates: dict[int, list[int]] = {}
         self._tables: dict[int, list[int]] = {}
         self._num_tokens: dict[int, int] = {}
 
@@ -131,14 +135,28 @@ class BlockAllocator:
         else:
             block_id, _ = self._evictable.popitem(last=False)
             key = self._key[block_id]
-            assert key is not None and self._key_to_block[key] == block_id
-            del self._key_to_block[key]
+            assert key is not None
+            self._uncache(block_id, key)
             self._key[block_id] = None
             self._fill[block_id] = 0
             self.num_evictions += 1
         self._ref[block_id] = 1
         self.num_used_blocks += 1
         return block_id
+
+    def _uncache(self, block_id: int, key: int) -> None:
+        """Drop ``block_id`` from the prefix cache (evicted); a duplicate takes over its key."""
+        duplicates = self._duplicates.get(key)
+        if self._key_to_block[key] == block_id:
+            if duplicates:
+                self._key_to_block[key] = duplicates.pop(0)
+            else:
+                del self._key_to_block[key]
+        else:
+            assert duplicates is not None
+            duplicates.remove(block_id)
+        if duplicates is not None and not duplicates:
+            del self._duplicates[key]
 
     def _share(self, block_id: int) -> None:
         if self._ref[block_id] == 0:
@@ -299,7 +317,8 @@ class BlockAllocator:
     def cache_block(self, seq_id: int, block_idx: int, key: int) -> bool:
         """Record that block ``block_idx`` of ``seq_id`` (full) holds the content ``key``.
 
-        Returns False when another block already caches that content (the first one stays).
+        Returns False when another block already caches that content: the first one stays
+        the one hits take; this one is kept as a duplicate (evicted like any cached block).
         """
         block_id = self._tables[seq_id][block_idx]
         if self._fill[block_id] != self.block_size:
@@ -309,9 +328,10 @@ class BlockAllocator:
             if current != key:
                 raise ValueError(f"block {block_id} already caches key {current}, not {key}")
             return True
-        if key in self._key_to_block:
-            return False
         self._key[block_id] = key
+        if key in self._key_to_block:
+            self._duplicates.setdefault(key, []).append(block_id)
+            return False
         self._key_to_block[key] = block_id
         return True
 

@@ -261,3 +261,22 @@ def test_evicts_least_recently_freed_cached_block_first() -> None:
     assert alloc.cached_block(11) is None
     assert alloc.cached_block(22) is not None
     assert alloc.num_evictions == 1
+
+
+def test_a_block_computed_twice_stays_cached_and_takes_over_the_key() -> None:
+    """As vLLM's BlockPool: the second block with the same content is cached too (hits take
+    the first); when the first is evicted, the second holds the key."""
+    alloc = BlockAllocator(num_blocks=3, block_size=2)
+    alloc.allocate(0, 2)
+    assert alloc.cache_block(0, 0, 7)
+    first = alloc.block_table(0)[0]
+    alloc.allocate(1, 2)
+    assert not alloc.cache_block(1, 0, 7)  # a duplicate: the first stays the one hits take
+    second = alloc.block_table(1)[0]
+    assert alloc.cached_block(7) == first and alloc.block_key(second) == 7
+    alloc.free(0)
+    alloc.free(1)
+    assert alloc.num_cached_free_blocks == 2  # the duplicate is not reused before the cache
+    alloc.allocate(2, 4)  # the one free block, then evicts `first` (freed first)
+    assert alloc.cached_block(7) == second
+    assert alloc.num_evictions == 1
