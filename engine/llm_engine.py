@@ -97,6 +97,7 @@ class StepRecord:
     start_s: float
     duration_s: float
     timing: StepTiming
+    update_s: float = 0.0  # the scheduler's update after the step (wall clock)
 
 
 @dataclass(slots=True)
@@ -230,7 +231,9 @@ class LLMEngine:
             result = self.runner.execute(batch)
             end_s = start_s + result.duration_s if now_s is not None else self.clock()
             record = StepRecord(batch, start_s, end_s - start_s, self.runner.last_timing)
+            update_start = time.perf_counter()
             finished = self.scheduler.update(batch, result, end_s)
+            record.update_s = time.perf_counter() - update_start
         for request in finished:
             self._sampling.pop(request.request_id, None)
         return StepOutput(batch, finished, record)

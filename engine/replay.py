@@ -27,6 +27,7 @@ from engine.sampling import SamplingParams
 from records.metrics import summarize
 from records.run_dir import write_run_dir
 from records.schema import StepRecorder, request_frame
+from records.step_shapes import STEP_SHAPES_FILE, StepShapeRecord, record_of, write_step_shapes
 from traces.schema import Trace, TraceRequest
 
 
@@ -78,6 +79,7 @@ class EngineRunResult:
     wall_s: float
     prepare_s: float
     command: str | None = None
+    step_shapes: list[StepShapeRecord] = field(default_factory=list)
 
     def requests_frame(self) -> Any:
         return request_frame(self.requests)
@@ -110,6 +112,7 @@ class EngineRunResult:
             "input_prepare_s": self.prepare_s,
         }
         write_run_dir(out, self.requests_frame(), self.steps.to_frame(), payload)
+        write_step_shapes(Path(out) / STEP_SHAPES_FILE, self.step_shapes)
 
 
 def replay(
@@ -125,6 +128,7 @@ def replay(
     pending.reverse()
     requests: list[Request] = []
     recorder = StepRecorder()
+    shapes: list[StepShapeRecord] = []
     prepare_s = 0.0
     origin = time.monotonic()
     engine.clock = lambda: time.monotonic() - origin
@@ -164,6 +168,16 @@ def replay(
         else:
             recorder.record(batch, record.start_s, record.duration_s)
             prepare_s += record.timing.prepare_s
+            shapes.append(
+                record_of(
+                    len(shapes),
+                    batch,
+                    record.start_s,
+                    record.duration_s,
+                    record.timing.prepare_s,
+                    record.update_s,
+                )
+            )
         num_done += len(finished)
         if on_progress is not None and finished:
             on_progress(num_done)
@@ -183,6 +197,7 @@ def replay(
         device_name=name,
         wall_s=end_s,
         prepare_s=prepare_s,
+        step_shapes=shapes,
     )
 
 

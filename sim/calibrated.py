@@ -17,7 +17,14 @@ class CalibratedCostModel:
     meaningful for the shapes they were timed at.
     """
 
-    def __init__(self, profile: Profile, fallback: RooflineCostModel) -> None:
+    def __init__(
+        self, profile: Profile, fallback: RooflineCostModel, block_size: int | None = None
+    ) -> None:
+        if block_size is not None and block_size != profile.block_size:
+            raise ValueError(
+                f"{profile.path}: field 'block_size': profile measured at block size "
+                f"{profile.block_size}, the run uses {block_size}"
+            )
         if profile.tp != fallback.tp:
             raise ValueError(
                 f"{profile.path}: field 'tp': profile measured at tp={profile.tp}, "
@@ -49,12 +56,17 @@ class CalibratedCostModel:
         self._fixed_overhead_s = 0.0  # so step_time_s below prices everything but the overhead
         residuals = []
         for step in self.profile.steps:
-            mean = (
-                step.sum_decode_context_tokens / step.num_decode_seqs if step.num_decode_seqs else 0
-            )
+            contexts = step.decode_context_tokens
+            if contexts is None:
+                mean = (
+                    step.sum_decode_context_tokens / step.num_decode_seqs
+                    if step.num_decode_seqs
+                    else 0
+                )
+                contexts = (max(1, round(mean)),) * step.num_decode_seqs
             shape = StepShape(
                 prefill_chunks=step.prefill_chunks,
-                decode_context_tokens=(max(1, round(mean)),) * step.num_decode_seqs,
+                decode_context_tokens=contexts,
                 block_size=self.profile.block_size,
             )
             residuals.append(step.measured_s - self.step_time_s(shape))
@@ -75,8 +87,12 @@ class CalibratedCostModel:
         if shape.prefill_chunks and (grid := self._table2("prefill_attention")) is not None:
             terms[1] = layers * sum(grid(new, context) for new, context in shape.prefill_chunks)
         if num_decode and (grid := self._table2("decode_attention")) is not None:
-            mean_context = sum(shape.decode_context_tokens) / num_decode
-            terms[2] = layers * grid(num_decode, mean_context)
+            contexts = shape.decode_context_tokens
+            if self.profile.decode_attention_context == "max":
+                context = float(max(contexts))
+            else:
+                context = sum(contexts) / num_decode
+            terms[2] = layers * grid(num_decode, context)
         if (table := self._table1("store_kv")) is not None:
             terms[3] = layers * table(num_tokens * self._kv_bytes_per_token_per_layer)
         if (table := self._table1("elementwise")) is not None:
@@ -91,11 +107,25 @@ class CalibratedCostModel:
         block_bytes = self.fallback.block_bytes(shape.block_size)
         if shape.num_copy_blocks and (table := self._table1("copy_blocks")) is not None:
             terms[7] = table(shape.num_copy_blocks * block_bytes)
-        num_swapped = shape.num_swap_in_blocks + shape.num_swap_out_blocks
-        if num_swapped and (table := self._table1("swap")) is not None:
-            terms[8] = table(num_swapped * block_bytes)
-        terms[9] = self._fixed_overhead_s + num_seqs * self.fallback.config.per_sequence_overhead_s
+        terms[8] = self._swap_s(shape, block_bytes, terms[8])
+        if (table := self._table1("prepare")) is not None:
+            terms[9] = self._fixed_overhead_s + table(num_seqs)
+        else:
+            per_seq = self.fallback.config.per_sequence_overhead_s
+            terms[9] = self._fixed_overhead_s + num_seqs * per_seq
         return tuple(terms)
+
+    def _swap_s(self, shape: StepShape, block_bytes: int, analytic: float) -> float:
+        """Swaps from the per-direction tables (version 2), else the shared ``swap`` table."""
+        out_blocks, in_blocks = shape.num_swap_out_blocks, shape.num_swap_in_blocks
+        if not (out_blocks or in_blocks):
+            return analytic
+        out_table, in_table = self._table1("swap_out"), self._table1("swap_in")
+        if out_table is not None and in_table is not None:
+            return out_table(out_blocks * block_bytes) + in_table(in_blocks * block_bytes)
+        if (table := self._table1("swap")) is not None:
+            return table((out_blocks + in_blocks) * block_bytes)
+        return analytic
 
     def step_time_s(self, shape: StepShape) -> float:
         return sum(self.step_terms(shape))

@@ -16,11 +16,13 @@ from records.run_dir import records_from_result
 from reports.cli import add_report_arguments, run_report
 from reports.html import write_report
 from reports.tables import deployment_text, rejection_note
+from sim.calibrate import add_calibrate_arguments, run_calibrate
 from sim.costmodel_cli import add_costmodel_commands
 from sim.deployment import ROUTERS
 from sim.hardware_spec import HARDWARE_PRESETS
 from sim.model_spec import MODEL_PRESETS
 from sim.run import POLICY_CHOICES, RunConfig, RunResult, servesim_version, simulate
+from sim.validate import add_validate_arguments, run_validate
 from traces import cli as traces_cli
 from traces.loaders import FORMATS, load_trace
 from traces.options import (
@@ -323,8 +325,10 @@ def print_summary(result: RunResult) -> None:
     print("\n".join(lines))
 
 
-def _command_line() -> str:
-    return shlex.join(["python", "-m", "sim", *sys.argv[1:]])
+def _command_line(args: argparse.Namespace | None = None) -> str:
+    """The command as given: the argv ``main`` parsed (sys.argv when run from a shell)."""
+    argv = getattr(args, "argv", None)
+    return shlex.join(["python", "-m", "sim", *(sys.argv[1:] if argv is None else argv)])
 
 
 def _write_outputs(args: argparse.Namespace, results: list[RunResult], names: list[str]) -> None:
@@ -359,7 +363,7 @@ def run_command(args: argparse.Namespace) -> int:
     _check_output_paths(args)
     trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
     result = simulate(trace, config_from_args(args), progress=not args.quiet)
-    result.command = _command_line()
+    result.command = _command_line(args)
     if not args.quiet:
         print_summary(result)
     _write_outputs(args, [result], [""])
@@ -422,7 +426,7 @@ def compare_command(args: argparse.Namespace) -> int:
     results = []
     for _, config in named:
         result = simulate(trace, config, progress=not args.quiet)
-        result.command = _command_line()
+        result.command = _command_line(args)
         if not args.quiet:
             print_summary(result)
             print()
@@ -467,6 +471,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_report_arguments(report)
     report.set_defaults(func=run_report)
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="time the real engine's parts and write a cost-model profile",
+        description="Time the real engine (torch) over a grid of sizes: linear layers, "
+        "elementwise ops, paged decode and prefill attention, the KV store, block copies, "
+        "swaps, LM head + sampling, input preparation, and whole steps as check points. "
+        "Writes a profile that --profile reads (docs/profile_format.md).",
+    )
+    add_calibrate_arguments(calibrate)
+    calibrate.set_defaults(func=run_calibrate)
+    validate = commands.add_parser(
+        "validate",
+        help="replay a trace on the real engine and measure the simulator's error",
+        description="Replay TRACE on the real engine (or read --replay ENGINE_RUN_DIR), "
+        "calibrate if no --profile, simulate the same trace and configuration with the profile "
+        "and with the analytic roofline, and compare per request (TTFT, TPOT, ITL, E2E), per "
+        "step (the cost model on the engine's own batches) and in aggregate. Writes "
+        "validation.json under --out.",
+    )
+    add_validate_arguments(validate)
+    validate.set_defaults(func=run_validate)
     add_costmodel_commands(commands)
     trace = commands.add_parser("trace", help="generate or inspect traces")
     trace_commands = trace.add_subparsers(dest="trace_command", required=True)
@@ -505,6 +530,7 @@ def add_sweep_commands(commands: argparse._SubParsersAction) -> None:  # type: i
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
         return int(args.func(args))
     except (ValueError, OSError) as error:
         # Bad input (trace rows, configs, files) is reported, never a traceback.

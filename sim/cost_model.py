@@ -46,9 +46,11 @@ def make_cost_model(
     tp: int = 1,
     profile_path: str | Path | None = None,
     config: CostModelConfig | None = None,
+    block_size: int | None = None,
 ) -> CostModel:
-    """The analytic roofline, or, given a profile file, its tables over the roofline."""
+    """The analytic roofline, or, given a profile file, its tables over the roofline. Given
+    ``block_size``, a profile measured at another block size is refused."""
     roofline = RooflineCostModel(model, hardware, tp, config)
     if profile_path is None:
         return roofline
-    return CalibratedCostModel(load_profile(profile_path), roofline)
+    return CalibratedCostModel(load_profile(profile_path), roofline, block_size)

@@ -165,6 +165,10 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
             num_sms=132,
             scale_out_bandwidth_bytes_per_s=50e9,
         ),
+        # One x86 core for the engine's CPU runs (one torch thread): 16 fp32 FMA lanes x 2 at
+        # ~3 GHz, ~10 GB/s of one core's DRAM streaming, memcpy-speed "host link". A rough
+        # analytic baseline only; calibrated profiles are what CPU runs should use.
+        HardwareSpec("CPU-1T", 96e9, 96e9, None, 10e9, 8 * _GIB, 10e9, 0.0, 10e9),
     ]
     return {spec.name: spec for spec in presets}
 

@@ -13,7 +13,9 @@ from typing import Any
 
 from traces.text_files import read_text
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+DECODE_CONTEXT_RULES = ("mean", "max")
 
 OP_AXES: dict[str, tuple[str, ...]] = {
     "linear": ("num_tokens",),
@@ -25,9 +27,24 @@ OP_AXES: dict[str, tuple[str, ...]] = {
     "allreduce": ("num_bytes",),
     "copy_blocks": ("num_bytes",),
     "swap": ("num_bytes",),
+    # Version 2:
+    "swap_out": ("num_bytes",),
+    "swap_in": ("num_bytes",),
+    "prepare": ("num_seqs",),
 }
 """Each op a profile may time, and the axes of its table, in order."""
 
+_V1_OPS = (
+    "linear",
+    "elementwise",
+    "store_kv",
+    "prefill_attention",
+    "decode_attention",
+    "lm_head",
+    "allreduce",
+    "copy_blocks",
+    "swap",
+)
 _STEP_KEYS = ("prefill_chunks", "num_decode_seqs", "sum_decode_context_tokens", "measured_s")
 
 
@@ -86,12 +103,14 @@ class Table2D:
 
 @dataclass(frozen=True, slots=True)
 class StepTiming:
-    """One measured whole step; decode contexts are given as a count and a sum."""
+    """One measured whole step; decode contexts are given as a count and a sum, and (version 2)
+    each one, when the file lists them."""
 
     prefill_chunks: tuple[tuple[int, int], ...]
     num_decode_seqs: int
     sum_decode_context_tokens: int
     measured_s: float
+    decode_context_tokens: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +126,11 @@ class Profile:
     block_size: int
     ops: dict[str, Table1D | Table2D]
     steps: tuple[StepTiming, ...]
+    format_version: int = FORMAT_VERSION
+    # Which context of a decode batch its attention costs as: "mean" (a kernel reading each
+    # sequence's own blocks) or "max" (one padded to the longest, as the CPU reference).
+    decode_attention_context: str = "mean"
+    engine: dict[str, str] | None = None
 
 
 class _Reader:
@@ -174,12 +198,28 @@ class _Reader:
             isinstance(c, list) and len(c) == 2 and all(_is_count(v) for v in c) for c in chunks
         ):
             raise self.fail(f"{field}.prefill_chunks", f"expected [new, context] pairs: {chunks}")
-        return StepTiming(
+        contexts = None
+        if "decode_context_tokens" in step:
+            raw = self.get(step, "decode_context_tokens", list, f"{field}.decode_context_tokens")
+            if not all(_is_count(c) and c > 0 for c in raw):
+                raise self.fail(f"{field}.decode_context_tokens", "expected positive integers")
+            contexts = tuple(raw)
+        timing = StepTiming(
             tuple((new, context) for new, context in chunks),
             self.get(step, "num_decode_seqs", int, f"{field}.num_decode_seqs"),
             self.get(step, "sum_decode_context_tokens", int, f"{field}.sum_decode_context_tokens"),
             float(self.get(step, "measured_s", (int, float), f"{field}.measured_s")),
+            contexts,
         )
+        if contexts is not None and (
+            len(contexts) != timing.num_decode_seqs
+            or sum(contexts) != timing.sum_decode_context_tokens
+        ):
+            raise self.fail(
+                f"{field}.decode_context_tokens",
+                "disagrees with num_decode_seqs / sum_decode_context_tokens",
+            )
+        return timing
 
 
 def _is_count(value: Any) -> bool:
@@ -202,8 +242,9 @@ def load_profile(path: str | Path) -> Profile:
     if not isinstance(data, dict):
         raise reader.fail("<top level>", "expected a JSON object")
     version = reader.get(data, "format_version", int, "format_version")
-    if version != FORMAT_VERSION:
-        raise reader.fail("format_version", f"this reader knows {FORMAT_VERSION}, got {version}")
+    if version not in READABLE_VERSIONS:
+        known = " and ".join(str(v) for v in READABLE_VERSIONS)
+        raise reader.fail("format_version", f"this reader knows {known}, got {version}")
     device = reader.get(data, "device", dict, "device")
     software = reader.get(data, "software", dict, "software")
     for key in ("name", "driver"):
@@ -211,15 +252,27 @@ def load_profile(path: str | Path) -> Profile:
     for key in ("torch", "triton", "cuda"):
         reader.get(software, key, str, f"software.{key}")
     ops = reader.get(data, "ops", dict, "ops")
-    unknown = sorted(set(ops) - set(OP_AXES))
+    known_ops = OP_AXES if version >= 2 else {k: v for k, v in OP_AXES.items() if k in _V1_OPS}
+    unknown = sorted(set(ops) - set(known_ops))
     if unknown:
-        raise reader.fail(f"ops.{unknown[0]}", f"unknown op; known ops: {', '.join(OP_AXES)}")
+        raise reader.fail(f"ops.{unknown[0]}", f"unknown op; known ops: {', '.join(known_ops)}")
     tp = reader.get(data, "tp", int, "tp")
     block_size = reader.get(data, "block_size", int, "block_size")
     for key, value in (("tp", tp), ("block_size", block_size)):
         if value <= 0:
             raise reader.fail(key, f"must be positive, got {value}")
     steps = reader.get(data, "steps", list, "steps") if "steps" in data else []
+    rule = "mean"
+    if version >= 2 and "decode_attention_context" in data:
+        rule = reader.get(data, "decode_attention_context", str, "decode_attention_context")
+        if rule not in DECODE_CONTEXT_RULES:
+            raise reader.fail(
+                "decode_attention_context", f"must be one of {DECODE_CONTEXT_RULES}, got {rule!r}"
+            )
+    engine = None
+    if version >= 2 and "engine" in data:
+        engine_obj = reader.get(data, "engine", dict, "engine")
+        engine = {k: str(v) for k, v in engine_obj.items()}
     return Profile(
         path=str(path),
         device={k: str(v) for k, v in device.items()},
@@ -230,4 +283,7 @@ def load_profile(path: str | Path) -> Profile:
         block_size=block_size,
         ops={op: reader.table(op, table) for op, table in ops.items()},
         steps=tuple(reader.step(i, step) for i, step in enumerate(steps)),
+        format_version=version,
+        decode_attention_context=rule,
+        engine=engine,
     )

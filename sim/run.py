@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,8 +177,14 @@ def _pool_policy(config: RunConfig) -> str:
     return config.pool_policy if config.policy == "disagg" else config.policy
 
 
-def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResult:
-    """Run ``trace`` through the deployment ``config`` describes."""
+def simulate(
+    trace: Trace,
+    config: RunConfig,
+    progress: bool = False,
+    wrap_executor: Callable[[CostModelExecutor], Any] | None = None,
+) -> RunResult:
+    """Run ``trace`` through the deployment ``config`` describes. ``wrap_executor``, if given,
+    wraps each replica's executor (validation records the batches it prices this way)."""
     model = load_model(config.model)
     hardware = get_hardware_preset(config.hardware)
     kv_bytes_per_block = model.kv_bytes_per_block(config.block_size, config.tp)
@@ -219,7 +226,9 @@ def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResu
         batch_size=config.batch_size,
         max_wait_s=config.max_wait_s,
     )
-    cost_model = make_cost_model(model, hardware, config.tp, config.profile)
+    cost_model = make_cost_model(
+        model, hardware, config.tp, config.profile, block_size=config.block_size
+    )
     # Progress counts requests that finished or were rejected, so it reaches 100% only once
     # the backlog has drained (not when the last request arrives).
     bar = tqdm(
@@ -231,7 +240,9 @@ def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResu
     recorder = StepRecorder()
 
     def make_replica(env: simpy.Environment, index: int, pool: str, steps: StepRecorder) -> Replica:
-        executor = CostModelExecutor(cost_model, config.block_size)
+        executor: Any = CostModelExecutor(cost_model, config.block_size)
+        if wrap_executor is not None:
+            executor = wrap_executor(executor)
         scheduler = Scheduler(cache, scheduler_config)
         return Replica(env, index, pool, scheduler, executor, steps, config.fast_forward)
 

@@ -78,7 +78,9 @@ def _break(path: list[str | int], value: Any = None, delete: bool = False) -> di
 @pytest.mark.parametrize(
     ("path", "value", "delete", "field", "problem"),
     [
-        (["format_version"], 2, False, "format_version", "knows 1"),
+        (["format_version"], 3, False, "format_version", "knows 1 and 2"),
+        (["ops", "prepare"], {"num_seqs": [1], "time_s": [1e-5]}, False, "ops.prepare",
+         "unknown op"),
         (["model"], None, True, "model", "missing"),
         (["device", "driver"], None, True, "device.driver", "missing"),
         (["software", "torch"], 2.4, False, "software.torch", "expected str"),

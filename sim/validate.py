@@ -1,0 +1,428 @@
+"""``python -m sim validate``: replay a trace on the real engine (imported only inside the
+command), calibrate if no profile is given, simulate the same trace and configuration with the
+profile and with the analytic roofline, and compare (``sim.validation``) into
+``validation.json`` and an HTML section."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from engine.core.batch import ScheduledBatch, StepResult
+from records.run_dir import load_run
+from records.step_shapes import STEP_SHAPES_FILE, StepShapeRecord, load_step_shapes, record_of
+from sim import validation
+from sim.cost_model import CostModel, make_cost_model
+from sim.executor import CostModelExecutor
+from sim.hardware_spec import get_hardware_preset
+from sim.run import RunConfig, RunResult, load_model, simulate
+from traces.schema import Trace
+
+ENGINE_DIR = "engine"
+VALIDATION_FILE = "validation.json"
+ENGINE_POLICIES = ("static", "dynamic", "continuous", "chunked")
+
+
+@dataclass(frozen=True, slots=True)
+class ValidateConfig:
+    """The engine configuration to replay with (the simulator copies it) and the trace's
+    stretch and subset. Defaults equal the engine's."""
+
+    policy: str = "chunked"
+    model: str = "tiny-llama"
+    device: str = "cpu"
+    block_size: int = 16
+    num_blocks: int | None = None
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    batch_size: int = 8
+    max_wait_s: float = 1.0
+    preemption_mode: str = "recompute"
+    enable_prefix_caching: bool = False
+    time_scale: float = 1.0
+    max_requests: int | None = None
+    hardware: str | None = None  # the roofline's; None: CPU-1T on cpu, H100-SXM on cuda
+    cpu_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.policy not in ENGINE_POLICIES:
+            raise ValueError(f"policy must be one of {ENGINE_POLICIES}, got {self.policy!r}")
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ValueError(f"max_requests must be >= 1, got {self.max_requests!r}")
+        if not 0 <= self.time_scale < float("inf"):
+            raise ValueError(f"time_scale must be finite and >= 0, got {self.time_scale!r}")
+
+    def roofline_hardware(self) -> str:
+        if self.hardware is not None:
+            return self.hardware
+        return "CPU-1T" if self.device == "cpu" else "H100-SXM"
+
+
+class RecordingExecutor:
+    """Wraps the simulator's executor and keeps the shape of every batch it prices."""
+
+    def __init__(self, inner: CostModelExecutor) -> None:
+        self.inner = inner
+        self.shapes: list[StepShapeRecord] = []
+
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        result = self.inner.execute(batch)
+        if not batch.is_empty:
+            self.shapes.append(record_of(len(self.shapes), batch, 0.0, result.duration_s, 0.0, 0.0))
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def subset(trace: Trace, max_requests: int | None, time_scale: float) -> Trace:
+    """The first ``max_requests`` requests, arrivals multiplied by ``time_scale`` (as the
+    engine's replay does)."""
+    requests = trace.requests[:max_requests] if max_requests else trace.requests
+    scaled = tuple(replace(r, arrival_s=r.arrival_s * time_scale) for r in requests)
+    return replace(trace, requests=scaled)
+
+
+def run_engine(trace: Trace, config: ValidateConfig, out: Path, command: str) -> Path:
+    """Replay on the real engine; writes the run (with step_shapes.jsonl) to ``out``."""
+    # Through importlib: the simulator's type checks stop at the engine's torch side.
+    try:
+        llm_engine = importlib.import_module("engine.llm_engine")
+        engine_replay = importlib.import_module("engine.replay")
+    except ImportError as error:
+        raise ValueError(f"validate needs the engine (torch): {error}") from error
+    engine = llm_engine.EngineConfig(
+        model=config.model,
+        device=config.device,
+        weights="random",
+        block_size=config.block_size,
+        num_gpu_blocks=config.num_blocks,
+        policy=config.policy,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        enable_prefix_caching=config.enable_prefix_caching,
+        preemption_mode=config.preemption_mode,
+        batch_size=config.batch_size,
+        max_wait_s=config.max_wait_s,
+        cpu_threads=config.cpu_threads,
+    )
+    # The trace is already subset; the engine stretches arrivals itself.
+    replay_config = engine_replay.ReplayConfig(engine=engine, time_scale=config.time_scale)
+    result = engine_replay.replay(trace, replay_config)
+    result.command = command
+    result.write(out)
+    return out
+
+
+def sim_config(engine_dir: Path, config: ValidateConfig, profile: str | None) -> RunConfig:
+    """The simulator's configuration of the engine run in ``engine_dir``: same policy, block
+    count and budgets, paged memory, every step simulated (no fast-forward)."""
+    run = load_run(engine_dir)
+    c = run.config
+    if run.num_blocks is None:
+        raise ValueError(f"{engine_dir / 'summary.json'}: field 'num_blocks': missing")
+    try:
+        return RunConfig(
+            policy=str(c["policy"]),
+            model=config.model,
+            hardware=config.roofline_hardware(),
+            memory_model="paged",
+            block_size=int(c["block_size"]),
+            num_blocks=int(run.num_blocks),
+            swap_space_gib=float(c["swap_space_gib"]),
+            max_num_seqs=int(c["max_num_seqs"]),
+            max_num_batched_tokens=int(c["max_num_batched_tokens"]),
+            batch_size=int(c["batch_size"]),
+            max_wait_s=float(c["max_wait_s"]),
+            preemption_mode=c["preemption_mode"],
+            enable_prefix_caching=bool(c["enable_prefix_caching"]),
+            max_model_len=c.get("max_model_len"),
+            profile=profile,
+            fast_forward=False,
+        )
+    except KeyError as error:
+        raise ValueError(
+            f"{engine_dir / 'summary.json'}: field 'config.{error.args[0]}': missing"
+        ) from None
+
+
+def _cost_models(run: RunConfig) -> dict[str, CostModel]:
+    model, hardware = load_model(run.model), get_hardware_preset(run.hardware)
+    models = {"roofline": make_cost_model(model, hardware, run.tp, block_size=run.block_size)}
+    if run.profile is not None:
+        models["calibrated"] = make_cost_model(
+            model, hardware, run.tp, run.profile, block_size=run.block_size
+        )
+    return models
+
+
+def compare(
+    engine_dir: Path,
+    trace: Trace,
+    run: RunConfig,
+    out: Path,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Simulate ``trace`` under ``run`` with each cost model and compare with the engine run."""
+    measured = load_run(engine_dir)
+    shapes_path = engine_dir / STEP_SHAPES_FILE
+    if not shapes_path.exists():
+        raise ValueError(f"{shapes_path}: missing (an engine run from before step shapes?)")
+    engine_steps = load_step_shapes(shapes_path)
+    result: dict[str, Any] = {
+        "trace": trace.name,
+        "num_requests": len(trace.requests),
+        "engine_run": str(engine_dir),
+        "engine_summary": measured.summary,
+        "profile": run.profile,
+        "roofline_hardware": run.hardware,
+        "sim_config": asdict(run),
+        "models": {},
+    }
+    for name, cost_model in _cost_models(run).items():
+        config = run if name == "calibrated" else replace(run, profile=None)
+        recorders: list[RecordingExecutor] = []
+
+        def wrap(inner: CostModelExecutor, keep: list[RecordingExecutor] = recorders) -> Any:
+            keep.append(RecordingExecutor(inner))
+            return keep[-1]
+
+        simulated: RunResult = simulate(trace, config, progress=progress, wrap_executor=wrap)
+        simulated.write(out / f"sim-{name}")
+        sim_steps = recorders[0].shapes if recorders else []
+        steps = validation.step_errors(
+            engine_steps, cost_model.step_time_s, cost_model.step_breakdown, run.block_size
+        )
+        requests = validation.request_errors(measured.requests, simulated.requests_frame())
+        result["models"][name] = {
+            "requests": requests,
+            "steps": steps,
+            "terms_by_kind": validation.term_shares(steps["rows"]),
+            "aggregates": validation.aggregates(measured.summary, simulated.summary),
+            "divergence": validation.first_divergence(engine_steps, sim_steps),
+            "num_engine_steps": len(engine_steps),
+            "num_sim_steps": len(sim_steps),
+        }
+    return result
+
+
+def validate(
+    trace: Trace,
+    config: ValidateConfig,
+    out: str | Path,
+    profile: str | None = None,
+    replay_dir: str | Path | None = None,
+    command: str = "",
+    progress: bool = False,
+) -> dict[str, Any]:
+    """The whole command: engine (or ``replay_dir``), profile (given or calibrated), compare;
+    writes ``validation.json`` under ``out`` and returns its content."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out: {out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    trace = subset(trace, config.max_requests, 1.0)
+    if replay_dir is not None:
+        engine_dir = Path(replay_dir)
+        if not (engine_dir / "summary.json").exists():
+            raise ValueError(f"--replay: {engine_dir} holds no summary.json (not a run directory)")
+        engine_config = load_run(engine_dir).config
+        scale = float(engine_config.get("time_scale", 1.0))
+        if engine_config.get("model") not in (None, config.model):
+            raise ValueError(
+                f"--replay: the run is of model {engine_config.get('model')!r}, "
+                f"not {config.model!r}"
+            )
+    else:
+        engine_dir = run_engine(trace, config, out / ENGINE_DIR, command)
+        scale = config.time_scale
+    if profile is None:
+        from sim.calibrate import calibrate
+
+        profile = str(
+            calibrate(
+                config.model,
+                config.device,
+                config.block_size,
+                out / "profile.json",
+                command,
+                progress=progress,
+                cpu_threads=config.cpu_threads,
+            )
+        )
+    run = sim_config(engine_dir, config, profile)
+    scaled = subset(trace, None, scale)
+    engine_ids = set(load_run(engine_dir).requests["request_id"].astype(str))
+    trace_ids = {r.request_id for r in scaled.requests}
+    if engine_ids != trace_ids:
+        missing = sorted(engine_ids ^ trace_ids)[:3]
+        raise ValueError(
+            f"the engine run's requests differ from the trace's (e.g. {missing}); "
+            "use the same trace and --max-requests as the run"
+        )
+    result = compare(engine_dir, scaled, run, out, progress)
+    result["command"] = command
+    result["time_scale"] = scale
+    (out / VALIDATION_FILE).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return result
+
+
+def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
+    """The error table: per cost model, per-request metrics and per-step error."""
+    print(f"validation of {result['trace']} ({result['num_requests']} requests)", file=file)
+    for name, model in result["models"].items():
+        parts = []
+        for metric, stats in model["requests"]["metrics"].items():
+            if stats["median_abs_pct"] is None:
+                continue
+            parts.append(
+                f"{metric.upper()} {stats['median_abs_pct']:.1f}% (p90 {stats['p90_abs_pct']:.1f}%,"
+                f" bias {stats['bias_pct']:+.1f}%)"
+            )
+        print(f"  {name:<10} per request, median |error|: " + "; ".join(parts), file=file)
+        steps = model["steps"]
+        kinds = ", ".join(
+            f"{kind} {s['median_abs_pct']:.1f}% (n={s['n']})"
+            for kind, s in steps["by_kind"].items()
+            if s["median_abs_pct"] is not None
+        )
+        overall = steps["all"]["median_abs_pct"]
+        if overall is not None:
+            print(
+                f"  {name:<10} engine's own steps, median |error| {overall:.1f}% "
+                f"(bias {steps['all']['bias_pct']:+.1f}%): {kinds}",
+                file=file,
+            )
+        div = model["divergence"]
+        print(
+            f"  {name:<10} batches identical for the first {div['num_identical_steps']} of "
+            f"{model['num_engine_steps']} engine steps ({model['num_sim_steps']} simulated)",
+            file=file,
+        )
+
+
+def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = ValidateConfig()
+    parser.add_argument("trace", help="trace file (the formats `python -m sim run` reads)")
+    parser.add_argument("--format", default="auto", help="trace format (default: detect)")
+    parser.add_argument(
+        "--policy",
+        default=defaults.policy,
+        choices=ENGINE_POLICIES,
+        help="batching policy (default: %(default)s)",
+    )
+    parser.add_argument("--model", default=defaults.model, help="model (default: %(default)s)")
+    parser.add_argument(
+        "--device", default=defaults.device, help="cpu or cuda (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--profile", default=None, help="cost-model profile; default: calibrate one first"
+    )
+    parser.add_argument(
+        "--replay",
+        default=None,
+        metavar="ENGINE_RUN_DIR",
+        help="compare against this saved engine run (python -m engine run --out, or a "
+        "previous validate's engine/) instead of running the engine",
+    )
+    parser.add_argument("--out", required=True, help="directory for validation.json and runs")
+    parser.add_argument("--report", default=None, help="write the HTML validation section here")
+    parser.add_argument(
+        "--block-size", type=int, default=defaults.block_size, help="KV block size in tokens"
+    )
+    parser.add_argument(
+        "--num-blocks", type=int, default=None, help="KV blocks (default: the engine's)"
+    )
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=defaults.max_num_batched_tokens,
+        help="token budget per step (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=defaults.max_num_seqs,
+        help="max requests per step (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=defaults.batch_size,
+        help="static/dynamic batch size (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--preemption",
+        default=defaults.preemption_mode,
+        choices=("recompute", "swap"),
+        help="preemption mode (default: %(default)s)",
+    )
+    parser.add_argument("--prefix-caching", action="store_true", help="enable prefix caching")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=defaults.time_scale,
+        help="multiply arrival times by this (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-requests", type=int, default=None, help="use only the trace's first N requests"
+    )
+    parser.add_argument(
+        "--hardware",
+        default=None,
+        help="hardware preset of the roofline baseline (default: CPU-1T on cpu, H100-SXM on cuda)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    import shlex
+
+    from traces.loaders import load_trace
+
+    config = ValidateConfig(
+        policy=args.policy,
+        model=args.model,
+        device=args.device,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        max_num_batched_tokens=args.max_batch_tokens,
+        max_num_seqs=args.max_num_seqs,
+        batch_size=args.batch_size,
+        preemption_mode=args.preemption,
+        enable_prefix_caching=args.prefix_caching,
+        time_scale=args.time_scale,
+        max_requests=args.max_requests,
+        hardware=args.hardware,
+    )
+    if args.hardware is not None:
+        get_hardware_preset(args.hardware)
+    trace = load_trace(args.trace, format=args.format)
+    command = shlex.join(["python", "-m", "sim", *getattr(args, "argv", sys.argv[1:])])
+    result = validate(
+        trace,
+        config,
+        args.out,
+        profile=args.profile,
+        replay_dir=args.replay,
+        command=command,
+        progress=not args.quiet,
+    )
+    if not args.quiet:
+        print_table(result)
+        print(f"wrote {Path(args.out) / VALIDATION_FILE}")
+    if args.report:
+        from reports.validation import write_validation_report
+
+        path = write_validation_report(result, args.report)
+        if not args.quiet:
+            print(f"wrote report {path}")
+    return 0
