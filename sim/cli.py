@@ -63,8 +63,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hardware",
         default=DEFAULTS.hardware,
-        choices=sorted(HARDWARE_PRESETS),
-        help="GPU preset (default: %(default)s)",
+        help=f"GPU preset ({', '.join(HARDWARE_PRESETS)}) or a hardware file (.json or .toml, "
+        "see docs/hardware_format.md) (default: %(default)s)",
     )
     parser.add_argument(
         "--tp",

@@ -8,6 +8,14 @@ from dataclasses import dataclass
 from sim.model_spec import ModelSpec, check_tp
 
 _GIB = 1 << 30
+_GB = 10**9
+
+INTERCONNECTS: tuple[str, ...] = ("nvswitch", "nvlink-bridge", "mesh", "pcie")
+"""How the GPUs of one replica reach each other: through an NVLink switch (any tp at full
+link rate); an NVLink bridge between pairs (tp 2 on the bridge, larger tp over PCIe); a
+direct all-to-all mesh (AMD Infinity Fabric; the bandwidth given is the per-GPU aggregate
+that collectives reach over all links); or PCIe only (the interconnect fields then describe
+the GPU-to-GPU PCIe path)."""
 
 
 class ModelDoesNotFitError(ValueError):
@@ -27,8 +35,14 @@ class HardwareSpec:
     interconnect_bandwidth_bytes_per_s: float  # NVLink, one direction, one GPU
     interconnect_latency_s: float  # one hop of a ring all-reduce
     host_link_bandwidth_bytes_per_s: float  # PCIe, one direction: what swapping uses
+    interconnect: str = "nvswitch"  # one of INTERCONNECTS
 
     def __post_init__(self) -> None:
+        if self.interconnect not in INTERCONNECTS:
+            raise ValueError(
+                f"HardwareSpec.interconnect must be one of {INTERCONNECTS}, "
+                f"got {self.interconnect!r}"
+            )
         for field in (
             "peak_fp16_flops",
             "peak_fp32_flops",
@@ -49,6 +63,13 @@ class HardwareSpec:
                 "HardwareSpec.interconnect_latency_s must be >= 0, "
                 f"got {self.interconnect_latency_s!r}"
             )
+
+    def allreduce_link(self, tp: int) -> tuple[float, float]:
+        """(bandwidth bytes/s one direction, latency s per hop) a ring over `tp` ranks uses:
+        an NVLink bridge joins pairs only, so larger groups go over the host's PCIe."""
+        if self.interconnect == "nvlink-bridge" and tp > 2:
+            return self.host_link_bandwidth_bytes_per_s, self.interconnect_latency_s
+        return self.interconnect_bandwidth_bytes_per_s, self.interconnect_latency_s
 
     def peak_flops(self, dtype_bytes: int) -> float:
         """Dense peak for a model stored in `dtype_bytes`-wide values."""
@@ -81,7 +102,138 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
             "H200", 989.4e12, 66.9e12, 1978.9e12, 4800e9, 141 * _GIB, 450e9, nvlink_hop_s, 64e9
         ),
     ]
+    presets += _workstation_presets() + _datacenter_presets()
     return {spec.name: spec for spec in presets}
+
+
+# PCIe without NVLink: a peer-to-peer hop through the root complex costs several microseconds
+# (NCCL's measured small-message PCIe latency), and gen4/gen5 x16 carry 32/64 GB/s one way.
+_PCIE_HOP_S = 8e-6
+_PCIE4 = 32 * _GB
+_PCIE5 = 64 * _GB
+
+
+def _workstation_presets() -> list[HardwareSpec]:
+    """PCIe cards. Dense tensor figures: half the datasheet's sparse number."""
+    return [
+        # NVIDIA A40 datasheet: 149.7 TFLOPS fp16 tensor (299.4 sparse), 37.4 TFLOPS fp32,
+        # 48 GB GDDR6 at 696 GB/s, NVLink bridge 112.5 GB/s both directions, PCIe gen4.
+        HardwareSpec(
+            "A40",
+            149.7e12,
+            37.4e12,
+            None,
+            696 * _GB,
+            48 * _GIB,
+            56.25 * _GB,
+            2e-6,
+            _PCIE4,
+            interconnect="nvlink-bridge",
+        ),
+        # NVIDIA RTX A6000 datasheet: 309.7 TFLOPS tensor sparse (154.8 dense), 38.7 TFLOPS
+        # fp32, 48 GB GDDR6 at 768 GB/s, NVLink bridge 112.5 GB/s both directions, PCIe gen4.
+        HardwareSpec(
+            "RTX-A6000",
+            154.8e12,
+            38.7e12,
+            None,
+            768 * _GB,
+            48 * _GIB,
+            56.25 * _GB,
+            2e-6,
+            _PCIE4,
+            interconnect="nvlink-bridge",
+        ),
+        # NVIDIA L40S datasheet: 362.05 TFLOPS bf16 tensor dense (733 sparse), 733 fp8 dense,
+        # 91.6 TFLOPS fp32, 48 GB GDDR6 at 864 GB/s, PCIe gen4 x16, no NVLink.
+        HardwareSpec(
+            "L40S",
+            362.05e12,
+            91.6e12,
+            733e12,
+            864 * _GB,
+            48 * _GIB,
+            _PCIE4,
+            _PCIE_HOP_S,
+            _PCIE4,
+            interconnect="pcie",
+        ),
+        # NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): fp16 tensor with fp32
+        # accumulate (what PyTorch uses) 165.2 TFLOPS dense, fp8 with fp32 accumulate 330.3,
+        # 82.6 TFLOPS fp32, 24 GB GDDR6X at 1008 GB/s, PCIe gen4, no NVLink.
+        HardwareSpec(
+            "RTX-4090",
+            165.2e12,
+            82.6e12,
+            330.3e12,
+            1008 * _GB,
+            24 * _GIB,
+            _PCIE4,
+            _PCIE_HOP_S,
+            _PCIE4,
+            interconnect="pcie",
+        ),
+        # NVIDIA RTX PRO 6000 Blackwell (Workstation Edition) datasheet: 96 GB GDDR7 at
+        # 1792 GB/s, 125 TFLOPS fp32, 4000 AI TOPS fp4 sparse, i.e. 2000 fp4, 1000 fp8 and
+        # 500 fp16 dense; PCIe gen5 x16, no NVLink.
+        HardwareSpec(
+            "RTX-PRO-6000",
+            500e12,
+            125e12,
+            1000e12,
+            1792 * _GB,
+            96 * _GIB,
+            _PCIE5,
+            _PCIE_HOP_S,
+            _PCIE5,
+            interconnect="pcie",
+        ),
+        # The Server Edition of the same card: 1597 GB/s, the figure LLMServingSim's cluster
+        # config gives for its measured RTX PRO 6000 runs; FLOP/s taken as the Workstation
+        # Edition's (not separately checked).
+        HardwareSpec(
+            "RTX-PRO-6000-Server",
+            500e12,
+            125e12,
+            1000e12,
+            1597 * _GB,
+            96 * _GIB,
+            _PCIE5,
+            _PCIE_HOP_S,
+            _PCIE5,
+            interconnect="pcie",
+        ),
+    ]
+
+
+def _datacenter_presets() -> list[HardwareSpec]:
+    """SXM/OAM parts on a switch or mesh. Dense tensor figures: half the sparse number."""
+    return [
+        # NVIDIA H20 (HGX H20 product brief): 148 TFLOPS bf16 dense, 296 fp8, 44 TFLOPS fp32,
+        # 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s both directions, PCIe gen5.
+        HardwareSpec("H20", 148e12, 44e12, 296e12, 4000 * _GB, 96 * _GIB, 450 * _GB, 2e-6, _PCIE5),
+        # NVIDIA DGX B200 datasheet, per GPU (system / 8): 180 GB HBM3e at 8 TB/s, 72 PFLOPS
+        # fp8 sparse (4.5 PF dense fp8, 2.25 PF dense bf16), NVLink 5 1.8 TB/s both
+        # directions; fp32 75 TFLOPS (HGX B200: 600 TFLOPS fp32 for 8 GPUs).
+        HardwareSpec(
+            "B200", 2250e12, 75e12, 4500e12, 8000 * _GB, 180 * _GIB, 900 * _GB, 2e-6, _PCIE5
+        ),
+        # AMD Instinct MI300X data sheet: 1307.4 TFLOPS fp16/bf16 dense, 2614.9 fp8 dense,
+        # 163.4 TFLOPS fp32 vector, 192 GB HBM3 at 5.3 TB/s; 7 Infinity Fabric links of
+        # 128 GB/s both directions to the other 7 GPUs (7 x 64 GB/s one way), PCIe gen5.
+        HardwareSpec(
+            "MI300X",
+            1307.4e12,
+            163.4e12,
+            2614.9e12,
+            5300 * _GB,
+            192 * _GIB,
+            448 * _GB,
+            2e-6,
+            _PCIE5,
+            interconnect="mesh",
+        ),
+    ]
 
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = _hardware_presets()

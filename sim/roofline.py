@@ -185,10 +185,9 @@ class RooflineCostModel:
         if self.tp == 1 or num_bytes <= 0:
             return 0.0
         hops = 2 * (self.tp - 1)
-        bandwidth = (
-            self.hardware.interconnect_bandwidth_bytes_per_s * self.config.interconnect_efficiency
-        )
-        return hops * (num_bytes / self.tp / bandwidth + self.hardware.interconnect_latency_s)
+        link_bandwidth, latency = self.hardware.allreduce_link(self.tp)
+        bandwidth = link_bandwidth * self.config.interconnect_efficiency
+        return hops * (num_bytes / self.tp / bandwidth + latency)
 
     def allreduce_s(self, num_tokens: int) -> float:
         """Megatron-style TP: one all-reduce after attention and one after the MLP per layer."""

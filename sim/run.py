@@ -26,7 +26,8 @@ from engine.core.scheduler import Scheduler
 from sim.cost_model import make_cost_model
 from sim.deployment import ROUTERS, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
-from sim.hardware_spec import derive_num_blocks, get_hardware_preset
+from sim.hardware_file import load_hardware
+from sim.hardware_spec import derive_num_blocks
 from sim.metrics import summarize
 from sim.model_spec import ModelSpec, get_model_preset, model_spec_from_hf_config
 from sim.records import StepRecorder, request_frame
@@ -166,7 +167,7 @@ def _pool_policy(config: RunConfig) -> str:
 def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResult:
     """Run ``trace`` through the deployment ``config`` describes."""
     model = load_model(config.model)
-    hardware = get_hardware_preset(config.hardware)
+    hardware = load_hardware(config.hardware)
     kv_bytes_per_block = model.kv_bytes_per_block(config.block_size, config.tp)
     num_blocks = config.num_blocks or derive_num_blocks(
         model, hardware, config.tp, config.block_size, config.gpu_memory_utilization
