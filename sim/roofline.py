@@ -97,10 +97,14 @@ class RooflineCostModel:
         layers, hidden, dtype = model.num_layers, model.hidden_size, model.dtype_bytes
         q_size = model.q_size // tp
         kv_size = model.kv_heads_per_shard(tp) * model.head_dim
-        inter = model.intermediate_size // tp
+        inter = model.mlp_active_intermediate // tp
         up_out = (2 if model.gated_mlp else 1) * inter
-        self._linear_flops_per_token = 2 * layers * model.params_per_layer / tp
-        self._linear_weight_bytes = layers * model.params_per_layer * dtype / tp
+        self._linear_flops_per_token = 2 * layers * model.active_params_per_layer / tp
+        # Weights every step reads whole; a MoE model's routed experts come on top, as many
+        # as the step's tokens touch (`expert_weight_bytes`).
+        always_read = model.attention_params_per_layer + model.always_on_mlp_params_per_layer
+        self._linear_weight_bytes = layers * always_read * dtype / tp
+        self._expert_layer_bytes = layers * model.expert_params * dtype / tp
         # Activations read and written by qkv, o, up(/gate) and down projections.
         per_layer_act = hidden + (q_size + 2 * kv_size) + q_size + hidden + hidden + up_out
         self._linear_act_bytes_per_token = layers * dtype * (per_layer_act + inter + hidden)
@@ -112,7 +116,9 @@ class RooflineCostModel:
         # Q and K; the MLP activation reads up(/gate) and writes one; plus the final norm and
         # the embedding gather once.
         rope = 2 * (q_size + kv_size) if model.uses_rope else 0
-        per_layer_elementwise = 8 * hidden + rope + up_out + inter
+        # Qwen3's QK norm reads and writes Q and K once more.
+        qk_norm = 2 * (q_size + kv_size) if model.qk_norm else 0
+        per_layer_elementwise = 8 * hidden + rope + qk_norm + up_out + inter
         self._elementwise_bytes_per_token = dtype * (layers * per_layer_elementwise + 6 * hidden)
         vocab_shard = -(-model.vocab_size // tp)
         self._lm_head_flops_per_row = 2 * hidden * vocab_shard
@@ -126,11 +132,32 @@ class RooflineCostModel:
 
     # Each term takes aggregates so that CalibratedCostModel can swap any one for a table.
 
+    def expected_experts_touched(self, num_tokens: int) -> float:
+        """Distinct routed experts a step's tokens use, per layer, in expectation when each
+        token picks k of E experts uniformly: E (1 - (1 - k/E)^T)."""
+        experts, k = self.model.num_experts, self.model.num_experts_per_token
+        if not experts or num_tokens <= 0:
+            return 0.0
+        return experts * (1.0 - (1.0 - k / experts) ** num_tokens)
+
+    def expert_weight_bytes(self, num_tokens: int) -> float:
+        """Routed-expert weights one rank reads in a step, all layers: each touched expert
+        once, whatever the number of its tokens. TP shards every expert over the ranks; EP
+        over the same ranks (one data-parallel rank, as here) places E/tp whole experts on
+        each, which touches the same bytes per rank in expectation."""
+        return self.expected_experts_touched(num_tokens) * self._expert_layer_bytes
+
     def linear_s(self, num_tokens: int) -> float:
+        """Dense projections and MLP (a MoE model's routed experts included): FLOPs of the
+        parameters each token uses, bytes of the weights the step touches."""
         if num_tokens <= 0:
             return 0.0
         compute = num_tokens * self._linear_flops_per_token / self._matmul_flops_per_s
-        bytes_moved = self._linear_weight_bytes + num_tokens * self._linear_act_bytes_per_token
+        bytes_moved = (
+            self._linear_weight_bytes
+            + self.expert_weight_bytes(num_tokens)
+            + num_tokens * self._linear_act_bytes_per_token
+        )
         return max(compute, bytes_moved / self._memory_bytes_per_s)
 
     def prefill_attention_s(self, chunks: tuple[tuple[int, int], ...], block_size: int) -> float:

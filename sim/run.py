@@ -28,8 +28,9 @@ from sim.deployment import ROUTERS, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
 from sim.hardware_file import load_hardware
 from sim.hardware_spec import derive_num_blocks
+from sim.hf_config import model_spec_from_hf_config
 from sim.metrics import summarize
-from sim.model_spec import ModelSpec, get_model_preset, model_spec_from_hf_config
+from sim.model_spec import ModelSpec, get_model_preset
 from sim.records import StepRecorder, request_frame
 from sim.simulator import Replica
 from traces.schema import Trace

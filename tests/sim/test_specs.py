@@ -15,7 +15,8 @@ from sim.hardware_spec import (
     derive_num_blocks,
     get_hardware_preset,
 )
-from sim.model_spec import MODEL_PRESETS, ModelSpec, get_model_preset, model_spec_from_hf_config
+from sim.hf_config import model_spec_from_hf_config
+from sim.model_spec import MODEL_PRESETS, ModelSpec, get_model_preset
 
 GIB = 1 << 30
 
@@ -29,6 +30,11 @@ PARAMS_B = {
     "Mistral-7B": 7.24,
     "Qwen2.5-7B": 7.62,
     "OPT-13B": 12.85,
+    "Llama-3.1-8B": 8.03,
+    "Llama-3.1-70B": 70.55,
+    "Qwen3-8B": 8.19,
+    "Qwen3-32B": 32.76,
+    "Qwen3-30B-A3B": 30.53,
 }
 
 
