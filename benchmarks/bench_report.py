@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from reports import RunRecords, records_from_result, write_report
+from records.run_dir import RunRecords, records_from_result
+from records.schema import STEP_COLUMNS
+from reports import write_report
 from reports.browser import dump_dom, find_chromium, read_rendered
-from sim.records import STEP_COLUMNS
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
 

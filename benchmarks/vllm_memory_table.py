@@ -19,7 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sim.records import SLOT_COLUMNS
+from records.schema import SLOT_COLUMNS
 from sim.run import RunConfig, RunResult, simulate
 from traces.distributions import PoissonArrivals
 from traces.generators import trace_from_length_table

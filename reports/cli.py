@@ -7,8 +7,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from records.run_dir import load_run
 from reports.html import write_report
-from reports.records import load_run
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from records.run_dir import RunRecords
 from reports.downsample import decimate_rows
 from reports.memory import SLOT_KINDS, USED_KINDS
-from reports.records import RunRecords
 from reports.theme import display_text, new_figure, run_color
 
 # Optional columns a disaggregated run adds. requests.csv: bytes of KV sent over the link,

@@ -13,12 +13,12 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from engine.core.memory import MemorySnapshot
+from records import metrics
+from records.run_dir import RunRecords
 from reports import disagg, latency, load, memory
 from reports.assets import ERROR_CAPTURE_JS, RENDER_JS, STYLE
 from reports.downsample import DESCRIPTION as DOWNSAMPLING
-from reports.records import RunRecords
 from reports.tables import latency_table, runs_table, throughput_table, trace_table
-from sim import metrics
 
 
 @dataclass(frozen=True)

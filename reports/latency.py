@@ -9,8 +9,8 @@ import numpy as np
 import numpy.typing as npt
 import plotly.graph_objects as go
 
+from records.run_dir import RunRecords
 from reports.downsample import cdf_points, decimate_rows
-from reports.records import RunRecords
 from reports.theme import display_text, new_figure, run_color
 
 # requests.csv column -> what the figure calls it

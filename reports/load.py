@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from records.run_dir import RunRecords
 from reports.downsample import decimate_rows
-from reports.records import RunRecords
 from reports.theme import display_text, new_figure, run_color
 
 QUEUE_SERIES = {

@@ -10,8 +10,8 @@ import numpy.typing as npt
 import pandas as pd
 import plotly.graph_objects as go
 
+from records.run_dir import RunRecords
 from reports.downsample import decimate_rows
-from reports.records import RunRecords
 from reports.theme import display_text, new_figure
 
 # steps.csv column -> (legend name, colour); bottom of the stack first.

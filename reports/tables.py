@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from records.run_dir import UNKNOWN, RunRecords
 from reports.memory import kv_utilisation
-from reports.records import UNKNOWN, RunRecords
 
 Formatter = Callable[[float], str]
 

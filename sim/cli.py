@@ -12,9 +12,9 @@ from pathlib import Path
 
 from engine.core.config import MEMORY_MODELS, PREEMPTION_MODES, RESERVATION_RULES
 from engine.core.policies import POLICIES
+from records.run_dir import records_from_result
 from reports.cli import add_report_arguments, run_report
 from reports.html import write_report
-from reports.records import records_from_result
 from sim.deployment import ROUTERS
 from sim.hardware_spec import HARDWARE_PRESETS
 from sim.model_spec import MODEL_PRESETS

@@ -4,7 +4,6 @@ core and the cost model (``simulate``), and its results and files (``RunResult``
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,15 +22,16 @@ from engine.core.config import (
 from engine.core.policies import POLICIES
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
+from records.metrics import summarize
+from records.run_dir import write_run_dir
+from records.schema import StepRecorder, request_frame
 from sim.cost_model import make_cost_model
 from sim.deployment import ROUTERS, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
 from sim.hardware_file import load_hardware
 from sim.hardware_spec import derive_num_blocks
 from sim.hf_config import model_spec_from_hf_config
-from sim.metrics import summarize
 from sim.model_spec import ModelSpec, get_model_preset
-from sim.records import StepRecorder, request_frame
 from sim.simulator import Replica
 from traces.schema import Trace
 
@@ -139,9 +139,6 @@ class RunResult:
         return real / used if used else 1.0
 
     def write(self, out: Path) -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        request_frame(self.requests, self.transfers).to_csv(out / "requests.csv", index=False)
-        self.steps.to_frame().to_csv(out / "steps.csv", index=False)
         payload = {
             "trace": self.trace_name,
             "config": asdict(self.config),
@@ -155,7 +152,7 @@ class RunResult:
             "command": self.command,
             "servesim_version": servesim_version(),
         }
-        (out / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        write_run_dir(out, self.requests_frame(), self.steps.to_frame(), payload)
 
     def requests_frame(self) -> pd.DataFrame:
         return request_frame(self.requests, self.transfers)

@@ -13,8 +13,8 @@ from engine.core.batch import ScheduledBatch, StepResult
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
+from records.schema import StepRecorder
 from sim.executor import CostModelExecutor
-from sim.records import StepRecorder
 from traces.schema import TraceRequest
 
 

@@ -48,3 +48,33 @@ def test_importing_sim_and_core_loads_neither_torch_nor_triton() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "", f"loaded: {out.stdout.strip()}"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [
+        # The run-record schema sits below its writers and readers.
+        ("records", ("sim", "reports", "kernels", "traces", "torch")),
+        # Reports read through records; of the engine they may see only the stdlib core.
+        ("reports", ("sim", "kernels", "torch")),
+        # The engine may not import the simulator.
+        ("engine", ("sim", "reports")),
+    ],
+)
+def test_packages_import_only_downward(package: str, forbidden: tuple[str, ...]) -> None:
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for name in _imported_modules(path):
+            root = name.split(".")[0]
+            engine_outside_core = root == "engine" and not name.startswith("engine.core")
+            bad = root in forbidden or (package != "engine" and engine_outside_core)
+            assert not bad, f"{path.relative_to(ROOT)} imports {name}"

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from reports import RunRecords, load_run, records_from_result
-from sim.records import STEP_COLUMNS
+from records.run_dir import RunRecords, load_run, records_from_result
+from records.schema import STEP_COLUMNS
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
 

@@ -13,10 +13,10 @@ import plotly.offline
 import pytest
 
 from engine.core.memory import MemorySnapshot
+from records import metrics
 from reports import RunRecords, render_report, write_report
 from reports.cli import main
 from reports.html import embed_json
-from sim import metrics
 
 INJECTED = "<script>alert(1)</script>.csv"
 

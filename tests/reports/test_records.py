@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reports import load_run, records_from_result
+from records.run_dir import load_run, records_from_result
 from sim.run import RunConfig, servesim_version, simulate
 from tests.reports.conftest import EXAMPLE
 from traces.loaders import load_trace

@@ -11,8 +11,8 @@ import pytest
 from engine.core.batch import ScheduledBatch
 from engine.core.policies import POLICIES
 from engine.core.scheduler import Scheduler
+from records.schema import SUMMED_COLUMNS
 from sim import executor
-from sim.records import SUMMED_COLUMNS
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
 

@@ -1,6 +1,6 @@
-"""What a report reads: `RunRecords` (one run's config, summary, request and step frames),
-loaded from a run directory (`load_run`) or built from an in-memory result
-(`records_from_result`)."""
+"""A run directory: ``write_run_dir`` writes ``requests.csv``, ``steps.csv`` and
+``summary.json``; ``load_run`` reads one back as `RunRecords` (config, summary, request and step
+frames), and ``records_from_result`` builds the same from an in-memory simulator result."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.records import SUMMED_COLUMNS
+from records.schema import SUMMED_COLUMNS
 
 UNKNOWN = "unknown"
 
@@ -51,6 +51,24 @@ def _installed_version() -> str | None:
         return metadata.version("servesim")
     except metadata.PackageNotFoundError:
         return None
+
+
+def write_run_dir(
+    out: str | Path, requests: pd.DataFrame, steps: pd.DataFrame, payload: dict[str, Any]
+) -> None:
+    """Write one run: ``requests`` (``schema.request_frame``), ``steps``
+    (``schema.StepRecorder.to_frame``) and ``payload`` as ``summary.json``. The payload holds
+    at least ``summary`` (``metrics.summarize``) and ``config``; ``load_run`` reads the keys
+    ``trace``, ``memory_model``, ``num_blocks``, ``notes``, ``mean_real_token_share``,
+    ``trace_stats``, ``command`` and ``servesim_version`` when present. Both the simulator and
+    the real engine write through here."""
+    root = Path(out)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"{root} exists and is not a directory")
+    root.mkdir(parents=True, exist_ok=True)
+    requests.to_csv(root / "requests.csv", index=False)
+    steps.to_csv(root / "steps.csv", index=False)
+    (root / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def load_run(run_dir: str | Path, label: str | None = None) -> RunRecords:
