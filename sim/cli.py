@@ -17,6 +17,7 @@ from reports.cli import add_report_arguments, run_report
 from reports.html import write_report
 from sim.deployment import ROUTERS
 from sim.hardware_spec import HARDWARE_PRESETS
+from sim.measured_cli import add_measured_commands
 from sim.model_spec import MODEL_PRESETS
 from sim.run import POLICY_CHOICES, RunConfig, RunResult, simulate
 from traces import cli as traces_cli
@@ -32,22 +33,23 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "trace",
-        help="trace file (servesim CSV, Vidur CSV, Azure CSV, Mooncake JSONL, BurstGPT CSV)",
-    )
-    parser.add_argument(
-        "--format",
-        default="auto",
-        choices=["auto", *sorted(FORMATS)],
-        help="trace format (default: detect from the header)",
-    )
-    parser.add_argument(
-        "--skip-bad-rows",
-        action="store_true",
-        help="skip malformed trace rows (the summary counts them) instead of failing",
-    )
+def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) -> None:
+    if with_trace:
+        parser.add_argument(
+            "trace",
+            help="trace file (servesim CSV, Vidur CSV, Azure CSV, Mooncake JSONL, BurstGPT CSV)",
+        )
+        parser.add_argument(
+            "--format",
+            default="auto",
+            choices=["auto", *sorted(FORMATS)],
+            help="trace format (default: detect from the header)",
+        )
+        parser.add_argument(
+            "--skip-bad-rows",
+            action="store_true",
+            help="skip malformed trace rows (the summary counts them) instead of failing",
+        )
     parser.add_argument(
         "--policy",
         default=DEFAULTS.policy,
@@ -399,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_report_arguments(report)
     report.set_defaults(func=run_report)
+    add_measured_commands(commands, add_run_arguments, config_from_args)
     trace = commands.add_parser("trace", help="generate or inspect traces")
     trace_commands = trace.add_subparsers(dest="trace_command", required=True)
     generate = trace_commands.add_parser("generate", help="write a synthetic trace as our CSV")
