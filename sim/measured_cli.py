@@ -11,6 +11,7 @@ from typing import Any
 
 from records.compare import Comparison, compare_requests, format_comparison
 from records.run_dir import load_run
+from sim.cost_model import CostModelConfig
 from sim.measured import HARDWARE_FILE, IMPORTERS, TRACE_FILE, write_measured_run
 from sim.run import RunConfig, RunResult, simulate
 from traces.loaders import load_trace
@@ -78,12 +79,14 @@ def replay_config(run_dir: str | Path, config: RunConfig) -> RunConfig:
     return dataclasses.replace(config, **changes)
 
 
-def validate_run(run_dir: str | Path, config: RunConfig) -> tuple[Comparison, RunResult]:
+def validate_run(
+    run_dir: str | Path, config: RunConfig, cost_config: CostModelConfig | None = None
+) -> tuple[Comparison, RunResult]:
     """Simulate the measured run's trace under ``config`` and compare request by request."""
     root = Path(run_dir)
     measured = load_run(root)
     trace = load_trace(root / TRACE_FILE, format="servesim")
-    result = simulate(trace, config)
+    result = simulate(trace, config, cost_config=cost_config)
     return compare_requests(measured.requests, result.requests_frame()), result
 
 

@@ -25,7 +25,7 @@ from engine.core.scheduler import Scheduler
 from records.metrics import summarize
 from records.run_dir import write_run_dir
 from records.schema import StepRecorder, request_frame
-from sim.cost_model import make_cost_model
+from sim.cost_model import CostModelConfig, make_cost_model
 from sim.deployment import ROUTERS, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
 from sim.hardware_file import load_hardware
@@ -162,8 +162,14 @@ def _pool_policy(config: RunConfig) -> str:
     return config.pool_policy if config.policy == "disagg" else config.policy
 
 
-def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResult:
-    """Run ``trace`` through the deployment ``config`` describes."""
+def simulate(
+    trace: Trace,
+    config: RunConfig,
+    progress: bool = False,
+    cost_config: CostModelConfig | None = None,
+) -> RunResult:
+    """Run ``trace`` through the deployment ``config`` describes; ``cost_config`` replaces the
+    roofline's default efficiencies (for what-if studies)."""
     model = load_model(config.model)
     hardware = load_hardware(config.hardware)
     kv_bytes_per_block = model.kv_bytes_per_block(config.block_size, config.tp)
@@ -188,7 +194,7 @@ def simulate(trace: Trace, config: RunConfig, progress: bool = False) -> RunResu
         batch_size=config.batch_size,
         max_wait_s=config.max_wait_s,
     )
-    cost_model = make_cost_model(model, hardware, config.tp, config.profile)
+    cost_model = make_cost_model(model, hardware, config.tp, config.profile, cost_config)
     end_s = trace.requests[-1].arrival_s
     bar = tqdm(total=round(end_s, 3), unit="sim-s", disable=not (progress and sys.stderr.isatty()))
 

@@ -294,3 +294,22 @@ def test_cli_import_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main([*args, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "not a directory" in err
+
+
+SHARED_RUNS = Path(__file__).resolve().parents[2].parent / "shared" / "vllm-runs" / "llmservingsim"
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("name", ["RTXPRO6000-Llama-3.1-8B", "RTXPRO6000-Qwen3-32B"])
+def test_real_llmservingsim_runs_import(name: str) -> None:
+    if not (SHARED_RUNS / name / "meta.json").is_file():
+        pytest.skip(f"measured runs not found at {SHARED_RUNS}")
+    run = import_llmservingsim(SHARED_RUNS / name)
+    assert len(run.requests) == 300 and (run.requests["status"] == "finished").all()
+    # Every prompt's real token ids come with it, for prefix caching on real content.
+    assert all(r.prompt_token_ids is not None for r in run.trace.requests)
+    raw = [json.loads(line) for line in (SHARED_RUNS / name / "requests.jsonl").open()]
+    ttft_ms = sorted((r["first_token_ts"] - r["queued_ts"]) * 1000 for r in raw)
+    assert run.requests["ttft_ms"].median() == pytest.approx((ttft_ms[149] + ttft_ms[150]) / 2)
+    assert run.replay["max_num_seqs"] == 128 and run.replay["max_num_batched_tokens"] == 2048
+    assert run.replay["tp"] == (1 if "Llama" in name else 2)
