@@ -4,6 +4,7 @@ presets; `sim.hf_config` reads a Hugging Face `config.json` into one."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,3 +285,13 @@ def get_model_preset(name: str) -> ModelSpec:
         if key.lower() == name.lower():
             return spec
     raise ValueError(f"unknown model {name!r}; presets are: {', '.join(sorted(MODEL_PRESETS))}")
+
+
+def model_spec_from_hf_config(
+    path: str | Path, name: str | None = None, dtype_bytes: int | None = None
+) -> ModelSpec:
+    """Read a Hugging Face `config.json`: `sim.hf_config.model_spec_from_hf_config`, kept here
+    for callers that import it from this module."""
+    from sim.hf_config import model_spec_from_hf_config as read  # hf_config imports this module
+
+    return read(path, name, dtype_bytes)
