@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from records.compare import Comparison, compare_requests, format_comparison
-from records.run_dir import load_run
+from records.run_dir import load_run, records_from_result
+from reports.html import write_report
 from sim.cost_model import CostModelConfig
 from sim.measured import HARDWARE_FILE, IMPORTERS, TRACE_FILE, write_measured_run
 from sim.run import RunConfig, RunResult, simulate
@@ -49,7 +50,8 @@ def add_measured_commands(commands: Any, add_run_arguments: Any, config_from_arg
         description="Simulate RUN_DIR/trace.csv (from `measured import`) with the measured run's "
         "own settings and print the median and p90 absolute error and the bias of TTFT, TPOT, "
         "ITL and E2E, request by request. Run options you give replace the recorded settings; "
-        "those left at their defaults take the recorded values.",
+        "those left at their defaults take the recorded values. --out writes the simulated run; "
+        "--report an HTML report of the measured and simulated runs side by side.",
     )
     validate.add_argument("--measured", required=True, help="run directory from measured import")
     validate.add_argument("--json", default=None, help="also write the error table as JSON here")
@@ -113,4 +115,10 @@ def validate_command(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps({"errors": rows}, indent=2) + "\n")
     if args.out:
         result.write(Path(args.out))
+    if args.report:
+        runs = [
+            load_run(args.measured, label="measured"),
+            records_from_result(result, label="simulated", command=None),
+        ]
+        print(f"wrote report {write_report(runs, Path(args.report))}")
     return 0

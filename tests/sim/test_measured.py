@@ -285,8 +285,12 @@ def test_cli_import_then_validate(
     errors = {row["metric"]: row for row in json.loads(table.read_text())["errors"]}
     assert errors["TTFT"]["num_requests"] == 3 and errors["TPOT"]["num_requests"] == 2
     # A run option given on the command line replaces the recorded one.
-    assert main(["validate", "--measured", str(out), "--max-batch-tokens", "32"]) == 0
+    report = tmp_path / "side.html"
+    args = ["validate", "--measured", str(out), "--max-batch-tokens", "32"]
+    assert main([*args, "--report", str(report)]) == 0
     assert "budget 32" in capsys.readouterr().out
+    html = report.read_text()
+    assert "measured" in html and "simulated" in html
 
 
 def test_cli_import_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
