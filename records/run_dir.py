@@ -84,8 +84,12 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunRecords:
     memory_model = str(payload.get("memory_model") or config.get("memory_model") or UNKNOWN)
     share = payload.get("mean_real_token_share")
     stats = payload.get("trace_stats")
+    if label is None:
+        label = default_label(config, memory_model)
+        if payload.get("executor") == "engine":
+            label = f"engine: {label}"
     return RunRecords(
-        label=label or default_label(config, memory_model),
+        label=label,
         config=config,
         summary=dict(payload["summary"]),
         requests=pd.read_csv(root / "requests.csv", keep_default_na=False, na_values=[""]),

@@ -1,0 +1,279 @@
+"""Command line: ``python -m engine run TRACE`` replays a trace on the real engine and writes
+the simulator's run records (``requests.csv``, ``steps.csv``, ``summary.json``), so
+``python -m sim report`` and ``compare`` read engine runs beside simulated ones."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.llm_engine import POLICIES, PREEMPTION_MODES, EngineConfig
+
+DEFAULTS = EngineConfig()
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _finite(minimum: float, strict: bool = False) -> type:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            bound = f"> {minimum}" if strict else f">= {minimum}"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
+        return value
+
+    return parse  # type: ignore[return-value]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m engine",
+        description="servesim's real engine: a Llama-family model on our kernels, driven by "
+        "the same scheduling core as the simulator.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "run",
+        help="replay a trace on the real engine",
+        description="Replay TRACE on a real clock (arrivals at trace times x --time-scale); "
+        "each request generates exactly its trace output length. Writes the simulator's run "
+        "records with measured step times.",
+    )
+    run.add_argument("trace", help="trace file (the formats `python -m sim run` reads)")
+    run.add_argument("--format", default="auto", help="trace format (default: detect)")
+    run.add_argument("--skip-bad-rows", action="store_true", help="skip malformed trace rows")
+    run.add_argument(
+        "--policy",
+        default=DEFAULTS.policy,
+        choices=POLICIES,
+        help="batching policy (default: %(default)s)",
+    )
+    run.add_argument(
+        "--model",
+        default=DEFAULTS.model,
+        help="model preset (tiny-llama) or a local Hugging Face directory (default: %(default)s)",
+    )
+    run.add_argument("--device", default=DEFAULTS.device, help="cpu or cuda (default: %(default)s)")
+    run.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "float16", "bfloat16"],
+        help="weights and KV dtype (default: fp32 on CPU, bf16 on CUDA)",
+    )
+    run.add_argument(
+        "--weights",
+        default=DEFAULTS.weights,
+        choices=["auto", "random"],
+        help="load the directory's safetensors, or seeded random weights",
+    )
+    run.add_argument(
+        "--backend",
+        default=DEFAULTS.backend,
+        choices=["auto", "triton", "torch"],
+        help="kernels: Triton on CUDA (auto), or the torch references",
+    )
+    run.add_argument(
+        "--block-size",
+        type=_positive_int,
+        default=DEFAULTS.block_size,
+        help="KV block size in tokens (default: %(default)s)",
+    )
+    run.add_argument(
+        "--num-blocks",
+        type=_positive_int,
+        default=None,
+        help="KV blocks (default: from memory; on CUDA as vLLM does)",
+    )
+    run.add_argument(
+        "--gpu-memory-utilization",
+        type=_finite(0.0, strict=True),
+        default=DEFAULTS.gpu_memory_utilization,
+        help="share of GPU memory for the engine (default: %(default)s)",
+    )
+    run.add_argument(
+        "--swap-space-gib",
+        type=_finite(0.0),
+        default=DEFAULTS.swap_space_gib,
+        help="host swap space for --preemption swap (default: %(default)s)",
+    )
+    run.add_argument(
+        "--max-num-seqs",
+        type=_positive_int,
+        default=DEFAULTS.max_num_seqs,
+        help="max requests per step (default: %(default)s)",
+    )
+    run.add_argument(
+        "--max-batch-tokens",
+        type=_positive_int,
+        default=DEFAULTS.max_num_batched_tokens,
+        help="token budget per step (default: %(default)s)",
+    )
+    run.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=DEFAULTS.batch_size,
+        help="static/dynamic batch size (default: %(default)s)",
+    )
+    run.add_argument(
+        "--max-wait-s",
+        type=_finite(0.0),
+        default=DEFAULTS.max_wait_s,
+        help="dynamic batching wait (default: %(default)s)",
+    )
+    run.add_argument(
+        "--preemption",
+        default=DEFAULTS.preemption_mode,
+        choices=PREEMPTION_MODES,
+        help="preemption mode (default: %(default)s)",
+    )
+    run.add_argument("--prefix-caching", action="store_true", help="enable prefix caching")
+    run.add_argument(
+        "--max-model-len",
+        type=_positive_int,
+        default=None,
+        help="max prompt + output tokens (default: the model's)",
+    )
+    run.add_argument(
+        "--time-scale",
+        type=_finite(0.0),
+        default=1.0,
+        help="multiply trace arrival times by this (default: %(default)s)",
+    )
+    run.add_argument(
+        "--temperature",
+        type=_finite(0.0),
+        default=0.0,
+        help="sampling temperature, 0 = greedy (default: %(default)s)",
+    )
+    run.add_argument("--seed", type=int, default=DEFAULTS.seed, help="weights and sampling seed")
+    run.add_argument(
+        "--slo-ttft",
+        type=_finite(0.0, strict=True),
+        default=None,
+        help="TTFT SLO in ms for goodput",
+    )
+    run.add_argument(
+        "--slo-tpot",
+        type=_finite(0.0, strict=True),
+        default=None,
+        help="TPOT SLO in ms for goodput",
+    )
+    run.add_argument("--out", default=None, help="write requests.csv, steps.csv, summary.json here")
+    run.add_argument("--report", default=None, help="write a self-contained HTML report here")
+    run.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+    run.set_defaults(func=run_command)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        weights=args.weights,
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        swap_space_gib=args.swap_space_gib,
+        policy=args.policy,
+        max_num_batched_tokens=args.max_batch_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=args.prefix_caching,
+        preemption_mode=args.preemption,
+        batch_size=args.batch_size,
+        max_wait_s=args.max_wait_s,
+        seed=args.seed,
+        backend=args.backend,
+    )
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from engine.replay import ReplayConfig, replay
+    from records.run_dir import load_run
+    from reports.html import write_report
+    from traces.loaders import load_trace
+
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out: {args.out} exists and is not a directory")
+    on_error = "skip" if args.skip_bad_rows else "raise"
+    trace = load_trace(args.trace, format=args.format, on_error=on_error)
+    config = ReplayConfig(
+        engine=config_from_args(args),
+        time_scale=args.time_scale,
+        temperature=args.temperature,
+        slo_ttft_s=args.slo_ttft / 1000 if args.slo_ttft else None,
+        slo_tpot_s=args.slo_tpot / 1000 if args.slo_tpot else None,
+    )
+    bar = tqdm(total=len(trace), unit="req", disable=args.quiet or not sys.stderr.isatty())
+
+    def progress(num_done: int) -> None:
+        bar.update(num_done - bar.n)
+
+    result = replay(trace, config, on_progress=progress)
+    bar.close()
+    result.command = " ".join(shlex.quote(a) for a in ["python", "-m", "engine", *sys.argv[1:]])
+    if not args.quiet:
+        print_summary(result)
+    if args.out:
+        result.write(args.out)
+        if not args.quiet:
+            print(f"wrote {args.out}/requests.csv, steps.csv, summary.json")
+    if args.report:
+        if not args.out:
+            raise ValueError("--report needs --out (the report reads the written run)")
+        path = write_report(
+            [load_run(args.out, label=f"engine / {args.policy}")], Path(args.report)
+        )
+        if not args.quiet:
+            print(f"wrote report {path}")
+    return 0
+
+
+def print_summary(result: object) -> None:
+    s = result.summary  # type: ignore[attr-defined]
+
+    def ms(key: str) -> str:
+        value = s.get(key)
+        return "-" if value is None else f"{value:.1f} ms"
+
+    print(
+        f"engine on {result.device_name}: {s['completed']}/{s['num_requests']} finished, "  # type: ignore[attr-defined]
+        f"{s['rejected']} rejected, {result.wall_s:.1f} s wall"  # type: ignore[attr-defined]
+    )
+    print(
+        f"  TTFT median {ms('median_ttft_ms')} p99 {ms('p99_ttft_ms')} | "
+        f"TPOT median {ms('median_tpot_ms')} | E2E median {ms('median_e2el_ms')}"
+    )
+    rejected = [r for r in result.requests if r.reject_reason]  # type: ignore[attr-defined]
+    if rejected:
+        print(f"  rejected, e.g. request {rejected[0].request_id}: {rejected[0].reject_reason}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

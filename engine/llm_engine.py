@@ -1,0 +1,278 @@
+"""The engine: the shared core's ``Scheduler`` driving a ``ModelRunner`` on a real clock.
+
+The step loop is the simulator's, with the model in place of the cost model::
+
+    batch = scheduler.schedule(now_s)
+    result = runner.execute(batch)
+    finished = scheduler.update(batch, result, now_s + result.duration_s)
+
+Every step runs (no fast-forward: that is the simulator's privilege).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.core.batch import ScheduledBatch, StepResult
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
+from engine.kv_cache import KVCache
+from engine.model import load_model
+from engine.model_runner import ModelRunner, StepTiming
+from engine.sampling import SamplingParams
+
+GIB = 1 << 30
+POLICIES = ("static", "dynamic", "continuous", "chunked")
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything that builds an engine. ``num_gpu_blocks`` None sizes the cache from memory:
+    on CUDA as vLLM does (a profiling pass of the largest step, then ``gpu_memory_utilization``
+    of total memory less its peak), on CPU from ``cpu_kv_cache_gib``."""
+
+    model: str = "tiny-llama"
+    device: str = "cpu"
+    dtype: str | None = None
+    weights: str = "auto"
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_gib: float = 1.0
+    swap_space_gib: float = 4.0
+    policy: str = "chunked"
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = False
+    preemption_mode: str = "recompute"
+    batch_size: int = 8
+    max_wait_s: float = 1.0
+    seed: int = 0
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.weights not in ("auto", "random"):
+            raise ValueError(f"weights must be 'auto' or 'random', got {self.weights!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(
+                f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"
+            )
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
+        for name in ("cpu_kv_cache_gib", "swap_space_gib"):
+            value = getattr(self, name)
+            if not (value >= 0 and value != float("inf")):
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+        if self.preemption_mode == "swap" and self.swap_space_gib == 0:
+            raise ValueError("preemption_mode 'swap' needs swap_space_gib > 0")
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One executed step, as the engine measured it."""
+
+    batch: ScheduledBatch
+    start_s: float
+    duration_s: float
+    timing: StepTiming
+
+
+@dataclass(slots=True)
+class _Sampling:
+    params: SamplingParams
+    seed: int
+
+
+class LLMEngine:
+    """One replica: a model, its KV cache and the core's scheduler."""
+
+    def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        dtype = getattr(torch, config.dtype) if config.dtype else None
+        self.model = load_model(
+            config.model,
+            device=config.device,
+            dtype=dtype,
+            weights=config.weights,
+            seed=config.seed,
+        )
+        model_config = self.model.config
+        self.device = torch.device(config.device)
+        self.dtype = next(self.model.parameters()).dtype
+        max_len = config.max_model_len or model_config.max_position_embeddings
+        if max_len > model_config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
+                f"{model_config.max_position_embeddings}"
+            )
+        block_bytes = KVCache.bytes_per_block(
+            model_config.num_layers,
+            config.block_size,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+            self.dtype,
+        )
+        num_blocks = config.num_gpu_blocks or self._blocks_from_memory(block_bytes)
+        num_cpu_blocks = int(config.swap_space_gib * GIB // block_bytes)
+        self.cache_config = CacheConfig(
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            num_cpu_blocks=num_cpu_blocks if config.preemption_mode == "swap" else 0,
+            enable_prefix_caching=config.enable_prefix_caching,
+            max_model_len=max_len,
+        )
+        self.scheduler_config = SchedulerConfig(
+            policy=config.policy,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            preemption_mode=config.preemption_mode,  # type: ignore[arg-type]
+            batch_size=config.batch_size,
+            max_wait_s=config.max_wait_s,
+        )
+        self.scheduler = Scheduler(self.cache_config, self.scheduler_config)
+        self.eos_token_id = _eos_id(model_config)
+        layers = self.model.make_kv_caches(num_blocks, config.block_size)
+        self.kv_cache = KVCache(layers, self.cache_config.num_cpu_blocks, config.backend)
+        self.runner = ModelRunner(
+            self.model,
+            self.kv_cache,
+            self.scheduler.block_tables,
+            self._params_of,
+            eos_token_id=self.eos_token_id,
+            backend=config.backend,
+        )
+        self.clock = clock
+        self.steps: list[StepRecord] = []
+        self._sampling: dict[str, _Sampling] = {}
+        self._num_added = 0
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int] | tuple[int, ...],
+        params: SamplingParams,
+        arrival_s: float,
+        now_s: float | None = None,
+    ) -> Request:
+        """Queue a request; check ``request.reject_reason`` (None if it was accepted)."""
+        vocab = self.model.config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"request {request_id!r}: token id {bad[0]} is outside [0, {vocab})")
+        request = Request(
+            request_id=request_id,
+            arrival_s=arrival_s,
+            num_prompt_tokens=len(prompt_token_ids),
+            max_output_tokens=params.max_tokens,
+            n=params.n,
+            prompt_token_ids=tuple(prompt_token_ids),
+        )
+        seed = params.seed if params.seed is not None else hash((self.config.seed, request_id))
+        self._sampling[request_id] = _Sampling(params, seed)
+        self._num_added += 1
+        if not self.scheduler.add_request(request, arrival_s if now_s is None else now_s):
+            self._sampling.pop(request_id)
+        return request
+
+    def _params_of(self, request: Request) -> tuple[SamplingParams, int]:
+        entry = self._sampling[request.request_id]
+        return entry.params, entry.seed
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def step(self, now_s: float | None = None) -> tuple[ScheduledBatch, list[Request]]:
+        """Schedule, execute and apply one step starting at ``now_s`` (the clock if None)."""
+        start_s = self.clock() if now_s is None else now_s
+        batch = self.scheduler.schedule(start_s)
+        if batch.is_empty:
+            finished = self.scheduler.update(batch, StepResult(0.0), start_s)
+        else:
+            result = self.runner.execute(batch)
+            end_s = start_s + result.duration_s if now_s is not None else self.clock()
+            self.steps.append(StepRecord(batch, start_s, end_s - start_s, self.runner.last_timing))
+            finished = self.scheduler.update(batch, result, end_s)
+        for request in finished:
+            self._sampling.pop(request.request_id, None)
+        return batch, finished
+
+    # -- sizing ------------------------------------------------------------------------------
+
+    def _blocks_from_memory(self, block_bytes: int) -> int:
+        if self.device.type != "cuda":
+            return max(1, int(self.config.cpu_kv_cache_gib * GIB // block_bytes))
+        return self._profile_gpu_blocks(block_bytes)
+
+    def _profile_gpu_blocks(self, block_bytes: int) -> int:
+        """vLLM's rule: run the largest step once, then give the KV cache
+        ``gpu_memory_utilization`` of total memory less the peak the pass reached."""
+        from engine.attention import build_metadata
+
+        config = self.config
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        num_tokens = config.max_num_batched_tokens
+        block_size = config.block_size
+        blocks = -(-num_tokens // block_size)
+        layers = self.model.make_kv_caches(blocks, block_size)
+        meta = build_metadata(
+            [],
+            [],
+            [(0, num_tokens)],
+            [list(range(blocks))],
+            block_size,
+            self.device,
+            config.backend,
+        )
+        ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+        positions = torch.arange(num_tokens, dtype=torch.int64, device=self.device)
+        last = torch.tensor([num_tokens - 1], dtype=torch.int64, device=self.device)
+        with torch.inference_mode():
+            self.model(ids, positions, layers, meta, last)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del layers
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        free_for_kv = total * config.gpu_memory_utilization - peak
+        num_blocks = int(free_for_kv // block_bytes)
+        if num_blocks < 1:
+            raise ValueError(
+                f"no room for a KV cache: peak {peak / GIB:.1f} GiB of {total / GIB:.1f} GiB at "
+                f"gpu_memory_utilization {config.gpu_memory_utilization}"
+            )
+        return num_blocks
+
+
+def _eos_id(model_config: object) -> int | None:
+    eos = getattr(model_config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        return int(eos[0]) if eos else None
+    return int(eos) if eos is not None else None
+
+
+@dataclass(slots=True)
+class EngineRun:
+    """Requests and steps of one engine run, for the run records."""
+
+    requests: list[Request] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
