@@ -106,8 +106,9 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
     return {spec.name: spec for spec in presets}
 
 
-# PCIe without NVLink: a peer-to-peer hop through the root complex costs several microseconds
-# (NCCL's measured small-message PCIe latency), and gen4/gen5 x16 carry 32/64 GB/s one way.
+# PCIe without NVLink: gen4/gen5 x16 carry 32/64 GB/s one way (the PCI-SIG rates). The 8 us
+# a hop through the root complex is an assumption (a few times the NVLink hop), not a measured
+# or datasheet figure; a hardware file can set its own.
 _PCIE_HOP_S = 8e-6
 _PCIE4 = 32 * _GB
 _PCIE5 = 64 * _GB
