@@ -210,14 +210,14 @@ def _workstation_presets() -> list[HardwareSpec]:
 def _datacenter_presets() -> list[HardwareSpec]:
     """SXM/OAM parts on a switch or mesh. Dense tensor figures: half the sparse number."""
     return [
-        # NVIDIA H20 (HGX H20 product brief): 148 TFLOPS bf16 dense, 296 fp8, 44 TFLOPS fp32,
+        # NVIDIA H20 published specifications: 148 TFLOPS bf16 dense, 296 fp8, 44 TFLOPS fp32,
         # 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s both directions, PCIe gen5.
         HardwareSpec("H20", 148e12, 44e12, 296e12, 4000 * _GB, 96 * _GIB, 450 * _GB, 2e-6, _PCIE5),
-        # NVIDIA DGX B200 datasheet, per GPU (system / 8): 180 GB HBM3e at 8 TB/s, 72 PFLOPS
-        # fp8 sparse (4.5 PF dense fp8, 2.25 PF dense bf16), NVLink 5 1.8 TB/s both
-        # directions; fp32 75 TFLOPS (HGX B200: 600 TFLOPS fp32 for 8 GPUs).
+        # NVIDIA HGX B200 specifications, per GPU: fp16/bf16 4.5 PFLOPS and fp8 9 PFLOPS
+        # sparse (2.25 and 4.5 dense), fp32 75 TFLOPS, 180 GB HBM3e at 7.7 TB/s, NVLink 5
+        # 1.8 TB/s both directions, PCIe gen5 128 GB/s both directions.
         HardwareSpec(
-            "B200", 2250e12, 75e12, 4500e12, 8000 * _GB, 180 * _GIB, 900 * _GB, 2e-6, _PCIE5
+            "B200", 2250e12, 75e12, 4500e12, 7700 * _GB, 180 * _GIB, 900 * _GB, 2e-6, _PCIE5
         ),
         # AMD Instinct MI300X data sheet: 1307.4 TFLOPS fp16/bf16 dense, 2614.9 fp8 dense,
         # 163.4 TFLOPS fp32 vector, 192 GB HBM3 at 5.3 TB/s; 7 Infinity Fabric links of
