@@ -174,14 +174,15 @@ def _workstation_presets() -> list[HardwareSpec]:
             _PCIE4,
             interconnect="pcie",
         ),
-        # NVIDIA RTX PRO 6000 Blackwell (Workstation Edition) datasheet: 96 GB GDDR7 at
-        # 1792 GB/s, 125 TFLOPS fp32, 4000 AI TOPS fp4 sparse, i.e. 2000 fp4, 1000 fp8 and
-        # 500 fp16 dense; PCIe gen5 x16, no NVLink.
+        # NVIDIA RTX PRO 6000 Blackwell (Workstation Edition): 96 GB GDDR7 at 1792 GB/s,
+        # 125 TFLOPS fp32, 4000 AI TOPS fp4 sparse (datasheet); per NVIDIA's RTX Blackwell
+        # figures 503.8 TFLOPS bf16 tensor dense with fp32 accumulate (full rate on this
+        # card) and 1007.6 fp8; PCIe gen5 x16, no NVLink.
         HardwareSpec(
             "RTX-PRO-6000",
-            500e12,
+            503.8e12,
             125e12,
-            1000e12,
+            1007.6e12,
             1792 * _GB,
             96 * _GIB,
             _PCIE5,
@@ -194,9 +195,9 @@ def _workstation_presets() -> list[HardwareSpec]:
         # Edition's (not separately checked).
         HardwareSpec(
             "RTX-PRO-6000-Server",
-            500e12,
+            503.8e12,
             125e12,
-            1000e12,
+            1007.6e12,
             1597 * _GB,
             96 * _GIB,
             _PCIE5,
