@@ -34,7 +34,12 @@ def add_measured_commands(commands: Any, add_run_arguments: Any, config_from_arg
         "when the run names its GPU, hardware.json into --out.",
     )
     importer.add_argument("source", help="run folder (llmservingsim) or result JSON (vllm-bench)")
-    importer.add_argument("--format", required=True, choices=sorted(IMPORTERS))
+    importer.add_argument(
+        "--format",
+        required=True,
+        choices=sorted(IMPORTERS),
+        help="llmservingsim: an LLMServingSim run folder; vllm-bench: a vllm bench result JSON",
+    )
     importer.add_argument(
         "--workload",
         default=None,
