@@ -160,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="sampling temperature, 0 = greedy (default: %(default)s)",
     )
+    run.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=DEFAULTS.cpu_threads,
+        help="torch threads on CPU, 0 = torch's default (default: %(default)s)",
+    )
     run.add_argument("--seed", type=int, default=DEFAULTS.seed, help="weights and sampling seed")
     run.add_argument(
         "--slo-ttft",
@@ -200,6 +206,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_wait_s=args.max_wait_s,
         seed=args.seed,
         backend=args.backend,
+        cpu_threads=args.cpu_threads,
     )
 
 

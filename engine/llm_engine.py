@@ -56,6 +56,10 @@ class EngineConfig:
     max_wait_s: float = 1.0
     seed: int = 0
     backend: str = "auto"
+    # torch's intra-op threads on CPU. A small model's ops take microseconds, where thread
+    # hand-offs cost more than they save (and a loaded machine makes them far worse); 0 keeps
+    # torch's own default.
+    cpu_threads: int = 1
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -68,6 +72,8 @@ class EngineConfig:
             raise ValueError(
                 f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"
             )
+        if self.cpu_threads < 0:
+            raise ValueError(f"cpu_threads must be >= 0, got {self.cpu_threads!r}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -103,6 +109,8 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        if config.cpu_threads and torch.device(config.device).type == "cpu":
+            torch.set_num_threads(config.cpu_threads)
         dtype = getattr(torch, config.dtype) if config.dtype else None
         self.model = load_model(
             config.model,

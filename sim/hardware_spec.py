@@ -278,7 +278,9 @@ def derive_num_blocks(
 ) -> int:
     """KV blocks per rank: (capacity x utilization - weights per shard - reserve) / block bytes.
 
-    Raises ModelDoesNotFitError (a ValueError) when not even one block fits.
+    This is vLLM's ``num_gpu_blocks``, the null block included: a paged cache of this many
+    blocks gives requests one fewer (``CacheConfig.num_usable_blocks``). Raises
+    ModelDoesNotFitError (a ValueError) when not even one block besides the null block fits.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(
@@ -292,7 +294,7 @@ def derive_num_blocks(
     weights = model.weight_bytes_per_shard(tp)
     block_bytes = model.kv_bytes_per_block(block_size, tp)
     free = budget - weights - activation_reserve_bytes
-    if free < block_bytes:
+    if free < 2 * block_bytes:  # the null block and one a request can use
         raise ModelDoesNotFitError(
             f"{model.name} at tp={tp} does not fit on {hardware.name}: "
             f"{weights / _GIB:.1f} GiB of weights per GPU + {activation_reserve_bytes / _GIB:.1f} "

@@ -258,6 +258,8 @@ def _model_presets() -> dict[str, ModelSpec]:
         # 32k is the native context; the 128k in the base config.json needs YaRN scaling.
         _llama("Qwen2.5-7B", 28, 3584, 28, 4, 18944, 152064, 32768),
         *_long_context_presets(),
+        # The engine's bundled engine/model/configs/tiny-llama.json (fp32), for CPU runs.
+        ModelSpec("tiny-llama", 4, 256, 8, 2, 32, 688, 8192, dtype_bytes=4, max_model_len=2048),
         ModelSpec(
             "OPT-13B",
             40,

@@ -24,8 +24,10 @@ class CacheConfig:
     """How KV memory is laid out and handed out.
 
     ``paged`` memory is vLLM's PagedAttention: ``num_blocks`` blocks of ``block_size`` token
-    slots. ``contiguous`` memory is the pre-paging baseline: the same ``num_blocks *
-    block_size`` slots, but each sequence reserves one contiguous range sized by
+    slots, counted as vLLM's ``num_gpu_blocks``: one of them is vLLM's null block (a
+    placeholder never handed to a request), so ``num_blocks - 1`` are usable.
+    ``contiguous`` memory is the pre-paging baseline: ``num_blocks * block_size`` slots (it
+    has no null block), but each sequence reserves one contiguous range sized by
     ``reservation`` (Orca's Max / Pow2 / Oracle).
     """
 
@@ -35,8 +37,9 @@ class CacheConfig:
     reservation: ReservationRule = "max"
     num_cpu_blocks: int = 0
     enable_prefix_caching: bool = False
-    # Fraction of blocks kept free when admitting new work, so running requests can grow.
-    watermark: float = 0.01
+    # Fraction of blocks kept free when admitting new work while something runs, so running
+    # requests can grow (vLLM's ``watermark``, default 0.0 as there).
+    watermark: float = 0.0
     max_model_len: int = 4096
 
     def __post_init__(self) -> None:
@@ -57,13 +60,23 @@ class CacheConfig:
             raise ValueError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks!r}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
+        if self.memory_model == "paged" and self.num_blocks < 2:
+            raise ValueError(
+                f"num_blocks must be >= 2 for paged memory (one is the null block), "
+                f"got {self.num_blocks!r}"
+            )
         if self.enable_prefix_caching and self.memory_model != "paged":
             raise ValueError("enable_prefix_caching needs memory_model='paged'")
 
     @property
+    def num_usable_blocks(self) -> int:
+        """Blocks requests can hold: paged memory keeps one back as vLLM's null block."""
+        return self.num_blocks - 1 if self.memory_model == "paged" else self.num_blocks
+
+    @property
     def num_slots(self) -> int:
-        """Total token slots of KV memory."""
-        return self.num_blocks * self.block_size
+        """Token slots requests can use."""
+        return self.num_usable_blocks * self.block_size
 
     @property
     def watermark_blocks(self) -> int:

@@ -132,7 +132,9 @@ class ContiguousKVManager:
     def cached_prefix_tokens(self, request: Request) -> int:
         return 0
 
-    def can_admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> bool:
+    def can_admit(
+        self, request: Request, num_positions: int, hits: Sequence[int], watermark: bool = True
+    ) -> bool:
         size = self._slots(request)
         if request.n == 1:
             return self.allocator.find_fit(size) is not None
@@ -244,13 +246,13 @@ class ContiguousKVManager:
     def swap_out(self, request: Request) -> list[BlockPair]:
         raise OutOfBlocksError("contiguous memory does not swap")
 
-    def can_swap_in(self, request: Request, num_positions: int) -> bool:
+    def can_swap_in(self, request: Request, num_positions: int, watermark: bool = True) -> bool:
         return False
 
     def swap_in(self, request: Request) -> list[BlockPair]:
         raise OutOfBlocksError("contiguous memory does not swap")
 
-    def commit(self, request: Request) -> None:
+    def commit(self, request: Request, num_tokens: int) -> None:
         return None
 
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:

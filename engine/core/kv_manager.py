@@ -26,7 +26,13 @@ class KVCacheManager(Protocol):
     def rejection_reason(self, request: Request) -> str | None: ...
     def prefix_hit_blocks(self, request: Request) -> Sequence[int]: ...
     def cached_prefix_tokens(self, request: Request) -> int: ...
-    def can_admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> bool: ...
+    def can_admit(
+        self, request: Request, num_positions: int, hits: Sequence[int], watermark: bool = True
+    ) -> bool:
+        """Room for ``num_positions`` after ``hits``; ``watermark``: keep the watermark free
+        too (vLLM keeps it only while some request runs)."""
+        ...
+
     def admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> None: ...
     def can_grow(self, request: Request, num_positions: int) -> bool: ...
     def grow_in_place(self, seq_id: int) -> bool:
@@ -80,9 +86,13 @@ class KVCacheManager(Protocol):
     def free(self, request: Request) -> None: ...
     def can_swap_out(self, request: Request) -> bool: ...
     def swap_out(self, request: Request) -> list[BlockPair]: ...
-    def can_swap_in(self, request: Request, num_positions: int) -> bool: ...
+    def can_swap_in(self, request: Request, num_positions: int, watermark: bool = True) -> bool: ...
     def swap_in(self, request: Request) -> list[BlockPair]: ...
-    def commit(self, request: Request) -> None: ...
+    def commit(self, request: Request, num_tokens: int) -> None:
+        """Register the full blocks among the first ``num_tokens`` tokens of each of the
+        request's sequences in the prefix cache (their content must be known)."""
+        ...
+
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]: ...
     def snapshot(self, next_waiting: Request | None) -> MemorySnapshot: ...
 
@@ -97,7 +107,10 @@ class PagedKVManager:
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
         self.block_size = config.block_size
-        self.allocator = BlockAllocator(config.num_blocks, config.block_size, config.num_cpu_blocks)
+        # vLLM's BlockPool takes one block as its null block: the allocator gets the rest.
+        self.allocator = BlockAllocator(
+            config.num_usable_blocks, config.block_size, config.num_cpu_blocks
+        )
         self.watermark_blocks = config.watermark_blocks
         self.prefix_caching = config.enable_prefix_caching
         self._keys: dict[int, SequenceKeys] = {}  # seq_id -> keys of its cached full blocks
@@ -114,12 +127,13 @@ class PagedKVManager:
 
     def rejection_reason(self, request: Request) -> str | None:
         need = self.max_blocks_needed(request)
-        usable = self.config.num_blocks - self.watermark_blocks
+        # Only what could never fit, even alone: the watermark is kept only while something
+        # runs, so an idle cache admits a request into all of its usable blocks.
+        usable = self.config.num_usable_blocks
         if need > usable:
             return (
                 f"needs {need} KV blocks of {self.block_size} tokens at its longest, but the cache "
-                f"has {usable} usable blocks ({self.config.num_blocks} minus watermark "
-                f"{self.watermark_blocks})"
+                f"has {usable} usable blocks ({self.config.num_blocks} minus the null block)"
             )
         return None
 
@@ -149,10 +163,13 @@ class PagedKVManager:
         )
         return len(self.allocator.match_prefix(keys.keys)) * self.block_size
 
-    def can_admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> bool:
+    def can_admit(
+        self, request: Request, num_positions: int, hits: Sequence[int], watermark: bool = True
+    ) -> bool:
         num_tokens = len(hits) * self.block_size + num_positions
         need = self.allocator.num_blocks_to_allocate(num_tokens, hits)
-        return self.allocator.num_free_blocks - need >= self.watermark_blocks
+        keep = self.watermark_blocks if watermark else 0
+        return self.allocator.num_free_blocks - need >= keep
 
     def admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> None:
         seq_id = request.live_seq_ids[0]
@@ -425,7 +442,7 @@ class PagedKVManager:
     def swap_out(self, request: Request) -> list[BlockPair]:
         return self.allocator.swap_out(request.active_seq_ids)
 
-    def can_swap_in(self, request: Request, num_positions: int) -> bool:
+    def can_swap_in(self, request: Request, num_positions: int, watermark: bool = True) -> bool:
         """Room to bring the request back and then grow it by ``num_positions``."""
         alloc = self.allocator
         bs = self.block_size
@@ -441,18 +458,23 @@ class PagedKVManager:
         # Swapped blocks belong to this request alone: every holder of a shared tail but the
         # last copies it.
         need += sum(holders - 1 for holders in tails.values())
-        return alloc.num_free_blocks - need >= self.watermark_blocks
+        return alloc.num_free_blocks - need >= (self.watermark_blocks if watermark else 0)
 
     def swap_in(self, request: Request) -> list[BlockPair]:
         return self.allocator.swap_in(request.active_seq_ids)
 
     # -- prefix cache and views -----------------------------------------------------------
 
-    def commit(self, request: Request) -> None:
-        """Register the request's newly filled blocks in the prefix cache."""
+    def commit(self, request: Request, num_tokens: int) -> None:
+        """Register the full blocks among the first ``num_tokens`` tokens of each sequence.
+
+        Called when a step is scheduled, as vLLM's ``allocate_slots`` calls ``cache_blocks``:
+        a block whose tokens are all known and computed by this step's end is in the cache
+        already, so a request admitted later in the same step hits it.
+        """
         if not self.prefix_caching:
             return
-        full = request.num_computed_tokens // self.block_size
+        full = num_tokens // self.block_size
         for sample_idx, seq_id in enumerate(request.seq_ids):
             keys = self._keys.get(seq_id)
             if keys is None or not self.allocator.has_table(seq_id):

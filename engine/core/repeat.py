@@ -415,7 +415,9 @@ def repeat(s: Scheduler, batch: ScheduledBatch, step_end_s: Sequence[float]) -> 
         elif request.num_computed_tokens == request.num_tokens:
             s._sample(request, None, last_idx)  # its prompt's last chunk
         if commit:
-            s.kv.commit(request)
+            # Step-by-step, each step registers its blocks when it is scheduled (Step.commit);
+            # at the end of the run that is every full block computed so far.
+            s.kv.commit(request, request.num_computed_tokens)
         if not request.live_seq_ids:
             s._finish(request, last_s, finished)
     if not s.running and s.held:

@@ -153,11 +153,12 @@ class Scheduler:
         self._changed_since_schedule = True
 
     def _reserve_incoming(self, batch: ScheduledBatch) -> None:
-        """Reserve blocks for transferred requests, FCFS, while they fit (with watermark)."""
+        """Reserve blocks for transferred requests, FCFS, while they fit (with the watermark
+        while something runs)."""
         while self.incoming:
             request = self.incoming[0]
             known = request.num_prompt_tokens  # KV arriving; the first token is computed here
-            if not self.kv.can_admit(request, known + 1, ()):
+            if not self.kv.can_admit(request, known + 1, (), watermark=bool(self.running)):
                 return
             self.incoming.popleft()
             self.kv.admit(request, known, ())
@@ -238,7 +239,6 @@ class Scheduler:
         step_idx = len(self.step_end_s)
         if batch.requests:
             self.step_end_s.append(now_s)
-        commit = self.cache_config.enable_prefix_caching
         plain = not (result.sampled_token_ids or result.stopped_seq_ids)
         running = RequestStatus.RUNNING
         for scheduled in batch.requests:
@@ -268,8 +268,6 @@ class Scheduler:
                     tokens.num_emissions += 1
                 else:
                     self._sample(request, result, step_idx)
-            if commit:
-                self.kv.commit(request)
             if not request.live_seq_ids:
                 self._finish(request, now_s, finished)
         if not self.running and self.held:

@@ -35,6 +35,7 @@ class Step:
         self._preempted: set[int] = set()
         self._range_copies = scheduler.cache_config.memory_model == "contiguous"
         self._hits: dict[int, Sequence[int]] = {}
+        self._commit = scheduler.cache_config.enable_prefix_caching
 
     # -- read-only view ----------------------------------------------------------------------
 
@@ -134,7 +135,7 @@ class Step:
                 return False
             copies = []
         elif status is RequestStatus.SWAPPED:
-            if not self.s.kv.can_swap_in(request, num_positions):
+            if not self.s.kv.can_swap_in(request, num_positions, watermark=bool(self.s.running)):
                 return False
             self._swap_in(request)
             copies = self.s.kv.grow(request, num_positions)
@@ -174,6 +175,8 @@ class Step:
                 self._token_budget -= 1
                 self._seq_budget -= 1
                 requests_out.append(ScheduledRequest(request, 1, computed, (live[0],), False))
+                if self._commit:
+                    kv.commit(request, computed + 1)
             else:
                 self.schedule(request, 1)
         return others
@@ -200,9 +203,10 @@ class Step:
     def _admit(self, request: Request, num_positions: int, pending: int) -> bool:
         kv = self.s.kv
         hits = self._prefix_hits(request)
-        # Like vLLM's v0 block manager, admit only if the whole known prompt fits, even when
-        # this step computes just a chunk: admitting on a chunk alone thrashes under load.
-        if not kv.can_admit(request, pending, hits):
+        # As vLLM (scheduler_reserve_full_isl, on by default), admit only if the whole known
+        # prompt fits, even when this step computes just a chunk: admitting on a chunk alone
+        # thrashes under load. The watermark is kept free only while some request runs.
+        if not kv.can_admit(request, pending, hits, watermark=bool(self.s.running)):
             return False
         kv.admit(request, num_positions, hits)
         hit_tokens = len(hits) * kv.block_size
@@ -237,6 +241,7 @@ class Step:
         seqs: int,
     ) -> None:
         batch = self.batch
+        computed_end = request.num_computed_tokens + num_positions
         if copies:
             batch.copies.extend(copies)
             request.num_cow_copies += len(copies)
@@ -244,6 +249,10 @@ class Step:
             range_copies = self.s.kv.take_range_copies(request)
             if range_copies:
                 batch.range_copies.extend(range_copies)
+        if self._commit:
+            # As vLLM's allocate_slots: full blocks of known tokens enter the prefix cache
+            # when they are scheduled, not when the step ends.
+            self.s.kv.commit(request, min(computed_end, request.num_tokens))
         self._scheduled.add(request.internal_idx)
         self._token_budget -= num_positions * width
         self._seq_budget -= seqs

@@ -233,8 +233,9 @@ def tight_cache(
             reservation_slots("pow2", r.max_total_tokens, MAX_MODEL_LEN) * r.n for r in requests
         ]
         need = -(-max(slots) // BLOCK_SIZE)
-    num_blocks = need + 1
-    while num_blocks - int(watermark * num_blocks) < need + 1:
+    null = 1 if memory_model == "paged" else 0  # the paged cache's null block
+    num_blocks = need + 1 + null
+    while num_blocks - null - int(watermark * num_blocks) < need + 1:
         num_blocks += 1
     return CacheConfig(
         num_blocks=num_blocks,
@@ -393,8 +394,9 @@ def random_setup(draw: st.DrawFn) -> tuple[list[Request], CacheConfig, Scheduler
     )
     reservation = draw(st.sampled_from(["max", "pow2", "oracle"]))
     if memory_model == "paged":
-        probe = CacheConfig(num_blocks=1, block_size=block_size)
-        need = max(PagedKVManager(probe).max_blocks_needed(r) for r in requests)
+        probe = CacheConfig(num_blocks=2, block_size=block_size)
+        # One more: the null block.
+        need = max(PagedKVManager(probe).max_blocks_needed(r) for r in requests) + 1
     else:
         slots = max(reservation_slots(reservation, r.max_total_tokens, 512) * r.n for r in requests)
         need = -(-slots // block_size)

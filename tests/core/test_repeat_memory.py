@@ -24,8 +24,8 @@ def _kv_with(
     num_blocks: int, num_cached: int, held: list[int]
 ) -> tuple[PagedKVManager, list[Growth]]:
     """A cache with ``num_cached`` cached-free blocks and one decoding sequence per entry of
-    ``held`` (the tokens it holds)."""
-    kv = PagedKVManager(CacheConfig(num_blocks=num_blocks, block_size=BLOCK_SIZE))
+    ``held`` (the tokens it holds); ``num_blocks`` usable, besides the null block."""
+    kv = PagedKVManager(CacheConfig(num_blocks=num_blocks + 1, block_size=BLOCK_SIZE))
     alloc = kv.allocator
     if num_cached:
         alloc.allocate(10_000, num_cached * BLOCK_SIZE)

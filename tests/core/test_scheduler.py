@@ -89,7 +89,7 @@ def assert_all_free(scheduler: Scheduler) -> None:
 
 @pytest.mark.parametrize("policy", list(POLICIES))
 def test_request_too_large_for_paged_cache_is_rejected(policy: str) -> None:
-    s = make_scheduler(policy, num_blocks=4, block_size=16)
+    s = make_scheduler(policy, num_blocks=5, block_size=16)
     request = Request("big", 0.5, 100, 10)  # ceil(110 / 16) = 7 blocks > 4
     assert not s.add_request(request, 0.5)
     assert request.status is RequestStatus.REJECTED and request.finish_s == 0.5
@@ -168,7 +168,7 @@ def three_requests(s: Scheduler) -> list[Request]:
 @pytest.mark.parametrize("state", ["waiting", "running", "swapped"])
 def test_abort_frees_everything(state: str, prefix_caching: bool) -> None:
     s = make_scheduler(
-        num_blocks=6, num_cpu_blocks=8, preemption="swap", prefix_caching=prefix_caching
+        num_blocks=7, num_cpu_blocks=8, preemption="swap", prefix_caching=prefix_caching
     )
     a, b, c = three_requests(s)
     d = Request("D", 0.0, 8, 4)
@@ -206,7 +206,7 @@ def test_abort_while_step_runs(policy: str, memory_model: str) -> None:
 
 
 def test_recompute_preempts_latest_arrival_and_counts_tokens() -> None:
-    s = make_scheduler(num_blocks=6)
+    s = make_scheduler(num_blocks=7)
     # Added out of arrival order: the victim must be the latest *arrival*, not the latest add.
     a = Request("A", 0.0, 8, 4)
     late = Request("late", 0.2, 8, 4)
@@ -233,7 +233,7 @@ def test_recompute_preempts_latest_arrival_and_counts_tokens() -> None:
 
 
 def test_swap_preemption_swaps_out_then_in_the_same_blocks() -> None:
-    s = make_scheduler(num_blocks=6, num_cpu_blocks=8, preemption="swap")
+    s = make_scheduler(num_blocks=7, num_cpu_blocks=8, preemption="swap")
     _, _, c = three_requests(s)
     _, _, now_s = step(s, 0.0)
     c_table = list(paged(s).allocator.block_table(c.live_seq_ids[0]))

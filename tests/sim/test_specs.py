@@ -35,6 +35,7 @@ PARAMS_B = {
     "Qwen3-8B": 8.19,
     "Qwen3-32B": 32.76,
     "Qwen3-30B-A3B": 30.53,
+    "tiny-llama": 0.0069632,  # ours: 4 x 692,224 per layer + 2 x 8192 x 256 embeddings
 }
 
 

@@ -103,17 +103,23 @@ class Policy:
     def fill_from_waiting(self, ctx: StepContext, chunked: bool) -> None:
         """Admit waiting requests in FCFS order until one does not fit.
 
-        With ``chunked`` a request may start with part of its prompt; otherwise a prompt must
-        fit whole, except a recompute after preemption, which may be split.
+        With ``chunked`` a request may start with part of its prompt. Otherwise its known
+        tokens must fit whole, a preempted request's recompute included: as vLLM with chunked
+        prefill off, it waits for a step with room for all of them. Only a recompute longer
+        than the whole step budget is split (vLLM rules that out by asking for a budget of at
+        least ``max_model_len`` when it does not chunk; here it would never run).
         """
         waiting = ctx.waiting  # live: each admitted request leaves it
+        budget = self.token_budget()
         idx = 0
         while idx < len(waiting):
             request = waiting[idx]
             pending = ctx.pending_positions(request)
             fit = ctx.token_budget_left // request.width
-            if pending > fit and not (chunked or request.num_preemptions):
-                break
+            if pending > fit and not chunked:
+                oversized = budget is not None and pending * request.width > budget
+                if not (request.num_preemptions and oversized):
+                    break
             num_positions = min(pending, fit)
             if num_positions <= 0 or not ctx.schedule(request, num_positions):
                 break

@@ -24,7 +24,7 @@ class ContinuousBatching(Policy):
     def schedule(self, ctx: StepContext) -> None:
         for request in ctx.running:
             pending = ctx.pending_positions(request)
-            # Only a recompute after preemption can be longer than the budget: split it.
+            # Only a recompute longer than the whole budget can be left here: split it.
             num_positions = min(pending, ctx.token_budget_left // request.width)
             if num_positions > 0:
                 ctx.schedule(request, num_positions)

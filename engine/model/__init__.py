@@ -1,0 +1,57 @@
+"""A Llama-family decoder (Llama-2/3/3.1, Mistral, Qwen2) on the paged KV cache of ``kernels/``.
+
+Interface (what the model runner calls)::
+
+    model = load_model(name_or_dir, device="cpu", dtype=None, weights="auto", seed=0)
+    kv_caches = model.make_kv_caches(num_blocks, block_size)
+    logits = model(input_ids, positions, kv_caches, meta, logits_indices)
+
+- ``name_or_dir``: a bundled config (``tiny-llama``, see ``engine/model/configs/``) or a local
+  Hugging Face directory (``config.json`` + ``*.safetensors``, sharded or not). ``model.config``
+  is its `ModelConfig`.
+- ``dtype=None``: fp32 on CPU; on CUDA the config's fp16/bf16, else bf16.
+- ``weights="auto"`` loads the directory's safetensors (ValueError if there are none, or if a
+  tensor is missing, unexpected or mis-shaped); ``"random"`` draws seeded normal(0, 0.02)
+  weights, for timing runs and for bundled configs, which have no checkpoint.
+- ``make_kv_caches``: one zeroed ``(k_cache, v_cache)`` per layer, each
+  ``[num_blocks, block_size, num_kv_heads, head_dim]`` in the model's dtype.
+- ``forward``: ``input_ids`` and ``positions`` are the step's ``[T]`` int64 rows, decodes first
+  then prefill chunks, matching ``meta`` (`engine.attention.AttentionMetadata`, whose
+  ``backend`` picks Triton or the torch references). The step's K/V go into ``kv_caches`` at
+  ``meta.slot_mapping``; the final norm and LM head run only on the rows ``logits_indices``,
+  giving ``[len(logits_indices), vocab_size]`` fp32 logits.
+
+Names resolve on first use, so ``engine.model.config`` can be read without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "ModelConfig": "engine.model.config",
+    "RopeScaling": "engine.model.config",
+    "model_config_from_hf": "engine.model.config",
+    "load_model_config": "engine.model.config",
+    "bundled_config_names": "engine.model.config",
+    "LlamaForCausalLM": "engine.model.llama",
+    "load_model": "engine.model.llama",
+    "load_weights": "engine.model.weights",
+    "init_random_weights": "engine.model.weights",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: import the defining module only when a name is first used.
+    if name not in _HOMES:
+        raise AttributeError(f"module 'engine.model' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
