@@ -63,7 +63,7 @@ def attend(
     kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
     num_decode = meta.num_decode_tokens
     if meta.num_prefills == 0:
-        return kernels.paged_decode_attention(
+        decoded: torch.Tensor = kernels.paged_decode_attention(
             q,
             k_cache,
             v_cache,
@@ -73,8 +73,9 @@ def attend(
             backend=meta.backend,
             max_seq_len=meta.max_decode_seq_len,
         )
+        return decoded
     if num_decode == 0:
-        return kernels.paged_prefill_attention(
+        prefilled: torch.Tensor = kernels.paged_prefill_attention(
             q,
             k_cache,
             v_cache,
@@ -86,6 +87,7 @@ def attend(
             backend=meta.backend,
             max_query_len=meta.max_prefill_query_len,
         )
+        return prefilled
     out = torch.empty_like(q)
     out[:num_decode] = kernels.paged_decode_attention(
         q[:num_decode],

@@ -101,19 +101,19 @@ class LLM:
             requests.append(request)
         engine.scheduler.mark_arrivals_done()
         while engine.has_unfinished():
-            batch, _ = engine.step()
+            batch = engine.step().batch
             if batch.is_empty and batch.next_wakeup_s is not None:
                 time.sleep(max(0.0, batch.next_wakeup_s - engine.clock()))
         engine.scheduler.arrivals_done = False
-        return [_output(request, engine.eos_token_id) for request in requests]
+        return [_output(request, engine.eos_token_ids) for request in requests]
 
 
-def _output(request: Request, eos_token_id: int | None) -> RequestOutput:
+def _output(request: Request, eos_token_ids: frozenset[int]) -> RequestOutput:
     samples = []
     for index, seq_id in enumerate(request.seq_ids):
         tokens = list(request.output_token_ids.get(seq_id, []))
         done = len(tokens) >= request.max_output_tokens
-        stopped = not done and bool(tokens) and tokens[-1] == eos_token_id
+        stopped = not done and bool(tokens) and tokens[-1] in eos_token_ids
         samples.append(CompletionOutput(index, tokens, "stop" if stopped else "length"))
     assert request.prompt_token_ids is not None
     return RequestOutput(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +23,7 @@ from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from engine.kv_cache import KVCache
 from engine.model import load_model
+from engine.model.config import ModelConfig
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
 
@@ -99,6 +100,16 @@ class StepRecord:
 
 
 @dataclass(slots=True)
+class StepOutput:
+    """What one ``LLMEngine.step`` did: the batch, the requests it finished, and its measured
+    record (None for an empty batch, which executes nothing)."""
+
+    batch: ScheduledBatch
+    finished: list[Request]
+    record: StepRecord | None
+
+
+@dataclass(slots=True)
 class _Sampling:
     params: SamplingParams
     seed: int
@@ -122,11 +133,12 @@ class LLMEngine:
         model_config = self.model.config
         self.device = torch.device(config.device)
         self.dtype = next(self.model.parameters()).dtype
-        max_len = config.max_model_len or model_config.max_position_embeddings
-        if max_len > model_config.max_position_embeddings:
+        # The model's own limit: its positions, or a sliding window it does not apply.
+        max_len = config.max_model_len or model_config.max_model_len
+        if max_len > model_config.max_model_len:
             raise ValueError(
-                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
-                f"{model_config.max_position_embeddings}"
+                f"max_model_len {max_len} exceeds the model's limit of "
+                f"{model_config.max_model_len} tokens"
             )
         block_bytes = KVCache.bytes_per_block(
             model_config.num_layers,
@@ -153,7 +165,7 @@ class LLMEngine:
             max_wait_s=config.max_wait_s,
         )
         self.scheduler = Scheduler(self.cache_config, self.scheduler_config)
-        self.eos_token_id = _eos_id(model_config)
+        self.eos_token_ids = _eos_ids(model_config)
         layers = self.model.make_kv_caches(num_blocks, config.block_size)
         self.kv_cache = KVCache(layers, self.cache_config.num_cpu_blocks, config.backend)
         self.runner = ModelRunner(
@@ -161,11 +173,10 @@ class LLMEngine:
             self.kv_cache,
             self.scheduler.block_tables,
             self._params_of,
-            eos_token_id=self.eos_token_id,
+            eos_token_ids=self.eos_token_ids,
             backend=config.backend,
         )
         self.clock = clock
-        self.steps: list[StepRecord] = []
         self._sampling: dict[str, _Sampling] = {}
         self._num_added = 0
 
@@ -208,20 +219,21 @@ class LLMEngine:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def step(self, now_s: float | None = None) -> tuple[ScheduledBatch, list[Request]]:
+    def step(self, now_s: float | None = None) -> StepOutput:
         """Schedule, execute and apply one step starting at ``now_s`` (the clock if None)."""
         start_s = self.clock() if now_s is None else now_s
         batch = self.scheduler.schedule(start_s)
+        record = None
         if batch.is_empty:
             finished = self.scheduler.update(batch, StepResult(0.0), start_s)
         else:
             result = self.runner.execute(batch)
             end_s = start_s + result.duration_s if now_s is not None else self.clock()
-            self.steps.append(StepRecord(batch, start_s, end_s - start_s, self.runner.last_timing))
+            record = StepRecord(batch, start_s, end_s - start_s, self.runner.last_timing)
             finished = self.scheduler.update(batch, result, end_s)
         for request in finished:
             self._sampling.pop(request.request_id, None)
-        return batch, finished
+        return StepOutput(batch, finished, record)
 
     # -- sizing ------------------------------------------------------------------------------
 
@@ -271,16 +283,5 @@ class LLMEngine:
         return num_blocks
 
 
-def _eos_id(model_config: object) -> int | None:
-    eos = getattr(model_config, "eos_token_id", None)
-    if isinstance(eos, (list, tuple)):
-        return int(eos[0]) if eos else None
-    return int(eos) if eos is not None else None
-
-
-@dataclass(slots=True)
-class EngineRun:
-    """Requests and steps of one engine run, for the run records."""
-
-    requests: list[Request] = field(default_factory=list)
-    steps: list[StepRecord] = field(default_factory=list)
+def _eos_ids(model_config: ModelConfig) -> frozenset[int]:
+    return frozenset(model_config.eos_token_ids)

@@ -47,7 +47,7 @@ class ModelRunner:
     """Runs the scheduler's batches on a model over a paged KV cache.
 
     ``block_tables`` is the scheduler's ``block_tables`` (the core owns them); ``params_of``
-    gives each request's ``SamplingParams`` and its seed; ``eos_token_id`` stops sequences
+    gives each request's ``SamplingParams`` and its seed; ``eos_token_ids`` stop sequences
     whose params do not ignore it.
     """
 
@@ -57,14 +57,14 @@ class ModelRunner:
         kv_cache: KVCache,
         block_tables: Callable[[Request], tuple[Sequence[int], ...]],
         params_of: Callable[[Request], tuple[SamplingParams, int]],
-        eos_token_id: int | None = None,
+        eos_token_ids: frozenset[int] = frozenset(),
         backend: str = "auto",
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_tables = block_tables
         self.params_of = params_of
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = eos_token_ids
         self.backend = backend
         self.device = kv_cache.device
         self.last_timing = StepTiming(0.0, 0.0)
@@ -101,7 +101,7 @@ class ModelRunner:
             ]
             for seq_id, spec, token in zip(owners, specs, sample(logits, local), strict=True):
                 sampled[seq_id] = token
-                if token == self.eos_token_id and not spec.params.ignore_eos:
+                if token in self.eos_token_ids and not spec.params.ignore_eos:
                     stopped.add(seq_id)
         elif rows.token_ids:
             # No sequence samples (a prompt chunk mid-way): the KV must still be written.

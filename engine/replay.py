@@ -154,14 +154,14 @@ def replay(
             if pending:
                 time.sleep(max(0.0, pending[-1][1].arrival_s * scale - engine.clock()))
             continue
-        batch, finished = engine.step()
-        if batch.is_empty:
+        output = engine.step()
+        batch, finished, record = output.batch, output.finished, output.record
+        if record is None:
             wake = batch.next_wakeup_s
             next_arrival = pending[-1][1].arrival_s * scale if pending else None
             targets = [t for t in (wake, next_arrival) if t is not None]
             time.sleep(max(0.0, min(targets) - engine.clock()) if targets else 1e-4)
         else:
-            record = engine.steps[-1]
             recorder.record(batch, record.start_s, record.duration_s)
             prepare_s += record.timing.prepare_s
         num_done += len(finished)

@@ -48,36 +48,15 @@ def paged_decode_attention_ref(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """One query token per sequence attending to its `seq_lens[i]` cached tokens.
-
-    All sequences at once: each gathers its first `max(seq_lens)` slots through its block
-    table and masks the ones past its length (a sequence of length 0 gets zeros). The engine
-    runs this on CPU, where a loop over sequences costs more than the arithmetic.
-    """
-    num_seqs = q.shape[0]
-    lens = seq_lens.long()
-    max_len = int(lens.max().item()) if num_seqs else 0
-    if max_len == 0:
-        return torch.zeros_like(q)
-    block_size = k_cache.shape[1]
-    token_idx = torch.arange(max_len, device=q.device)
-    width = block_tables.shape[1]
-    # Past a sequence's own blocks the index is clamped; those slots are masked below.
-    table_idx = (token_idx // block_size).clamp(max=width - 1)
-    blocks = block_tables.long()[:, table_idx]  # [B, L]
-    offsets = (token_idx % block_size).expand(num_seqs, -1)
-    k = k_cache[blocks, offsets].float()  # [B, L, Hkv, D]
-    v = v_cache[blocks, offsets].float()
-    group = q.shape[1] // k.shape[2]
-    qf = q.float().reshape(num_seqs, k.shape[2], group, q.shape[2])  # [B, Hkv, G, D]
-    scores = torch.einsum("bhgd,blhd->bhgl", qf, k) * scale
-    past_end = token_idx[None, :] >= lens[:, None]  # [B, L]
-    scores = scores.masked_fill(past_end[:, None, None, :], float("-inf"))
-    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    # Unused slots may hold anything (the tests poison them with NaN): 0 * NaN is NaN.
-    v = v.masked_fill(past_end[:, :, None, None], 0.0)
-    out = torch.einsum("bhgl,blhd->bhgd", weights, v).reshape(q.shape)
-    return out.to(q.dtype)
+    """One query token per sequence attending to its `seq_lens[i]` cached tokens."""
+    out = torch.zeros_like(q)
+    for seq_idx, seq_len in enumerate(seq_lens.tolist()):
+        if seq_len == 0:
+            continue
+        k = gather_kv(k_cache, block_tables[seq_idx], seq_len)
+        v = gather_kv(v_cache, block_tables[seq_idx], seq_len)
+        out[seq_idx] = dense_attention(q[seq_idx : seq_idx + 1], k, v, scale, causal=False)[0]
+    return out
 
 
 def paged_prefill_attention_ref(

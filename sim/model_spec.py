@@ -259,7 +259,7 @@ def _model_presets() -> dict[str, ModelSpec]:
         _llama("Qwen2.5-7B", 28, 3584, 28, 4, 18944, 152064, 32768),
         *_long_context_presets(),
         # The engine's bundled engine/model/configs/tiny-llama.json (fp32), for CPU runs.
-        ModelSpec("tiny-llama", 4, 256, 8, 2, 32, 688, 8192, dtype_bytes=4, max_model_len=2048),
+        ModelSpec("tiny-llama", 4, 256, 8, 2, 32, 688, 8192, dtype_bytes=4, max_model_len=4096),
         ModelSpec(
             "OPT-13B",
             40,

@@ -87,6 +87,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
     torch_dtype: str | None = None
+    # End-of-sequence token ids (a config may name several, as Llama-3.1's does).
+    eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.architecture not in MODEL_TYPES.values():
@@ -239,6 +241,16 @@ def _dtype_name(fields: _Fields) -> str | None:
     return name
 
 
+def _eos_ids(value: object) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    values: list[object] = list(value) if isinstance(value, list | tuple) else [value]
+    ids = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    if len(ids) != len(values):
+        raise ValueError(f"eos_token_id must be an int or a list of ints, got {value!r}")
+    return tuple(ids)
+
+
 def model_config_from_hf(
     config: dict[str, Any] | str | Path, name: str | None = None
 ) -> ModelConfig:
@@ -300,6 +312,7 @@ def model_config_from_hf(
             tie_word_embeddings=fields.optional("tie_word_embeddings", False),
             sliding_window=window,
             torch_dtype=_dtype_name(fields),
+            eos_token_ids=_eos_ids(fields.config.get("eos_token_id")),
         )
     except ValueError as error:
         raise ValueError(f"{source}: {error}") from error

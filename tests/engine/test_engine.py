@@ -262,3 +262,62 @@ def test_engine_cli_errors_name_the_problem(
     code = engine_main(["run", str(trace), "--model", str(config.parent), "--quiet"])
     assert code == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_generation_stops_at_the_models_eos(
+    model_dir: Path, prompts: list[list[int]], expected: list[list[int]], tmp_path: Path
+) -> None:
+    import shutil
+
+    stop_dir = tmp_path / "eos"
+    shutil.copytree(model_dir, stop_dir)
+    config = json.loads((stop_dir / "config.json").read_text())
+    eos = expected[0][3]  # greedy's 4th token for prompt 0 becomes end-of-sequence
+    config["eos_token_id"] = [eos, 999_999]
+    (stop_dir / "config.json").write_text(json.dumps(config))
+    llm = LLM(model=str(stop_dir), block_size=4)
+    stopped, ignored = llm.generate(
+        [prompts[0], prompts[0]], [SamplingParams(max_tokens=MAX_TOKENS), GREEDY]
+    )
+    first = expected[0].index(eos)
+    assert stopped.outputs[0].token_ids == expected[0][: first + 1]
+    assert stopped.outputs[0].finish_reason == "stop"
+    assert ignored.outputs[0].token_ids == expected[0]
+    assert ignored.outputs[0].finish_reason == "length"
+
+
+def test_replayed_shared_prefixes_are_real_cache_hits(tmp_path: Path) -> None:
+    """Prefix hash ids become the same token ids in every request naming them, so the engine's
+    prefix cache hits on them, and only on them."""
+    from records.run_dir import load_run
+
+    trace = tmp_path / "prefix.csv"
+    trace.write_text(
+        "request_id,arrival_s,prompt_tokens,output_tokens,num_samples,prefix_hash_ids,"
+        "hash_block_tokens\n"
+        "a,0.0,70,3,1,7 8 9 10,16\n"
+        "b,0.0,80,3,1,7 8 9 10,16\n"
+        "c,0.0,50,3,1,7 8 11,16\n"
+        "d,0.0,60,3,1,20 21,16\n"
+    )
+    out = tmp_path / "run"
+    args = [
+        "run",
+        str(trace),
+        "--weights",
+        "random",
+        "--prefix-caching",
+        "--policy",
+        "continuous",
+        "--max-num-seqs",
+        "1",
+        "--time-scale",
+        "0",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
+    assert engine_main(args) == 0
+    hits = load_run(out).requests.set_index("request_id")["num_prefix_hit_tokens"].to_dict()
+    # b shares a's 4 hashed blocks (64 tokens); c shares the first two; d shares nothing.
+    assert hits == {"a": 0, "b": 64, "c": 32, "d": 0}

