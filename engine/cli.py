@@ -5,39 +5,22 @@ the simulator's run records (``requests.csv``, ``steps.csv``, ``summary.json``),
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from engine.llm_engine import POLICIES, PREEMPTION_MODES, EngineConfig
+from traces.options import (
+    fraction,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from traces.rows import ON_ERROR_CHOICES
 
 DEFAULTS = EngineConfig()
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def _finite(minimum: float, strict: bool = False) -> type:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
-            bound = f"> {minimum}" if strict else f">= {minimum}"
-            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
-        return value
-
-    return parse  # type: ignore[return-value]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("trace", help="trace file (the formats `python -m sim run` reads)")
     run.add_argument("--format", default="auto", help="trace format (default: detect)")
-    run.add_argument("--skip-bad-rows", action="store_true", help="skip malformed trace rows")
+    run.add_argument(
+        "--on-error",
+        default="raise",
+        choices=ON_ERROR_CHOICES,
+        help="bad trace rows: raise fails listing every one (file, line, field); skip leaves "
+        "them out (default: %(default)s)",
+    )
     run.add_argument(
         "--policy",
         default=DEFAULTS.policy,
@@ -89,49 +78,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--block-size",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.block_size,
         help="KV block size in tokens (default: %(default)s)",
     )
     run.add_argument(
         "--num-blocks",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="KV blocks (default: from memory; on CUDA as vLLM does)",
     )
     run.add_argument(
         "--gpu-memory-utilization",
-        type=_finite(0.0, strict=True),
+        type=fraction,
         default=DEFAULTS.gpu_memory_utilization,
         help="share of GPU memory for the engine (default: %(default)s)",
     )
     run.add_argument(
         "--swap-space-gib",
-        type=_finite(0.0),
+        type=non_negative_float,
         default=DEFAULTS.swap_space_gib,
         help="host swap space for --preemption swap (default: %(default)s)",
     )
     run.add_argument(
         "--max-num-seqs",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.max_num_seqs,
         help="max requests per step (default: %(default)s)",
     )
     run.add_argument(
         "--max-batch-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.max_num_batched_tokens,
         help="token budget per step (default: %(default)s)",
     )
     run.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.batch_size,
         help="static/dynamic batch size (default: %(default)s)",
     )
     run.add_argument(
         "--max-wait-s",
-        type=_finite(0.0),
+        type=non_negative_float,
         default=DEFAULTS.max_wait_s,
         help="dynamic batching wait (default: %(default)s)",
     )
@@ -144,38 +133,38 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prefix-caching", action="store_true", help="enable prefix caching")
     run.add_argument(
         "--max-model-len",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="max prompt + output tokens (default: the model's)",
     )
     run.add_argument(
         "--time-scale",
-        type=_finite(0.0),
+        type=non_negative_float,
         default=1.0,
         help="multiply trace arrival times by this (default: %(default)s)",
     )
     run.add_argument(
         "--temperature",
-        type=_finite(0.0),
+        type=non_negative_float,
         default=0.0,
         help="sampling temperature, 0 = greedy (default: %(default)s)",
     )
     run.add_argument(
         "--cpu-threads",
-        type=int,
+        type=non_negative_int,
         default=DEFAULTS.cpu_threads,
         help="torch threads on CPU, 0 = torch's default (default: %(default)s)",
     )
     run.add_argument("--seed", type=int, default=DEFAULTS.seed, help="weights and sampling seed")
     run.add_argument(
         "--slo-ttft",
-        type=_finite(0.0, strict=True),
+        type=positive_float,
         default=None,
         help="TTFT SLO in ms for goodput",
     )
     run.add_argument(
         "--slo-tpot",
-        type=_finite(0.0, strict=True),
+        type=positive_float,
         default=None,
         help="TPOT SLO in ms for goodput",
     )
@@ -220,8 +209,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(f"--out: {args.out} exists and is not a directory")
-    on_error = "skip" if args.skip_bad_rows else "raise"
-    trace = load_trace(args.trace, format=args.format, on_error=on_error)
+    trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
     config = ReplayConfig(
         engine=config_from_args(args),
         time_scale=args.time_scale,

@@ -77,9 +77,17 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunRecords:
     Optional summary.json keys ``command``, ``servesim_version`` and ``trace_stats`` are read
     when present."""
     root = Path(run_dir)
-    payload = json.loads((root / "summary.json").read_text())
+    summary_path = root / "summary.json"
+    try:
+        payload = json.loads(summary_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{summary_path}:{error.lineno}: not valid JSON ({error.msg} at column {error.colno})"
+        ) from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{summary_path}: not a servesim run summary (not UTF-8 text)") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("summary"), dict):
-        raise ValueError(f"{root / 'summary.json'} is not a servesim run summary")
+        raise ValueError(f"{summary_path} is not a servesim run summary")
     config = dict(payload.get("config") or {})
     memory_model = str(payload.get("memory_model") or config.get("memory_model") or UNKNOWN)
     share = payload.get("mean_real_token_share")
@@ -120,14 +128,17 @@ def per_step(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def records_from_result(
-    result: Any, label: str | None = None, command: str | None = None
+    result: Any, label: str | None = None, command: str | None = None, source: str | None = None
 ) -> RunRecords:
     """Build `RunRecords` from an in-memory ``sim.run.RunResult`` (duck-typed: config,
     trace_name, memory_model, num_blocks, summary, requests_frame(), steps.to_frame(),
-    mean_real_token_share) without writing files."""
+    mean_real_token_share, and trace_stats when present) without writing files; ``source``
+    names the run directory it was also written to, if any."""
     raw = result.config
     config = asdict(raw) if is_dataclass(raw) and not isinstance(raw, type) else dict(raw)
     memory_model = str(result.memory_model)
+    share = result.mean_real_token_share
+    stats = getattr(result, "trace_stats", None)
     return RunRecords(
         label=label or default_label(config, memory_model),
         config=config,
@@ -137,8 +148,11 @@ def records_from_result(
         trace_name=str(result.trace_name),
         memory_model=memory_model,
         num_blocks=int(result.num_blocks),
-        mean_real_token_share=float(result.mean_real_token_share),
+        mean_real_token_share=None if share is None else float(share),
         command=command,
         version=_installed_version(),
+        # The trace's own statistics: requests.csv shows rejected requests with 0 outputs.
+        trace_stats=dict(stats) if stats else None,
         notes=tuple(str(n) for n in getattr(result, "notes", ())),
+        source=source,
     )

@@ -18,7 +18,14 @@ from records.run_dir import RunRecords
 from reports import disagg, latency, load, memory
 from reports.assets import ERROR_CAPTURE_JS, RENDER_JS, STYLE
 from reports.downsample import DESCRIPTION as DOWNSAMPLING
-from reports.tables import latency_table, runs_table, throughput_table, trace_table
+from reports.tables import (
+    admission_note,
+    latency_table,
+    rejection_note,
+    runs_table,
+    throughput_table,
+    trace_table,
+)
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,10 @@ def definitions_html() -> str:
 
 def report_sections(runs: Sequence[RunRecords]) -> list[Section]:
     notes = sorted({note for run in runs for note in run.notes})
+    for run in runs:
+        derived = admission_note(run) or rejection_note(run.requests)
+        if derived and derived not in notes:
+            notes.append(derived if derived.startswith(run.label) else f"{run.label}: {derived}")
     notes_html = "".join(f"<li>{escape(n)}</li>" for n in notes)
     header = Section(
         "runs",

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 
 from records.run_dir import RunRecords
 from reports.downsample import decimate_rows
+from reports.step_series import per_step, replica_groups, step_points
 from reports.theme import display_text, new_figure, run_color
 
 QUEUE_SERIES = {
@@ -22,73 +23,79 @@ BATCH_SERIES = {
 }
 
 
+def _group_name(group: str, name: str) -> str:
+    return f"{group}: {name}" if group else name
+
+
 def load_over_time(run: RunRecords) -> go.Figure:
-    """How many requests are running, waiting and swapped out at each step?"""
-    steps = run.steps
+    """How many requests are running, waiting and swapped out at each step? Each step's counts
+    hold from its start to its end; the line breaks where the replica idled."""
     fig = new_figure(
         f"Requests running / waiting / swapped: {display_text(run.label)}",
         "time (s)",
         "requests",
     )
-    columns = [c for c in QUEUE_SERIES if c in steps.columns]
-    x = steps["start_s"].to_numpy(float)
-    keep = decimate_rows(x, [steps[c].to_numpy(float) for c in columns])
-    for column in columns:
-        name, color = QUEUE_SERIES[column]
-        fig.add_trace(
-            go.Scatter(
-                x=x[keep],
-                y=steps[column].to_numpy(float)[keep],
-                mode="lines",
-                line={"color": color, "width": 1.5, "shape": "hv"},
-                name=name,
-                hovertemplate=f"t %{{x:.3f}} s<br>{name} %{{y:d}}<extra></extra>",
+    columns = [c for c in QUEUE_SERIES if c in run.steps.columns]
+    for group, steps in replica_groups(run.steps):
+        x, ys = step_points(steps, [per_step(steps, c) for c in columns])
+        keep = decimate_rows(x, ys)
+        for column, y in zip(columns, ys, strict=True):
+            name, color = QUEUE_SERIES[column]
+            fig.add_trace(
+                go.Scatter(
+                    x=x[keep],
+                    y=y[keep],
+                    mode="lines",
+                    line={"color": color, "width": 1.5, "shape": "hv"},
+                    name=display_text(_group_name(group, name)),
+                    hovertemplate=f"t %{{x:.3f}} s<br>{name} %{{y}}<extra></extra>",
+                )
             )
-        )
     return fig
 
 
 def batch_composition(run: RunRecords) -> go.Figure:
-    """What does each step compute: how many prefill tokens and how many decode tokens?"""
-    steps = run.steps
+    """What does each step compute: how many prefill tokens and how many decode tokens? Each
+    step's tokens hold from its start to its end (zero while the replica idles)."""
     fig = new_figure(
-        f"Batch composition per step (stacked): {display_text(run.label)}",
-        "step start time (s)",
-        "tokens in the step",
+        f"Batch composition per step: {display_text(run.label)}",
+        "time (s)",
+        "tokens in one step",
     )
-    x = steps["start_s"].to_numpy(float)
-    total = sum(steps[c].to_numpy(float) for c in BATCH_SERIES)
-    keep = decimate_rows(x, [steps[c].to_numpy(float) for c in BATCH_SERIES] + [total])
-    for column, (name, color) in BATCH_SERIES.items():
-        fig.add_trace(
-            go.Scatter(
-                x=x[keep],
-                y=steps[column].to_numpy(float)[keep],
-                mode="lines",
-                stackgroup="tokens",
-                line={"color": color, "width": 0.5},
-                name=name,
-                hovertemplate=f"t %{{x:.3f}} s<br>{name} %{{y:d}}<extra></extra>",
+    for group, steps in replica_groups(run.steps):
+        x, ys = step_points(steps, [per_step(steps, c) for c in BATCH_SERIES], gap_value=0.0)
+        keep = decimate_rows(x, ys)
+        for (name, color), y in zip(BATCH_SERIES.values(), ys, strict=True):
+            fig.add_trace(
+                go.Scatter(
+                    x=x[keep],
+                    y=y[keep],
+                    mode="lines",
+                    line={"color": color, "width": 1, "shape": "hv"},
+                    name=display_text(_group_name(group, name)),
+                    hovertemplate=f"t %{{x:.3f}} s<br>{name} %{{y:.1f}}<extra></extra>",
+                )
             )
-        )
     return fig
 
 
 def step_duration(runs: Sequence[RunRecords]) -> go.Figure:
-    """How long does each step take, run against run?"""
-    fig = new_figure("Step duration over time", "step start time (s)", "step duration (ms)")
+    """How long does each step take, run against run? A fast-forwarded row of identical steps
+    shows their mean duration over its whole span."""
+    fig = new_figure("Step duration over time", "time (s)", "step duration (ms)")
     for idx, run in enumerate(runs):
-        x = run.steps["start_s"].to_numpy(float)
-        y = run.steps["duration_s"].to_numpy(float) * 1000.0
-        keep = decimate_rows(x, [y])
-        fig.add_trace(
-            go.Scatter(
-                x=x[keep],
-                y=y[keep],
-                mode="lines",
-                line={"color": run_color(idx), "width": 1},
-                name=display_text(run.label),
-                hovertemplate="t %{x:.3f} s<br>duration %{y:.2f} ms<extra></extra>",
+        for group, steps in replica_groups(run.steps):
+            x, (y,) = step_points(steps, [per_step(steps, "duration_s") * 1000.0])
+            keep = decimate_rows(x, [y])
+            name = f"{run.label} ({group})" if group else run.label
+            fig.add_trace(
+                go.Scatter(
+                    x=x[keep],
+                    y=y[keep],
+                    mode="lines",
+                    line={"color": run_color(idx), "width": 1, "shape": "hv"},
+                    name=display_text(name),
+                    hovertemplate="t %{x:.3f} s<br>duration %{y:.2f} ms<extra></extra>",
+                )
             )
-        )
     return fig

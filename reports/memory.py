@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 
 from records.run_dir import RunRecords
 from reports.downsample import decimate_rows
+from reports.step_series import replica_groups, step_points
 from reports.theme import display_text, new_figure
 
 # steps.csv column -> (legend name, colour); bottom of the stack first.
@@ -61,31 +62,35 @@ def kv_utilisation(run: RunRecords) -> tuple[float | None, float | None]:
 
 
 def kv_memory_over_time(run: RunRecords) -> go.Figure:
-    """Where is every KV slot at each step: real tokens, each kind of waste, cache, free?"""
-    steps = run.steps
+    """Where is every KV slot at each step: real tokens, each kind of waste, cache, free? One
+    stack per replica (the first shown, the others one legend click away)."""
     fig = new_figure(
         f"KV memory over time (stacked share of all slots): {display_text(run.label)}",
-        "step start time (s)",
+        "time (s)",
         "share of KV slots",
     )
-    x = _slots(steps, "start_s")
-    total = _total_slots(steps)
-    total[total == 0] = 1.0
-    shares = {c: _slots(steps, c) / total for c in SLOT_KINDS}
-    keep = decimate_rows(x, list(shares.values()))
-    for column, (name, color) in SLOT_KINDS.items():
-        fig.add_trace(
-            go.Scatter(
-                x=x[keep],
-                y=shares[column][keep],
-                mode="lines",
-                stackgroup="slots",
-                line={"color": color, "width": 0.5},
-                fillcolor=color,
-                name=name,
-                hovertemplate=f"t %{{x:.3f}} s<br>{name} %{{y:.1%}}<extra></extra>",
+    for group_idx, (group, steps) in enumerate(replica_groups(run.steps)):
+        total = _total_slots(steps)
+        total[total == 0] = 1.0
+        # A row's snapshot holds until the next row (or the end of the run), idle gaps too.
+        x, series = step_points(steps, [_slots(steps, c) / total for c in SLOT_KINDS])
+        shares = [pd.Series(y).ffill().to_numpy() for y in series]
+        keep = decimate_rows(x, shares)
+        for (name, color), share in zip(SLOT_KINDS.values(), shares, strict=True):
+            fig.add_trace(
+                go.Scatter(
+                    x=x[keep],
+                    y=share[keep],
+                    mode="lines",
+                    stackgroup=f"slots-{group_idx}",
+                    legendgroup=group,
+                    visible=True if group_idx == 0 else "legendonly",
+                    line={"color": color, "width": 0.5, "shape": "hv"},
+                    fillcolor=color,
+                    name=display_text(f"{group}: {name}" if group else name),
+                    hovertemplate=f"t %{{x:.3f}} s<br>{name} %{{y:.1%}}<extra></extra>",
+                )
             )
-        )
     fig.update_yaxes(tickformat=".0%")
     return fig
 

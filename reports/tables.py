@@ -8,6 +8,7 @@ from html import escape
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from records.run_dir import UNKNOWN, RunRecords
 from reports.memory import kv_utilisation
@@ -117,6 +118,69 @@ def latency_table(runs: Sequence[RunRecords]) -> str:
     )
 
 
+def deployment_text(config: dict[str, Any]) -> str:
+    """Replicas and router, or (disagg) pool sizes, pool policy and the KV link."""
+    if config.get("policy") == "disagg":
+        parallel = config.get("link_parallel_transfers", UNKNOWN)
+        return (
+            f"disaggregated: {config.get('num_prefill', UNKNOWN)} prefill + "
+            f"{config.get('num_decode', UNKNOWN)} decode replicas, "
+            f"{config.get('pool_policy', UNKNOWN)} batching in each pool, "
+            f"{config.get('router', UNKNOWN)} router; KV link "
+            f"{config.get('link_bandwidth_gbps', UNKNOWN):g} Gb/s, "
+            f"{config.get('link_latency_us', UNKNOWN):g} us latency, "
+            f"{parallel} transfer(s) at a time"
+        )
+    replicas = config.get("num_replicas", 1)
+    return (
+        f"{replicas} colocated replica{'s' if replicas != 1 else ''}, "
+        f"{config.get('router', UNKNOWN)} router"
+    )
+
+
+def rejection_note(requests: pd.DataFrame) -> str | None:
+    """How many requests were rejected and the most common reason; None if none were."""
+    if requests.empty or "status" not in requests.columns:
+        return None
+    rejected = requests[requests["status"] == "rejected"]
+    if rejected.empty:
+        return None
+    if "reject_reason" in rejected.columns:
+        reasons = rejected["reject_reason"].fillna("").astype(str)
+    else:
+        reasons = pd.Series([""] * len(rejected), index=rejected.index)
+    # Reasons name their request's lengths: count them by their wording without numbers.
+    kinds = reasons.map(_reason_kind)
+    counts = kinds.value_counts()
+    kind = str(counts.index[0])
+    example = reasons[kinds == kind].iloc[0] or "no reason recorded"
+    text = (
+        f"{len(rejected)} of {len(requests)} requests ({len(rejected) / len(requests):.0%}) "
+        f"rejected; most common reason ({counts.iloc[0] / len(rejected):.0%} of them): {example}"
+    )
+    if "max length" in kind:
+        text += " (raise --max-model-len, or pick a --model with a longer context)"
+    elif "KV blocks" in kind:
+        text += " (give the cache more room: --num-blocks, --gpu-memory-utilization, --tp)"
+    return text
+
+
+def _reason_kind(reason: str) -> str:
+    """A rejection reason without its numbers (``prompt 9000 + max output ... exceeds the
+    model's max length 8192`` and the same for other lengths are one kind)."""
+    return " ".join(word for word in reason.split() if not any(ch.isdigit() for ch in word))
+
+
+def admission_note(run: RunRecords) -> str | None:
+    """A note when the run never admitted a request (its charts are then empty)."""
+    if len(run.steps):
+        return None
+    return (
+        f"{run.label}: no request was admitted, so no step ran and its charts are empty "
+        f"({rejection_note(run.requests) or 'no requests'})"
+    )
+
+
 def _config_rows(run: RunRecords) -> list[tuple[str, str]]:
     c = run.config
     memory = run.memory_model
@@ -124,9 +188,10 @@ def _config_rows(run: RunRecords) -> list[tuple[str, str]]:
         memory += f" ({c.get('reservation', UNKNOWN)} reservation)"
     return [
         ("trace", run.trace_name),
-        ("model", f"{c.get('model', UNKNOWN)} (tp={c.get('tp', UNKNOWN)})"),
+        ("model", f"{c.get('model', UNKNOWN)} (TP{c.get('tp', UNKNOWN)})"),
         ("hardware", str(c.get("hardware", UNKNOWN))),
         ("policy", str(c.get("policy", UNKNOWN))),
+        ("deployment", deployment_text(c)),
         ("KV memory", memory),
         ("KV blocks", f"{run.num_blocks or UNKNOWN} × {c.get('block_size', UNKNOWN)} tokens"),
         ("prefix caching", "on" if c.get("enable_prefix_caching") else "off"),

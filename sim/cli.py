@@ -7,7 +7,7 @@ import argparse
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from engine.core.config import MEMORY_MODELS, PREEMPTION_MODES, RESERVATION_RULES
@@ -15,22 +15,24 @@ from engine.core.policies import POLICIES
 from records.run_dir import records_from_result
 from reports.cli import add_report_arguments, run_report
 from reports.html import write_report
+from reports.tables import deployment_text, rejection_note
 from sim.deployment import ROUTERS
 from sim.hardware_spec import HARDWARE_PRESETS
 from sim.measured_cli import add_measured_commands
 from sim.model_spec import MODEL_PRESETS
-from sim.run import POLICY_CHOICES, RunConfig, RunResult, simulate
+from sim.run import POLICY_CHOICES, RunConfig, RunResult, servesim_version, simulate
 from traces import cli as traces_cli
 from traces.loaders import FORMATS, load_trace
+from traces.options import (
+    fraction,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from traces.rows import ON_ERROR_CHOICES
 
 DEFAULTS = RunConfig()
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) -> None:
@@ -46,9 +48,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
             help="trace format (default: detect from the header)",
         )
         parser.add_argument(
-            "--skip-bad-rows",
-            action="store_true",
-            help="skip malformed trace rows (the summary counts them) instead of failing",
+            "--on-error",
+            default="raise",
+            choices=ON_ERROR_CHOICES,
+            help="bad trace rows: raise fails listing every one (file, line, field); skip leaves "
+            "them out and the summary counts them (default: %(default)s)",
         )
     parser.add_argument(
         "--policy",
@@ -70,7 +74,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
     )
     parser.add_argument(
         "--tp",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.tp,
         help="tensor-parallel degree (default: %(default)s)",
     )
@@ -84,54 +88,55 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
     parser.add_argument(
         "--reservation",
         choices=RESERVATION_RULES,
-        default=DEFAULTS.reservation,
-        help="contiguous reservation rule (default: %(default)s)",
+        default=None,
+        help=f"contiguous memory only: how much each sequence reserves "
+        f"(default: {DEFAULTS.reservation})",
     )
     parser.add_argument(
         "--block-size",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.block_size,
         help="KV block size in tokens (default: %(default)s)",
     )
     parser.add_argument(
         "--num-blocks",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="KV blocks per replica (default: derived from GPU memory, as vLLM does)",
     )
     parser.add_argument(
         "--gpu-memory-utilization",
-        type=float,
+        type=fraction,
         default=DEFAULTS.gpu_memory_utilization,
         help="share of GPU memory the engine may use (default: %(default)s)",
     )
     parser.add_argument(
         "--swap-space-gib",
-        type=float,
+        type=non_negative_float,
         default=DEFAULTS.swap_space_gib,
         help="CPU swap space per replica in GiB (default: %(default)s)",
     )
     parser.add_argument(
         "--max-num-seqs",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.max_num_seqs,
         help="max sequences per step (default: %(default)s)",
     )
     parser.add_argument(
         "--max-batch-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.max_num_batched_tokens,
         help="token budget per step (default: %(default)s)",
     )
     parser.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.batch_size,
         help="static/dynamic batch size B (default: %(default)s)",
     )
     parser.add_argument(
         "--max-wait-s",
-        type=float,
+        type=non_negative_float,
         default=DEFAULTS.max_wait_s,
         help="dynamic batching: start a batch once the oldest has waited this long "
         "(default: %(default)s)",
@@ -147,7 +152,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
     )
     parser.add_argument(
         "--max-model-len",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="max tokens per request (default: the model's)",
     )
@@ -156,11 +161,15 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
         default=None,
         help="calibrated cost-model profile (JSON); default: analytic roofline",
     )
-    parser.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO in ms for goodput")
-    parser.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO in ms for goodput")
+    parser.add_argument(
+        "--slo-ttft", type=positive_float, default=None, help="TTFT SLO in ms for goodput"
+    )
+    parser.add_argument(
+        "--slo-tpot", type=positive_float, default=None, help="TPOT SLO in ms for goodput"
+    )
     parser.add_argument(
         "--seed",
-        type=int,
+        type=non_negative_int,
         default=DEFAULTS.seed,
         help="recorded with the run (the simulation itself is deterministic)",
     )
@@ -175,7 +184,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
     deployment = parser.add_argument_group("deployment")
     deployment.add_argument(
         "--replicas",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.num_replicas,
         help="colocated replicas behind the router (default: %(default)s)",
     )
@@ -187,13 +196,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
     )
     deployment.add_argument(
         "--prefill-replicas",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.num_prefill,
         help="--policy disagg: prefill pool size (default: %(default)s)",
     )
     deployment.add_argument(
         "--decode-replicas",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.num_decode,
         help="--policy disagg: decode pool size (default: %(default)s)",
     )
@@ -205,19 +214,19 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
     )
     deployment.add_argument(
         "--link-gbps",
-        type=float,
+        type=positive_float,
         default=DEFAULTS.link_bandwidth_gbps,
         help="--policy disagg: KV link bandwidth in Gb/s (default: %(default)s)",
     )
     deployment.add_argument(
         "--link-latency-us",
-        type=float,
+        type=non_negative_float,
         default=DEFAULTS.link_latency_us,
         help="--policy disagg: KV link latency in us (default: %(default)s)",
     )
     deployment.add_argument(
         "--link-parallel",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULTS.link_parallel_transfers,
         help="--policy disagg: transfers the link carries at once; the "
         "rest queue (default: %(default)s)",
@@ -229,13 +238,23 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    config = _config_from_args(args)
+    if args.reservation is not None and config.resolved_memory_model() == "paged":
+        raise ValueError(
+            f"--reservation {args.reservation}: applies to contiguous memory only, but "
+            f"--policy {config.policy} runs paged memory here (add --memory contiguous)"
+        )
+    return config
+
+
+def _config_from_args(args: argparse.Namespace) -> RunConfig:
     return RunConfig(
         policy=args.policy,
         model=args.model,
         hardware=args.hardware,
         tp=args.tp,
         memory_model=args.memory,
-        reservation=args.reservation,
+        reservation=args.reservation or DEFAULTS.reservation,
         block_size=args.block_size,
         num_blocks=args.num_blocks,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -270,7 +289,8 @@ def print_summary(result: RunResult) -> None:
         f"trace        {result.trace_name}: {s['num_requests']} requests ({s['completed']} "
         f"finished, {s['rejected']} rejected, {result.num_skipped_rows} bad rows skipped)",
         f"config       {c.policy} / {result.memory_model} memory, {c.model} on {c.hardware} "
-        f"x{c.tp}, {result.num_blocks} KV blocks of {c.block_size}",
+        f"TP{c.tp}, {result.num_blocks} KV blocks of {c.block_size} tokens per replica",
+        f"deployment   {deployment_text(asdict(c))}",
         f"duration     {s['duration_s']:.3f} s simulated",
         f"throughput   {s['request_throughput']:.3f} req/s, "
         f"{s['output_throughput']:.1f} output tok/s, {s['total_token_throughput']:.1f} total tok/s",
@@ -288,10 +308,16 @@ def print_summary(result: RunResult) -> None:
         f"swapped-out blocks {s['num_blocks_swapped_out']}, "
         f"prefix hit rate {s['prefix_hit_rate']:.1%}"
     )
-    lines.append(
-        f"KV memory    {result.mean_real_token_share:.1%} of allocated slots held real tokens "
-        "(mean over steps)"
-    )
+    share = result.mean_real_token_share
+    if share is None:
+        lines.append("KV memory    no request admitted: no KV memory was allocated")
+    else:
+        lines.append(
+            f"KV memory    {share:.1%} of allocated slots held real tokens (mean over steps)"
+        )
+    rejected = rejection_note(result.requests_frame())
+    if rejected:
+        lines.append(f"rejected     {rejected}")
     print("\n".join(lines))
 
 
@@ -308,15 +334,28 @@ def _write_outputs(args: argparse.Namespace, results: list[RunResult], names: li
             if not args.quiet:
                 print(f"wrote {target}/requests.csv, steps.csv, summary.json")
     if args.report:
-        runs = [records_from_result(r, command=r.command) for r in results]
+        runs = [
+            records_from_result(
+                r, command=r.command, source=str(Path(args.out) / name) if args.out else None
+            )
+            for r, name in zip(results, names, strict=True)
+        ]
         path = write_report(runs, Path(args.report))
         if not args.quiet:
             print(f"wrote report {path}")
 
 
+def _check_output_paths(args: argparse.Namespace) -> None:
+    """Fail before simulating, not after, when an output cannot be written where asked."""
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out}: exists and is not a directory")
+    if args.report and Path(args.report).is_dir():
+        raise ValueError(f"--report {args.report}: is a directory; give an .html file name")
+
+
 def run_command(args: argparse.Namespace) -> int:
-    on_error = "skip" if args.skip_bad_rows else "raise"
-    trace = load_trace(args.trace, format=args.format, on_error=on_error)
+    _check_output_paths(args)
+    trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
     result = simulate(trace, config_from_args(args), progress=not args.quiet)
     result.command = _command_line()
     if not args.quiet:
@@ -341,30 +380,52 @@ def parse_variants(text: str) -> list[tuple[str, str | None, str | None]]:
             raise ValueError(
                 f"--policies item {item!r}: reservation must be one of {RESERVATION_RULES}"
             )
+        if (policy, memory, reservation) in variants:
+            raise ValueError(f"--policies: item {item.strip()!r} appears twice")
         variants.append((policy, memory, reservation))
     return variants
 
 
-def compare_command(args: argparse.Namespace) -> int:
-    on_error = "skip" if args.skip_bad_rows else "raise"
-    trace = load_trace(args.trace, format=args.format, on_error=on_error)
-    base = config_from_args(args)
-    results, names = [], []
+def _compare_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
+    """(folder name, config) per --policies item, checked before anything runs."""
+    if args.policy is not None:
+        raise ValueError("--policy: compare runs one policy per --policies item; use --policies")
+    base = _config_from_args(argparse.Namespace(**(vars(args) | {"policy": DEFAULTS.policy})))
+    named = []
     for policy, memory, reservation in parse_variants(args.policies):
+        if reservation and memory == "paged":
+            raise ValueError(
+                f"--policies {policy}:{memory}:{reservation}: a reservation rule "
+                "applies to contiguous memory only"
+            )
         config = replace(
             base,
             policy=policy,
             memory_model=memory or base.memory_model,  # type: ignore[arg-type]
             reservation=reservation or base.reservation,  # type: ignore[arg-type]
         )
+        named.append(("_".join(p for p in (policy, memory, reservation) if p), config))
+    if args.reservation and all(c.resolved_memory_model() == "paged" for _, c in named):
+        raise ValueError(
+            f"--reservation {args.reservation}: applies to contiguous memory only, and every "
+            "--policies item runs paged memory"
+        )
+    return named
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    named = _compare_configs(args)
+    _check_output_paths(args)
+    trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
+    results = []
+    for _, config in named:
         result = simulate(trace, config, progress=not args.quiet)
         result.command = _command_line()
         if not args.quiet:
             print_summary(result)
             print()
         results.append(result)
-        names.append("_".join(p for p in (policy, memory, reservation) if p))
-    _write_outputs(args, results, names)
+    _write_outputs(args, results, [name for name, _ in named])
     return 0
 
 
@@ -373,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m sim",
         description="servesim: simulate LLM inference serving on a request trace.",
     )
+    parser.add_argument("--version", action="version", version=f"servesim {servesim_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run",
@@ -395,7 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated policy[:memory[:reservation]] items, e.g. "
         "'static,continuous,chunked' or 'continuous:contiguous:max,continuous:paged'",
     )
-    compare.set_defaults(func=compare_command)
+    # compare takes --policies; --policy (shared with run) is refused there, not ignored.
+    compare.set_defaults(func=compare_command, policy=None)
     report = commands.add_parser(
         "report", help="render saved runs (--out folders) as one HTML report"
     )
@@ -414,10 +477,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return int(args.func(args))
     except (ValueError, OSError) as error:
         # Bad input (trace rows, configs, files) is reported, never a traceback.
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, as shells report it

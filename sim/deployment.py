@@ -16,6 +16,10 @@ from traces.schema import Trace
 ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
 
 
+def _ignore_count(count: int) -> None:
+    return None
+
+
 class Router:
     """Picks the replica an arriving request goes to."""
 
@@ -98,10 +102,19 @@ class DeploymentOutput:
 class Colocated:
     """N identical replicas, each running prefill and decode, behind a router."""
 
-    def __init__(self, env: simpy.Environment, replicas: list[Replica], router: str) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        replicas: list[Replica],
+        router: str,
+        on_done: Callable[[int], None] = _ignore_count,
+    ) -> None:
         self.env = env
         self.replicas = replicas
         self.router = Router(router, replicas)
+        self.on_done = on_done
+        for replica in replicas:
+            replica.on_finished = lambda finished: on_done(len(finished))
 
     def arrival_loop(self, trace: Trace, out: list[Request]) -> simpy.events.ProcessGenerator:
         for item in trace.requests:
@@ -109,7 +122,8 @@ class Colocated:
                 yield self.env.timeout(item.arrival_s - self.env.now)
             request = to_request(item)
             out.append(request)
-            self.router.pick(request).add(request)
+            if not self.router.pick(request).add(request):
+                self.on_done(1)  # rejected
         for replica in self.replicas:
             replica.close()
 
@@ -130,8 +144,10 @@ class Disaggregated:
         decode: list[Replica],
         router: str,
         link: KvLink,
+        on_done: Callable[[int], None] = _ignore_count,
     ) -> None:
         self.env = env
+        self.on_done = on_done
         self.prefill = prefill
         self.decode = decode
         self.prefill_router = Router(router, prefill)
@@ -168,6 +184,7 @@ class Disaggregated:
                 f"decode pool: {reason}",
                 self.env.now,
             )
+            self.on_done(1)
             return
         # The prompt alone, once (samples fork on the decode side); it keeps its KV to send.
         prompt = _fresh(
@@ -180,6 +197,7 @@ class Disaggregated:
                 f"prefill pool: {prompt.reject_reason}",
                 self.env.now,
             )
+            self.on_done(1)
             return
         self._users[user.request_id] = user
         self._prefill_side[user.request_id] = (prompt, replica)
@@ -192,6 +210,7 @@ class Disaggregated:
             assert prompt.first_token_s is not None
             if user.max_output_tokens == 1:
                 _merge(user, prompt, prompt)  # one token: done on the prefill side
+                self.on_done(1)
                 continue
             decode = _fresh(user)
             replica = self.decode_router.pick(decode)
@@ -220,6 +239,7 @@ class Disaggregated:
             user = self._users[decode.request_id]
             prompt, _ = self._prefill_side[decode.request_id]
             _merge(user, prompt, decode)
+        self.on_done(len(finished))
 
     def _maybe_close_decode(self) -> None:
         if self._arrivals_done and self._open_prefills == 0:
@@ -273,21 +293,24 @@ def run_deployment(
     router: str = "round_robin",
     disagg: tuple[int, int] | None = None,
     link: Callable[[simpy.Environment], KvLink] | None = None,
+    on_done: Callable[[int], None] | None = None,
 ) -> DeploymentOutput:
-    """Replay ``trace`` through a colocated or (``disagg=(P, D)``) disaggregated deployment."""
+    """Replay ``trace`` through a colocated or (``disagg=(P, D)``) disaggregated deployment;
+    ``on_done`` hears how many requests just finished or were rejected (for progress)."""
+    report_done = on_done or _ignore_count
     env = simpy.Environment()
     requests: list[Request] = []
     transfers: list[Transfer] = []
     if disagg is None:
         replicas = [make_replica(env, i, "colocated", recorder) for i in range(num_replicas)]
-        deployment: Colocated | Disaggregated = Colocated(env, replicas, router)
+        deployment: Colocated | Disaggregated = Colocated(env, replicas, router, report_done)
     else:
         assert link is not None
         prefill = [make_replica(env, i, "prefill", recorder) for i in range(disagg[0])]
         decode = [make_replica(env, i, "decode", recorder) for i in range(disagg[1])]
         kv_link = link(env)
         transfers = kv_link.transfers
-        deployment = Disaggregated(env, prefill, decode, router, kv_link)
+        deployment = Disaggregated(env, prefill, decode, router, kv_link, report_done)
         replicas = prefill + decode
     for replica in replicas:
         replica.start()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.model_spec import ModelSpec
+from traces.text_files import read_text
 
 _DTYPE_BYTES = {
     "float32": 4,
@@ -31,8 +32,8 @@ def _require(config: dict[str, Any], key: str, path: Path, field: str) -> Any:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        config = json.loads(read_text(path, "model config"))
+    except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"{path}: cannot read a JSON config ({error})") from error
     if not isinstance(config, dict):
         raise ValueError(f"{path}: expected a JSON object at the top level")

@@ -11,6 +11,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from traces.text_files import read_text
+
 FORMAT_VERSION = 1
 
 OP_AXES: dict[str, tuple[str, ...]] = {
@@ -194,7 +196,7 @@ def load_profile(path: str | Path) -> Profile:
     path = Path(path)
     reader = _Reader(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path, "profile"))
     except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"{path}: cannot read a JSON profile ({error})") from error
     if not isinstance(data, dict):

@@ -4,6 +4,7 @@ core and the cost model (``simulate``), and its results and files (``RunResult``
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -88,13 +89,24 @@ class RunConfig:
         for name in ("num_replicas", "num_prefill", "num_decode", "link_parallel_transfers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.link_bandwidth_gbps <= 0 or self.link_latency_us < 0:
+        # ``not x > 0`` (rather than ``x <= 0``) is also true for NaN.
+        for name in ("link_bandwidth_gbps", "slo_ttft_s", "slo_tpot_s"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("link_latency_us", "swap_space_gib", "max_wait_s"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
-                f"link needs bandwidth > 0 and latency >= 0, got {self.link_bandwidth_gbps!r} "
-                f"Gb/s and {self.link_latency_us!r} us"
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
             )
-        if self.swap_space_gib < 0:
-            raise ValueError(f"swap_space_gib must be >= 0, got {self.swap_space_gib!r}")
+        if self.preemption_mode == "swap" and self.swap_space_gib == 0:
+            raise ValueError(
+                "preemption_mode 'swap' needs CPU swap space, but swap_space_gib is 0 "
+                "(--swap-space-gib > 0, or --preemption recompute)"
+            )
 
     def resolved_memory_model(self) -> MemoryModel:
         policy = self.pool_policy if self.policy == "disagg" else self.policy
@@ -130,13 +142,13 @@ class RunResult:
     transfers: list[Transfer] = field(default_factory=list)
 
     @property
-    def mean_real_token_share(self) -> float:
+    def mean_real_token_share(self) -> float | None:
         """Share of allocated KV slots (real + internal + reserved) holding real tokens, over
-        all steps (the vLLM paper's Figure 2 metric)."""
+        all steps (the vLLM paper's Figure 2 metric); None if nothing was ever allocated."""
         c = self.steps.columns
         real = sum(c["real_token_slots"])
         used = real + sum(c["internal_fragmentation_slots"]) + sum(c["reservation_waste_slots"])
-        return real / used if used else 1.0
+        return real / used if used else None
 
     def write(self, out: Path) -> None:
         payload = {
@@ -176,13 +188,24 @@ def simulate(
     num_blocks = config.num_blocks or derive_num_blocks(
         model, hardware, config.tp, config.block_size, config.gpu_memory_utilization
     )
+    if config.max_model_len is not None and config.max_model_len > model.max_model_len:
+        raise ValueError(
+            f"max_model_len {config.max_model_len} exceeds {config.model}'s context of "
+            f"{model.max_model_len} tokens (--max-model-len, or a --model with a longer one)"
+        )
     policy = _pool_policy(config)
+    num_cpu_blocks = int(config.swap_space_gib * GIB // kv_bytes_per_block)
+    if config.preemption_mode == "swap" and num_cpu_blocks == 0:
+        raise ValueError(
+            f"preemption_mode 'swap': swap_space_gib {config.swap_space_gib!r} holds no KV block "
+            f"of {kv_bytes_per_block} bytes (--swap-space-gib larger, or --preemption recompute)"
+        )
     cache = CacheConfig(
         num_blocks=num_blocks,
         block_size=config.block_size,
         memory_model=config.memory_model or POLICIES[policy].default_memory_model,
         reservation=config.reservation,
-        num_cpu_blocks=int(config.swap_space_gib * GIB // kv_bytes_per_block),
+        num_cpu_blocks=num_cpu_blocks,
         enable_prefix_caching=config.enable_prefix_caching,
         max_model_len=config.max_model_len or model.max_model_len,
     )
@@ -195,15 +218,15 @@ def simulate(
         max_wait_s=config.max_wait_s,
     )
     cost_model = make_cost_model(model, hardware, config.tp, config.profile, cost_config)
-    end_s = trace.requests[-1].arrival_s
-    bar = tqdm(total=round(end_s, 3), unit="sim-s", disable=not (progress and sys.stderr.isatty()))
-
-    def on_step(now_s: float) -> None:
-        if now_s - bar.n >= 1.0 or now_s >= end_s:
-            bar.n = round(min(now_s, end_s), 3)
-            bar.refresh()
-
-    recorder = StepRecorder(on_step=on_step if not bar.disable else None)
+    # Progress counts requests that finished or were rejected, so it reaches 100% only once
+    # the backlog has drained (not when the last request arrives).
+    bar = tqdm(
+        total=len(trace.requests),
+        unit="req",
+        desc="requests done",
+        disable=not (progress and sys.stderr.isatty()),
+    )
+    recorder = StepRecorder()
 
     def make_replica(env: simpy.Environment, index: int, pool: str, steps: StepRecorder) -> Replica:
         executor = CostModelExecutor(cost_model, config.block_size)
@@ -223,16 +246,19 @@ def simulate(
             config.link_parallel_transfers,
         )
 
-    output = run_deployment(
-        trace,
-        make_replica,
-        recorder,
-        num_replicas=config.num_replicas,
-        router=config.router,
-        disagg=(config.num_prefill, config.num_decode) if config.policy == "disagg" else None,
-        link=make_link,
-    )
-    bar.close()
+    try:
+        output = run_deployment(
+            trace,
+            make_replica,
+            recorder,
+            num_replicas=config.num_replicas,
+            router=config.router,
+            disagg=(config.num_prefill, config.num_decode) if config.policy == "disagg" else None,
+            link=make_link,
+            on_done=None if bar.disable else bar.update,
+        )
+    finally:
+        bar.close()
     summary = summarize(output.requests, output.end_s, config.slo_ttft_s, config.slo_tpot_s)
     if config.policy == "disagg":
         summary["kv_transfer_bytes"] = sum(t.num_bytes for t in output.transfers)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,14 @@ from traces.distributions import (
 )
 from traces.generators import SharedPrefix, generate_trace
 from traces.loaders import FORMATS, load_length_table, load_trace
+from traces.options import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from traces.problems import TraceFormatError
+from traces.rows import ON_ERROR_CHOICES
 from traces.schema import Trace
 from traces.writer import write_trace
 
@@ -39,23 +46,35 @@ def _default(cls: type, name: str) -> Any:
 
 def _int_list(text: str) -> list[int]:
     try:
-        return [int(part) for part in text.replace(",", " ").split()]
+        values = [int(part) for part in text.replace(",", " ").split()]
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"expected ints like '2' or '1,2,4': {text!r}") from error
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected ints >= 1 like '2' or '1,2,4': {text!r}")
+    return values
+
+
+def _option_type(name: str, default: object) -> Callable[[str], float]:
+    """Lengths are positive ints, medians positive numbers, sigmas non-negative numbers."""
+    if isinstance(default, int):
+        return positive_int
+    return non_negative_float if name.endswith("sigma") else positive_float
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `trace generate` (defaults equal the generator dataclasses' defaults)."""
     parser.add_argument("-o", "--output", required=True, help="CSV file to write")
-    parser.add_argument("--num-requests", type=int, default=200, help="requests (default 200)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--num-requests", type=positive_int, default=200, help="requests (default 200)"
+    )
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default 0)")
     parser.add_argument("--name", default=None, help="trace name (default: output file stem)")
     arrivals = parser.add_argument_group("arrivals")
     arrivals.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
-    arrivals.add_argument("--rate", type=float, default=4.0, help="mean req/s (default 4)")
+    arrivals.add_argument("--rate", type=positive_float, default=4.0, help="mean req/s (default 4)")
     arrivals.add_argument(
         "--cv",
-        type=float,
+        type=positive_float,
         default=_default(GammaArrivals, "cv"),
         help="gamma: coefficient of variation of gaps; 1 = Poisson, >1 bursty (default 1)",
     )
@@ -76,20 +95,25 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         default = _default(cls, name)
         lengths.add_argument(
             "--" + name.replace("_", "-"),
-            type=type(default),
+            type=_option_type(name, default),
             default=default,
             help=f"{what} (default {default})",
         )
     lengths.add_argument("--length-table", help="lengths: 'table' draws rows of this file")
     prefix = parser.add_argument_group("shared system prompts (prefix caching)")
-    prefix.add_argument("--num-prefixes", type=int, default=0, help="system prompts (0 = none)")
+    prefix.add_argument(
+        "--num-prefixes", type=non_negative_int, default=0, help="system prompts (0 = none)"
+    )
     for name, what in (
         ("prefix_tokens", "tokens in each system prompt"),
         ("hash_block_tokens", "tokens per prefix hash id"),
     ):
         default = _default(SharedPrefix, name)
         prefix.add_argument(
-            "--" + name.replace("_", "-"), type=int, default=default, help=f"{what} ({default})"
+            "--" + name.replace("_", "-"),
+            type=positive_int,
+            default=default,
+            help=f"{what} ({default})",
         )
     prefix.add_argument(
         "--prefix-ids",
@@ -177,8 +201,9 @@ def add_info_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--on-error",
         default="raise",
-        choices=("raise", "skip"),
-        help="raise: fail listing every bad row; skip: leave bad rows out and count them",
+        choices=ON_ERROR_CHOICES,
+        help="bad rows: raise fails listing every one (file, line, field); skip leaves them "
+        "out and counts them (default: %(default)s)",
     )
 
 

@@ -20,6 +20,7 @@ from traces.rows import (
     read_csv_rows,
 )
 from traces.schema import DEFAULT_HASH_BLOCK_TOKENS, LengthTable, Trace
+from traces.text_files import binary_message, open_text, trace_stem
 from traces.timestamps import parse_timestamp_ns
 
 RowFunction = Callable[[list[str], dict[str, int], int, RowParser], ParsedRow | None]
@@ -163,14 +164,14 @@ def load_servesim(path: str | Path, on_error: str = "raise", *, name: str | None
     path = Path(path)
     columns = (SERVESIM_REQUIRED, SERVESIM_OPTIONAL)
     builder = _read_csv(path, on_error, columns, _servesim_row)
-    return builder.build(name or path.stem, "servesim")
+    return builder.build(name or trace_stem(path), "servesim")
 
 
 def load_vidur(path: str | Path, on_error: str = "raise", *, name: str | None = None) -> Trace:
     """Vidur's processed trace CSV: `arrived_at` (s), `num_prefill_tokens`, `num_decode_tokens`."""
     path = Path(path)
     builder = _read_csv(path, on_error, (VIDUR_COLUMNS, ()), _vidur_row)
-    return builder.build(name or path.stem, "vidur")
+    return builder.build(name or trace_stem(path), "vidur")
 
 
 def load_azure(path: str | Path, on_error: str = "raise", *, name: str | None = None) -> Trace:
@@ -179,7 +180,7 @@ def load_azure(path: str | Path, on_error: str = "raise", *, name: str | None = 
     path = Path(path)
     row_function = _azure_row_function({})
     builder = _read_csv(path, on_error, (AZURE_COLUMNS, ()), row_function, 1e9)
-    return builder.build(name or path.stem, "azure")
+    return builder.build(name or trace_stem(path), "azure")
 
 
 class _BurstGptRows:
@@ -247,7 +248,7 @@ def load_burstgpt(
             f"kept {rows.num_kept_failures} failed request(s) (0 response tokens) as"
             " output_tokens=1 (burstgpt_failures='keep')"
         )
-    return builder.build(name or path.stem, "burstgpt")
+    return builder.build(name or trace_stem(path), "burstgpt")
 
 
 def _json_int(record: dict[str, Any], key: str, line: int, parser: RowParser, minimum: int) -> int:
@@ -310,11 +311,11 @@ def load_mooncake(
     path = Path(path)
     parser = RowParser(str(path))
     builder = TraceBuilder(parser, "timestamp", on_error, time_divisor=1000.0)
-    with path.open(encoding="utf-8-sig") as handle:
+    with open_text(path, "trace") as handle:
         for line, text in enumerate(handle, start=1):
             if text.strip():
                 builder.add(_mooncake_row(text, line, parser, hash_block_tokens), line)
-    return builder.build(name or path.stem, "mooncake")
+    return builder.build(name or trace_stem(path), "mooncake")
 
 
 FORMATS: dict[str, Callable[..., Trace]] = {
@@ -327,7 +328,7 @@ FORMATS: dict[str, Callable[..., Trace]] = {
 
 
 def _first_line(path: Path) -> str:
-    with path.open(encoding="utf-8-sig", errors="replace") as handle:
+    with open_text(path, "trace") as handle:
         for text in handle:
             if text.strip():
                 return text.strip()
@@ -358,8 +359,8 @@ def detect_format(path: str | Path) -> str:
                 return fmt
         if set(LENGTH_TABLE_COLUMNS) <= names:
             message = (
-                "a length table with no arrival times: load it with load_length_table() and"
-                " give it arrivals with traces.generators.trace_from_length_table()"
+                "a length table with no arrival times: give it arrivals with `python -m sim"
+                f" trace generate --lengths table --length-table {path} -o TRACE.csv`"
             )
         else:
             message = f"unrecognised header {first[:120]!r}"
@@ -390,13 +391,16 @@ def load_trace(
     """
     path = _existing_file(path)
     check_on_error(on_error)
-    if format == "auto":
-        format = detect_format(path)
-    elif format not in FORMATS:
-        raise ValueError(
-            f"unknown trace format {format!r}; choose 'auto' or one of {sorted(FORMATS)}"
-        )
-    return FORMATS[format](path, on_error, **options)
+    try:
+        if format == "auto":
+            format = detect_format(path)
+        elif format not in FORMATS:
+            raise ValueError(
+                f"unknown trace format {format!r}; choose 'auto' or one of {sorted(FORMATS)}"
+            )
+        return FORMATS[format](path, on_error, **options)
+    except UnicodeDecodeError as error:  # binary past the sniffed head
+        raise ValueError(binary_message(path, "trace", error)) from None
 
 
 def load_length_table(
@@ -436,7 +440,7 @@ def load_length_table(
         summary = "" if prompts else f"length table {path} has no usable rows"
         raise TraceFormatError(str(path), parser.problems, summary)
     return LengthTable(
-        name or path.stem,
+        name or trace_stem(path),
         tuple(prompts),
         tuple(outputs),
         str(path),

@@ -14,6 +14,7 @@ from typing import Literal
 
 from traces.problems import TraceFormatError, TraceProblem
 from traces.schema import DEFAULT_HASH_BLOCK_TOKENS, Trace, TraceRequest
+from traces.text_files import open_text
 
 OnError = Literal["raise", "skip"]
 ON_ERROR_CHOICES: tuple[str, ...] = ("raise", "skip")
@@ -110,7 +111,7 @@ class RowParser:
 def read_csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """Yield (1-based line number, cells) for each CSV row, header first; blank lines are
     skipped (a line of empty fields such as `,,` is a row, and gets reported)."""
-    with path.open(newline="", encoding="utf-8-sig") as handle:
+    with open_text(path, "CSV file", newline="") as handle:
         reader = csv.reader(handle)
         for cells in reader:
             if len(cells) > 1 or (cells and cells[0].strip()):
@@ -144,6 +145,13 @@ def _by_line(problem: TraceProblem) -> int:
     return problem.line
 
 
+def _raw_text(value: float) -> str:
+    """A raw time as the file wrote it (integers without a decimal point)."""
+    if isinstance(value, int) or (value.is_integer() and abs(value) < 2**53):
+        return str(int(value))
+    return repr(value)
+
+
 class TraceBuilder:
     """Turns parsed rows into requests in file order, rejecting rows that go back in time,
     duplicate ids and rows the schema refuses; `build` returns the `Trace` or raises.
@@ -166,6 +174,7 @@ class TraceBuilder:
         self.num_rows_seen = 0
         self.first_raw: float | None = None
         self._last_raw = -math.inf
+        self._last_line = 0
         self._ids: set[str] = set()
 
     def add(self, row: ParsedRow | None, line: int) -> None:
@@ -175,13 +184,13 @@ class TraceBuilder:
         if row is None or line in self.parser.bad_lines:
             return
         if row.arrival_raw < self._last_raw:
-            now_s = (row.arrival_raw - (self.first_raw or 0.0)) / self.time_divisor
-            last_s = (self._last_raw - (self.first_raw or 0.0)) / self.time_divisor
+            # In the file's own units, against the line it is compared with.
             self.parser.problem(
                 line,
                 self.time_field,
-                f"timestamp goes backwards: {now_s:.6f} s is before the previous row's"
-                f" {last_s:.6f} s (since the first row)",
+                f"timestamp goes backwards: {_raw_text(row.arrival_raw)} is before "
+                f"{_raw_text(self._last_raw)} on line {self._last_line} (rows must be sorted "
+                "by time)",
             )
             return
         request_id = row.request_id if row.request_id is not None else str(row_idx)
@@ -206,6 +215,7 @@ class TraceBuilder:
             return
         self.first_raw = first
         self._last_raw = row.arrival_raw
+        self._last_line = line
         self._ids.add(request_id)
         self.requests.append(request)
 

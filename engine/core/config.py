@@ -103,8 +103,8 @@ class SchedulerConfig:
         _require_positive("max_num_seqs", self.max_num_seqs)
         _require_positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _require_positive("batch_size", self.batch_size)
-        if self.max_wait_s < 0:
-            raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s!r}")
+        if not 0 <= self.max_wait_s < float("inf"):  # also refuses NaN
+            raise ValueError(f"max_wait_s must be a finite number >= 0, got {self.max_wait_s!r}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(
                 f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"

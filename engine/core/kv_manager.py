@@ -176,8 +176,10 @@ class PagedKVManager:
         num_tokens = len(hits) * self.block_size + num_positions
         self.allocator.allocate(seq_id, num_tokens, hits)
         if self.prefix_caching:
+            # A request admitted without a lookup (KV transferred in) has no lookup keys.
+            lookup = self._lookup_keys.get(request.internal_idx)
             self._keys[seq_id] = SequenceKeys(
-                self._lookup_keys[request.internal_idx].keys[: len(hits)]
+                lookup.keys[: len(hits)] if lookup is not None else None
             )
 
     def _blocks_to_grow(self, request: Request, num_positions: int) -> int:

@@ -226,6 +226,8 @@ class Scheduler:
             retry = not self.running and self.held
             if batch.requests or not (retry or len(batch.preempted_ids) > num_preempted):
                 break
+        if self.incoming and batch.preempted_ids:
+            self._reserve_incoming(batch)  # preemption freed the room they lacked above
         batch.num_running = len(self.running)
         batch.num_waiting = len(self.waiting)
         batch.num_swapped = len(self.swapped)
@@ -323,8 +325,11 @@ class Scheduler:
         for request in released:
             request.status = RequestStatus.FINISHED
             request.finish_s = now_s
-            self.kv.free(request)
             del self._requests[request.request_id]
+            if request.hold_kv_on_finish:  # a disagg prefill: its KV is sent first
+                self.kv_held[request.request_id] = request
+            else:
+                self.kv.free(request)
         return released
 
     # -- fast-forwarding identical steps (engine/core/repeat.py) -------------------------------

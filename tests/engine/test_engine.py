@@ -321,3 +321,35 @@ def test_replayed_shared_prefixes_are_real_cache_hits(tmp_path: Path) -> None:
     hits = load_run(out).requests.set_index("request_id")["num_prefix_hit_tokens"].to_dict()
     # b shares a's 4 hashed blocks (64 tokens); c shares the first two; d shares nothing.
     assert hits == {"a": 0, "b": 64, "c": 32, "d": 0}
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        "--time-scale",
+        "--temperature",
+        "--max-wait-s",
+        "--swap-space-gib",
+        "--slo-ttft",
+        "--gpu-memory-utilization",
+        "--max-batch-tokens",
+        "--num-blocks",
+        "--cpu-threads",
+    ],
+)
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_engine_numeric_options_refuse_nonsense(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = ROOT / "traces" / "data" / "example.csv"
+    with pytest.raises(SystemExit) as exit_info:
+        engine_main(["run", str(trace), option, value, "--quiet"])
+    assert exit_info.value.code == 2
+    assert f"argument {option}" in capsys.readouterr().err
+
+
+def test_swap_without_swap_space_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = ROOT / "traces" / "data" / "example.csv"
+    code = engine_main(["run", str(trace), "--preemption", "swap", "--swap-space-gib", "0"])
+    assert code == 2
+    assert "swap_space_gib" in capsys.readouterr().err

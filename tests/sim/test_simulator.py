@@ -79,7 +79,9 @@ def test_cli_reports_bad_trace_rows_with_file_line_and_field(
     assert main(["run", str(bad), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "bad.csv:2" in err and "prompt_tokens" in err
-    assert main(["run", str(bad), "--quiet", "--skip-bad-rows", "--out", str(tmp_path / "o")]) == 0
+    assert (
+        main(["run", str(bad), "--quiet", "--on-error", "skip", "--out", str(tmp_path / "o")]) == 0
+    )
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["num_skipped_rows"] == 1
     assert summary["summary"]["num_requests"] == 1
