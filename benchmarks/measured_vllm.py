@@ -7,18 +7,21 @@ makespan and output tokens/s, for the analytic roofline and for any profile give
 roofline's term breakdown of a typical decode step and a typical mixed step, to show which term
 carries the error.
 
-``--what-if FIELD=VALUE[,FIELD=VALUE]`` adds a replay with those CostModelConfig fields changed:
-a diagnosis of which term carries the error, not a calibrated result.
+``--what-if FIELD=VALUE[,FIELD=VALUE]`` adds a replay with those CostModelConfig or HardwareSpec
+fields changed (the kernel efficiencies are HardwareSpec fields): a diagnosis of which term
+carries the error, not a calibrated result.
 
 Run from the repository root:
 PYTHONPATH=. python benchmarks/measured_vllm.py [--runs DIR] [--profile RUN=PROFILE.json ...]
-    [--what-if attention_efficiency=0.8 ...]
+    [--what-if attention_bandwidth_efficiency=0.9 ...]
 (results committed in benchmarks/results/measured_vllm.txt)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import platform
 import sys
 import tempfile
@@ -31,6 +34,7 @@ from records.compare import Comparison
 from records.run_dir import load_run
 from sim.cost_model import TERMS, CostModelConfig, StepShape
 from sim.hardware_file import load_hardware
+from sim.hardware_spec import HardwareSpec
 from sim.measured import import_llmservingsim, write_measured_run
 from sim.measured_cli import replay_config, validate_run
 from sim.roofline import RooflineCostModel
@@ -112,7 +116,7 @@ def main() -> int:
         action="append",
         default=[],
         metavar="FIELD=VALUE[,FIELD=VALUE]",
-        help="also replay with these CostModelConfig fields changed (diagnosis only)",
+        help="also replay with these CostModelConfig/HardwareSpec fields changed (diagnosis only)",
     )
     args = parser.parse_args()
     what_ifs = {item: _cost_config(item) for item in args.what_if}
@@ -143,22 +147,40 @@ def main() -> int:
                 profiled = RunConfig(**{**_fields(config), "profile": profiles[run_dir.name]})
                 comparison, presult = validate_run(out, profiled)
                 print(_row("profile", comparison, measured, presult))
-            for label, cost_config in what_ifs.items():
-                comparison, wresult = validate_run(out, config, cost_config)
+            for label, (cost_config, hardware_changes) in what_ifs.items():
+                wconfig = _with_hardware(config, hardware_changes, Path(tmp) / "hardware.json")
+                comparison, wresult = validate_run(out, wconfig, cost_config)
                 print(_row("what-if", comparison, measured, wresult, judge=False) + f" | {label}")
             print("  roofline terms (ms):")
             print("\n".join(_breakdown(config, result)))
     return 0
 
 
-def _cost_config(text: str) -> CostModelConfig:
-    changes = {}
+def _cost_config(text: str) -> tuple[CostModelConfig, dict[str, float]]:
+    """The CostModelConfig and the HardwareSpec changes one --what-if names."""
+    changes, hardware = {}, {}
     for item in text.split(","):
         name, _, value = item.partition("=")
-        if name not in CostModelConfig.__dataclass_fields__ or not value:
-            raise SystemExit(f"error: --what-if {item!r}: expected a CostModelConfig field=value")
-        changes[name] = float(value)
-    return CostModelConfig(**changes)
+        if not value:
+            raise SystemExit(f"error: --what-if {item!r}: expected field=value")
+        if name in CostModelConfig.__dataclass_fields__:
+            changes[name] = float(value)
+        elif name in HardwareSpec.__dataclass_fields__ and name != "name":
+            hardware[name] = float(value)
+        else:
+            raise SystemExit(
+                f"error: --what-if {item!r}: expected a CostModelConfig or HardwareSpec field"
+            )
+    return CostModelConfig(**changes), hardware
+
+
+def _with_hardware(config: RunConfig, changes: dict[str, float], path: Path) -> RunConfig:
+    """`config` on its hardware with `changes`, written as a hardware file at `path`."""
+    if not changes:
+        return config
+    spec = dataclasses.replace(load_hardware(config.hardware), **changes)  # type: ignore[arg-type]
+    path.write_text(json.dumps(dataclasses.asdict(spec)))
+    return dataclasses.replace(config, hardware=str(path))
 
 
 def _fields(config: RunConfig) -> dict[str, object]:

@@ -16,6 +16,7 @@ from records.run_dir import records_from_result
 from reports.cli import add_report_arguments, run_report
 from reports.html import write_report
 from reports.tables import deployment_text, rejection_note
+from sim.costmodel_cli import add_costmodel_commands
 from sim.deployment import ROUTERS
 from sim.hardware_spec import HARDWARE_PRESETS
 from sim.measured_cli import add_measured_commands
@@ -102,7 +103,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
         "--num-blocks",
         type=positive_int,
         default=None,
-        help="KV blocks per replica (default: derived from GPU memory, as vLLM does)",
+        help=(
+            "KV blocks per replica, counted as vLLM's num_gpu_blocks: paged memory keeps one "
+            "as the null block (default: derived from GPU memory, as vLLM does)"
+        ),
     )
     parser.add_argument(
         "--gpu-memory-utilization",
@@ -465,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_arguments(report)
     report.set_defaults(func=run_report)
     add_measured_commands(commands, add_run_arguments, config_from_args)
+    add_costmodel_commands(commands)
     trace = commands.add_parser("trace", help="generate or inspect traces")
     trace_commands = trace.add_subparsers(dest="trace_command", required=True)
     generate = trace_commands.add_parser("generate", help="write a synthetic trace as our CSV")

@@ -9,7 +9,7 @@ from operator import mul
 import numpy as np
 
 from engine.core.batch import ScheduledBatch, StepResult
-from engine.core.growth import RepeatShape
+from engine.core.fastforward import RepeatShape
 from sim.cost_model import CostModel, StepShape
 
 

@@ -1,25 +1,24 @@
 """Accelerator numbers the cost model needs (`HardwareSpec`), named presets, and the KV-cache
-capacity a real engine would derive for a model on that accelerator (`derive_num_blocks`)."""
+capacity a real engine would derive for a model on that accelerator (`derive_num_blocks`,
+which follows vLLM's rule in `sim.kv_capacity`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
+from sim.kv_capacity import (
+    NCCL_BYTES,
+    NON_TORCH_BYTES,
+    SAMPLER_FP32_COPIES,
+    ModelDoesNotFitError,
+    forward_peak_bytes,
+    vllm_kv_capacity,
+)
 from sim.model_spec import ModelSpec, check_tp
 
 _GIB = 1 << 30
 _GB = 10**9
-
-INTERCONNECTS: tuple[str, ...] = ("nvswitch", "nvlink-bridge", "mesh", "pcie")
-"""How the GPUs of one replica reach each other: through an NVLink switch (any tp at full
-link rate); an NVLink bridge between pairs (tp 2 on the bridge, larger tp over PCIe); a
-direct all-to-all mesh (AMD Infinity Fabric; the bandwidth given is the per-GPU aggregate
-that collectives reach over all links); or PCIe only (the interconnect fields then describe
-the GPU-to-GPU PCIe path)."""
-
-
-class ModelDoesNotFitError(ValueError):
-    """The weights and activation reserve leave no room for even one KV block."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +34,42 @@ class HardwareSpec:
     interconnect_bandwidth_bytes_per_s: float  # NVLink, one direction, one GPU
     interconnect_latency_s: float  # one hop of a ring all-reduce
     host_link_bandwidth_bytes_per_s: float  # PCIe, one direction: what swapping uses
-    interconnect: str = "nvswitch"  # one of INTERCONNECTS
+    # How kernels reach those peaks. The defaults are A100 values: the SM count and tile shape
+    # from NVIDIA's A100 whitepaper and cuBLAS; every efficiency, latency and floor is a fit to
+    # Vidur's measured A100-80GB files (../shared/profiles/vidur: mlp.csv of four models at TP
+    # 1-8, attention.csv, both all_reduce.csv), checked with `python -m sim costmodel check`.
+    # Other GPUs keep them until measured: only the datasheet numbers above change.
+    num_sms: int = 108  # streaming multiprocessors: the width of one wave of GEMM tiles
+    # cuBLAS fp16 output tile: 64 token rows x 128 columns. Vidur's A100 GEMM times step with
+    # every 64-128 more tokens; 64 rows fit them best (median error 4-8% per linear op).
+    gemm_tile_tokens: int = 64
+    gemm_tile_cols: int = 128
+    gemm_flops_efficiency: float = 0.75  # share of per-SM peak a full wave of tiles reaches
+    gemm_latency_s: float = 5e-6  # fixed cost of one GEMM: launch, pipeline fill, split-K reduce
+    memory_bandwidth_efficiency: float = 0.8  # weight reads, vectorised elementwise (add), copies
+    elementwise_bandwidth_efficiency: float = 0.5  # one-block-per-token norm, rotary, activation
+    attention_flops_efficiency: float = 0.37  # FlashAttention prefill, per (query, key) pair
+    attention_bandwidth_efficiency: float = 0.75  # paged decode attention reading K and V
+    attention_latency_s: float = 15e-6  # fixed cost of one attention call (split-KV reduce, setup)
+    kernel_launch_floor_s: float = 2e-6  # the shortest a kernel runs, however little it does
+    # Row kernels (norm, rotary, activation) run one thread block per token: each thread walks
+    # its row `row_block_threads` elements at a time, one dependent HBM round trip per step.
+    row_block_threads: int = 1024
+    dram_latency_s: float = 6e-7
+    # NCCL all-reduce: per call (launch, the ranks' handshake; small messages measure 25-60 us
+    # on both A100 node types) and bus bandwidth as a share of the NVLink rate (~180 of 300 GB/s
+    # measured for large messages).
+    allreduce_call_latency_s: float = 35e-6
+    interconnect_bus_efficiency: float = 0.6
+    # GPUs that all reach each other over the interconnect: 8 on an NVSwitch board (or an
+    # 8-GPU Infinity Fabric mesh), 2 for NVLink-bridged pairs, 1 for PCIe-only cards.
+    nvlink_domain_size: int = 8
+    # Per-GPU bandwidth, one direction, to a GPU outside the NVLink domain: PCIe inside a node
+    # of bridged pairs or PCIe-only cards; between nodes, the network. 10 GB/s fits Vidur's
+    # multi-node DGX rows (an HDR NIC per GPU would be 25 GB/s).
+    scale_out_bandwidth_bytes_per_s: float = 10e9
 
     def __post_init__(self) -> None:
-        if self.interconnect not in INTERCONNECTS:
-            raise ValueError(
-                f"HardwareSpec.interconnect must be one of {INTERCONNECTS}, "
-                f"got {self.interconnect!r}"
-            )
         for field in (
             "peak_fp16_flops",
             "peak_fp32_flops",
@@ -50,10 +77,37 @@ class HardwareSpec:
             "hbm_capacity_bytes",
             "interconnect_bandwidth_bytes_per_s",
             "host_link_bandwidth_bytes_per_s",
+            "num_sms",
+            "gemm_tile_tokens",
+            "gemm_tile_cols",
+            "row_block_threads",
+            "nvlink_domain_size",
+            "scale_out_bandwidth_bytes_per_s",
         ):
             value = getattr(self, field)
             if not value > 0:
                 raise ValueError(f"HardwareSpec.{field} must be positive, got {value!r}")
+        for field in (
+            "gemm_flops_efficiency",
+            "memory_bandwidth_efficiency",
+            "elementwise_bandwidth_efficiency",
+            "attention_flops_efficiency",
+            "attention_bandwidth_efficiency",
+            "interconnect_bus_efficiency",
+        ):
+            value = getattr(self, field)
+            if not 0 < value <= 1:
+                raise ValueError(f"HardwareSpec.{field} must be in (0, 1], got {value!r}")
+        for field in (
+            "kernel_launch_floor_s",
+            "gemm_latency_s",
+            "dram_latency_s",
+            "attention_latency_s",
+            "allreduce_call_latency_s",
+        ):
+            value = getattr(self, field)
+            if not value >= 0:
+                raise ValueError(f"HardwareSpec.{field} must be >= 0, got {value!r}")
         if self.peak_fp8_flops is not None and not self.peak_fp8_flops > 0:
             raise ValueError(
                 f"HardwareSpec.peak_fp8_flops must be positive or None, got {self.peak_fp8_flops!r}"
@@ -63,13 +117,6 @@ class HardwareSpec:
                 "HardwareSpec.interconnect_latency_s must be >= 0, "
                 f"got {self.interconnect_latency_s!r}"
             )
-
-    def allreduce_link(self, tp: int) -> tuple[float, float]:
-        """(bandwidth bytes/s one direction, latency s per hop) a ring over `tp` ranks uses:
-        an NVLink bridge joins pairs only, so larger groups go over the host's PCIe."""
-        if self.interconnect == "nvlink-bridge" and tp > 2:
-            return self.host_link_bandwidth_bytes_per_s, self.interconnect_latency_s
-        return self.interconnect_bandwidth_bytes_per_s, self.interconnect_latency_s
 
     def peak_flops(self, dtype_bytes: int) -> float:
         """Dense peak for a model stored in `dtype_bytes`-wide values."""
@@ -85,9 +132,9 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
     # "H100 Tensor Core GPU" and "H200 Tensor Core GPU" product pages), SXM variants. Sparse
     # figures halved to dense. NVLink 600/900 GB/s and PCIe 64/128 GB/s are quoted for both
     # directions together; we store one direction. HBM "GB" there are binary: nvidia-smi shows
-    # 81920 MiB on an A100-80GB and 81559 MiB on an H100-SXM. The 2 us NVLink hop latency is a
-    # typical small-message NCCL figure, not a datasheet number.
-    nvlink_hop_s = 2e-6
+    # 81920 MiB on an A100-80GB and 81559 MiB on an H100-SXM. The 1 us per ring step is a fit
+    # to Vidur's A100 all-reduce files (the per-call latency dominates small messages).
+    nvlink_hop_s = 1e-6
     presets = [
         HardwareSpec(
             "A100-40GB", 312e12, 19.5e12, None, 1555e9, 40 * _GIB, 300e9, nvlink_hop_s, 32e9
@@ -95,11 +142,32 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
         HardwareSpec(
             "A100-80GB", 312e12, 19.5e12, None, 2039e9, 80 * _GIB, 300e9, nvlink_hop_s, 32e9
         ),
+        # 132 SMs on the SXM H100 and H200 (H100 whitepaper); NDR InfiniBand, 400 Gb/s a GPU.
         HardwareSpec(
-            "H100-SXM", 989.4e12, 66.9e12, 1978.9e12, 3350e9, 80 * _GIB, 450e9, nvlink_hop_s, 64e9
+            "H100-SXM",
+            989.4e12,
+            66.9e12,
+            1978.9e12,
+            3350e9,
+            80 * _GIB,
+            450e9,
+            nvlink_hop_s,
+            64e9,
+            num_sms=132,
+            scale_out_bandwidth_bytes_per_s=50e9,
         ),
         HardwareSpec(
-            "H200", 989.4e12, 66.9e12, 1978.9e12, 4800e9, 141 * _GIB, 450e9, nvlink_hop_s, 64e9
+            "H200",
+            989.4e12,
+            66.9e12,
+            1978.9e12,
+            4800e9,
+            141 * _GIB,
+            450e9,
+            nvlink_hop_s,
+            64e9,
+            num_sms=132,
+            scale_out_bandwidth_bytes_per_s=50e9,
         ),
     ]
     presets += _workstation_presets() + _datacenter_presets()
@@ -110,6 +178,12 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
 # a hop through the root complex is an assumption (a few times the NVLink hop), not a measured
 # or datasheet figure; a hardware file can set its own.
 _PCIE_HOP_S = 8e-6
+# How the GPUs of one node are wired is `nvlink_domain_size` (the GPUs that all reach each
+# other over the interconnect) and `scale_out_bandwidth_bytes_per_s` (the link a larger group
+# falls back to): an NVSwitch board is one domain of 8; an NVLink bridge joins pairs (2), a
+# larger tp crossing PCIe; a PCIe-only card is a domain of 1, every all-reduce on PCIe (its
+# interconnect fields then describe the GPU-to-GPU PCIe path); AMD's all-to-all Infinity
+# Fabric mesh is a domain of 8 whose bandwidth is the per-GPU aggregate over all links.
 _PCIE4 = 32 * _GB
 _PCIE5 = 64 * _GB
 
@@ -129,7 +203,8 @@ def _workstation_presets() -> list[HardwareSpec]:
             56.25 * _GB,
             2e-6,
             _PCIE4,
-            interconnect="nvlink-bridge",
+            nvlink_domain_size=2,
+            scale_out_bandwidth_bytes_per_s=_PCIE4,
         ),
         # NVIDIA RTX A6000 datasheet: 309.7 TFLOPS tensor sparse (154.8 dense), 38.7 TFLOPS
         # fp32, 48 GB GDDR6 at 768 GB/s, NVLink bridge 112.5 GB/s both directions, PCIe gen4.
@@ -143,7 +218,8 @@ def _workstation_presets() -> list[HardwareSpec]:
             56.25 * _GB,
             2e-6,
             _PCIE4,
-            interconnect="nvlink-bridge",
+            nvlink_domain_size=2,
+            scale_out_bandwidth_bytes_per_s=_PCIE4,
         ),
         # NVIDIA L40S datasheet: 362.05 TFLOPS bf16 tensor dense (733 sparse), 733 fp8 dense,
         # 91.6 TFLOPS fp32, 48 GB GDDR6 at 864 GB/s, PCIe gen4 x16, no NVLink.
@@ -157,7 +233,8 @@ def _workstation_presets() -> list[HardwareSpec]:
             _PCIE4,
             _PCIE_HOP_S,
             _PCIE4,
-            interconnect="pcie",
+            nvlink_domain_size=1,
+            scale_out_bandwidth_bytes_per_s=_PCIE4,
         ),
         # NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): fp16 tensor with fp32
         # accumulate (what PyTorch uses) 165.2 TFLOPS dense, fp8 with fp32 accumulate 330.3,
@@ -172,7 +249,8 @@ def _workstation_presets() -> list[HardwareSpec]:
             _PCIE4,
             _PCIE_HOP_S,
             _PCIE4,
-            interconnect="pcie",
+            nvlink_domain_size=1,
+            scale_out_bandwidth_bytes_per_s=_PCIE4,
         ),
         # NVIDIA RTX PRO 6000 Blackwell (Workstation Edition): 96 GB GDDR7 at 1792 GB/s,
         # 125 TFLOPS fp32, 4000 AI TOPS fp4 sparse (datasheet); per NVIDIA's RTX Blackwell
@@ -188,7 +266,8 @@ def _workstation_presets() -> list[HardwareSpec]:
             _PCIE5,
             _PCIE_HOP_S,
             _PCIE5,
-            interconnect="pcie",
+            nvlink_domain_size=1,
+            scale_out_bandwidth_bytes_per_s=_PCIE5,
         ),
         # The Server Edition of the same card: 1597 GB/s, the figure LLMServingSim's cluster
         # config gives for its measured RTX PRO 6000 runs; FLOP/s taken as the Workstation
@@ -203,7 +282,8 @@ def _workstation_presets() -> list[HardwareSpec]:
             _PCIE5,
             _PCIE_HOP_S,
             _PCIE5,
-            interconnect="pcie",
+            nvlink_domain_size=1,
+            scale_out_bandwidth_bytes_per_s=_PCIE5,
         ),
     ]
 
@@ -233,12 +313,30 @@ def _datacenter_presets() -> list[HardwareSpec]:
             448 * _GB,
             2e-6,
             _PCIE5,
-            interconnect="mesh",
+            scale_out_bandwidth_bytes_per_s=_PCIE5,
         ),
     ]
 
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = _hardware_presets()
+
+
+NODE_TYPES: dict[str, dict[str, float]] = {
+    # NVSwitch (DGX/HGX boards): every GPU of the node in one NVLink domain; the preset as is.
+    "dgx": {},
+    # NVLink bridges join GPUs in pairs; a ring over more crosses PCIe (gen4 x16: 32 GB/s per
+    # direction), as in Vidur's `a100_pairwise_nvlink` measurements.
+    "pairwise_nvlink": {"nvlink_domain_size": 2, "scale_out_bandwidth_bytes_per_s": 32e9},
+}
+"""How the GPUs of one node are wired, by the names Vidur's network profiles use."""
+
+
+def hardware_for_node(hardware: HardwareSpec, node_type: str) -> HardwareSpec:
+    """`hardware` in a node of `node_type` (a key of NODE_TYPES)."""
+    if node_type not in NODE_TYPES:
+        raise ValueError(f"unknown node type {node_type!r}; known: {', '.join(NODE_TYPES)}")
+    changes: dict[str, Any] = dict(NODE_TYPES[node_type])
+    return replace(hardware, **changes)
 
 
 def get_hardware_preset(name: str) -> HardwareSpec:
@@ -251,21 +349,16 @@ def get_hardware_preset(name: str) -> HardwareSpec:
     )
 
 
-def default_activation_reserve_bytes(model: ModelSpec, tp: int = 1) -> int:
-    """Memory a real engine's profiling run would see besides weights and KV.
-
-    vLLM measures the peak of a dummy forward over `max_num_batched_tokens` tokens; we estimate
-    the same peak: hidden states, residual, QKV and MLP intermediates for min(max_model_len,
-    8192) tokens, fp32 logits for 256 sampled rows, plus 1 GiB for the CUDA context, cuBLAS
-    workspace and NCCL buffers that the engine also cannot hand to the KV cache.
-    """
+def default_activation_reserve_bytes(
+    model: ModelSpec, tp: int = 1, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256
+) -> int:
+    """Memory a real engine's profiling run sees besides weights and KV: vLLM's peak
+    activation (forward pass or sampler, whichever is larger) plus memory outside PyTorch.
+    The terms and their sources are in `sim.kv_capacity`."""
     check_tp(model, tp)
-    num_tokens = min(model.max_model_len, 8192)
-    qkv = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim // tp
-    mlp = (3 if model.gated_mlp else 2) * model.intermediate_size // tp
-    per_token = (4 * model.hidden_size + qkv + mlp) * model.dtype_bytes
-    logits = 256 * model.vocab_size * 4 // tp
-    return num_tokens * per_token + logits + _GIB
+    forward = forward_peak_bytes(model, tp, max_num_batched_tokens)
+    sampler = int(SAMPLER_FP32_COPIES * max_num_seqs * model.vocab_size * 4)
+    return max(forward, sampler) + NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 else 0)
 
 
 def derive_num_blocks(
@@ -275,21 +368,34 @@ def derive_num_blocks(
     block_size: int,
     gpu_memory_utilization: float = 0.9,
     activation_reserve_bytes: int | None = None,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 256,
 ) -> int:
-    """KV blocks per rank: (capacity x utilization - weights per shard - reserve) / block bytes.
+    """vLLM's `num_gpu_blocks` on one rank (`sim.kv_capacity.vllm_kv_capacity`): its block
+    pool keeps one of them as the null block. `activation_reserve_bytes`, when given, stands
+    for the peak activation and the non-torch memory together.
 
     This is vLLM's ``num_gpu_blocks``, the null block included: a paged cache of this many
     blocks gives requests one fewer (``CacheConfig.num_usable_blocks``). Raises
     ModelDoesNotFitError (a ValueError) when not even one block besides the null block fits.
     """
+    if activation_reserve_bytes is None:
+        capacity = vllm_kv_capacity(
+            model,
+            hardware,
+            tp,
+            block_size,
+            gpu_memory_utilization,
+            max_num_batched_tokens,
+            max_num_seqs,
+        )
+        return capacity.num_gpu_blocks
+    if activation_reserve_bytes < 0:
+        raise ValueError(f"activation_reserve_bytes must be >= 0, got {activation_reserve_bytes!r}")
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}"
         )
-    if activation_reserve_bytes is None:
-        activation_reserve_bytes = default_activation_reserve_bytes(model, tp)
-    if activation_reserve_bytes < 0:
-        raise ValueError(f"activation_reserve_bytes must be >= 0, got {activation_reserve_bytes!r}")
     budget = int(hardware.hbm_capacity_bytes * gpu_memory_utilization)
     weights = model.weight_bytes_per_shard(tp)
     block_bytes = model.kv_bytes_per_block(block_size, tp)
@@ -299,7 +405,7 @@ def derive_num_blocks(
             f"{model.name} at tp={tp} does not fit on {hardware.name}: "
             f"{weights / _GIB:.1f} GiB of weights per GPU + {activation_reserve_bytes / _GIB:.1f} "
             f"GiB activation reserve leave {free / _GIB:.1f} GiB of the {budget / _GIB:.1f} GiB "
-            f"budget (gpu_memory_utilization={gpu_memory_utilization}), less than one "
-            f"{block_bytes / 2**20:.1f} MiB KV block; raise tp or use a larger GPU"
+            f"budget (gpu_memory_utilization={gpu_memory_utilization}), less than two "
+            f"{block_bytes / 2**20:.1f} MiB KV blocks; raise tp or use a larger GPU"
         )
     return free // block_bytes

@@ -1,5 +1,6 @@
-"""Analytic per-step cost: each op's time is max(FLOPs / derated peak, bytes / derated
-bandwidth), and a step is the sum of its ops (kernels on one stream do not overlap)."""
+"""Analytic per-step cost: each kernel priced by `sim.kernel_costs` from its shape and the
+`HardwareSpec` (tiled GEMMs, row kernels with launch floors, attention, alpha-beta all-reduce),
+and a step is the sum of its kernels (kernels on one stream do not overlap)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.hardware_spec import HardwareSpec
+from sim.kernel_costs import allreduce_s, gemm_s, streaming_s
+from sim.layer_ops import LayerOps
 from sim.model_spec import ModelSpec, check_tp
 from sim.step_shape import StepShape
 
@@ -33,18 +36,9 @@ _MAX_MEMO = 1 << 16
 
 @dataclass(frozen=True, slots=True)
 class CostModelConfig:
-    """How far from the datasheet each kind of kernel runs, and the CPU's share of a step."""
+    """The CPU's share of a step. How close kernels come to the datasheet is the hardware's
+    business: those constants live in `HardwareSpec`."""
 
-    # cuBLAS GEMMs in fp16 reach 70-80% of peak once the token dimension is a few hundred;
-    # 0.7 is the low end, as fused QKV/MLP shapes of 7B models are not the best case.
-    matmul_flops_efficiency: float = 0.7
-    # Streaming kernels (GEMV weight reads, elementwise, copies) reach ~80% of HBM bandwidth.
-    memory_bandwidth_efficiency: float = 0.8
-    # Attention kernels (FlashAttention prefill, paged decode) reach about half of peak FLOP/s
-    # and of bandwidth: causal masking, softmax and block-table gathers all cost.
-    attention_efficiency: float = 0.5
-    # NCCL ring all-reduce bus bandwidth on NVLink is ~75% of the link rate for large messages.
-    interconnect_efficiency: float = 0.75
     # Pinned-memory copies over PCIe reach ~25 of 32 GB/s (gen4).
     host_link_efficiency: float = 0.8
     # Scheduling, input preparation and the sampler's host sync per step: 1-3 ms in vLLM with
@@ -54,16 +48,11 @@ class CostModelConfig:
     per_sequence_overhead_s: float = 1e-5
 
     def __post_init__(self) -> None:
-        for field in (
-            "matmul_flops_efficiency",
-            "memory_bandwidth_efficiency",
-            "attention_efficiency",
-            "interconnect_efficiency",
-            "host_link_efficiency",
-        ):
-            value = getattr(self, field)
-            if not 0 < value <= 1:
-                raise ValueError(f"CostModelConfig.{field} must be in (0, 1], got {value!r}")
+        if not 0 < self.host_link_efficiency <= 1:
+            raise ValueError(
+                "CostModelConfig.host_link_efficiency must be in (0, 1], "
+                f"got {self.host_link_efficiency!r}"
+            )
         for field in ("step_overhead_s", "per_sequence_overhead_s"):
             value = getattr(self, field)
             if not value >= 0:
@@ -84,10 +73,13 @@ class RooflineCostModel:
         self.model, self.hardware, self.tp = model, hardware, tp
         self.config = config = config or CostModelConfig()
         peak, bandwidth = hardware.peak_flops(model.dtype_bytes), hardware.hbm_bandwidth_bytes_per_s
-        self._matmul_flops_per_s = peak * config.matmul_flops_efficiency
-        self._memory_bytes_per_s = bandwidth * config.memory_bandwidth_efficiency
-        self._attention_flops_per_s = peak * config.attention_efficiency
-        self._attention_bytes_per_s = bandwidth * config.attention_efficiency
+        self._matmul_flops_per_s = peak * hardware.gemm_flops_efficiency
+        self._memory_bytes_per_s = bandwidth * hardware.memory_bandwidth_efficiency
+        self._attention_flops_per_s = peak * hardware.attention_flops_efficiency
+        self._attention_bytes_per_s = bandwidth * hardware.attention_bandwidth_efficiency
+        # Every layer pays the attention kernel's fixed cost once per step.
+        self._attention_latency_s = model.num_layers * hardware.attention_latency_s
+        self.layer_ops = LayerOps(model, hardware, tp)
         self._precompute_shapes(model, tp)
         # Terms that depend only on (tokens, sequences) in a step, computed once per pair.
         self._by_size: dict[tuple[int, int], tuple[float, ...]] = {}
@@ -97,77 +89,44 @@ class RooflineCostModel:
         layers, hidden, dtype = model.num_layers, model.hidden_size, model.dtype_bytes
         q_size = model.q_size // tp
         kv_size = model.kv_heads_per_shard(tp) * model.head_dim
-        inter = model.mlp_active_intermediate // tp
-        up_out = (2 if model.gated_mlp else 1) * inter
-        self._linear_flops_per_token = 2 * layers * model.active_params_per_layer / tp
-        # Weights every step reads whole; a MoE model's routed experts come on top, as many
-        # as the step's tokens touch (`expert_weight_bytes`).
-        always_read = model.attention_params_per_layer + model.always_on_mlp_params_per_layer
-        self._linear_weight_bytes = layers * always_read * dtype / tp
-        self._expert_layer_bytes = layers * model.expert_params * dtype / tp
-        # Activations read and written by qkv, o, up(/gate) and down projections.
-        per_layer_act = hidden + (q_size + 2 * kv_size) + q_size + hidden + hidden + up_out
-        self._linear_act_bytes_per_token = layers * dtype * (per_layer_act + inter + hidden)
         # QK^T and PV: 2 FLOPs per multiply-add, 2 matmuls, over this rank's query heads.
         self._attention_flops_per_pair = 4 * layers * q_size
         self._attention_q_bytes_per_token = 2 * layers * q_size * dtype  # read Q, write O
         self._kv_bytes_per_token = 2 * layers * kv_size * dtype  # K and V, all layers, this rank
-        # Fused add+norm reads x and residual and writes both (4h), twice a layer; RoPE rewrites
-        # Q and K; the MLP activation reads up(/gate) and writes one; plus the final norm and
-        # the embedding gather once.
-        rope = 2 * (q_size + kv_size) if model.uses_rope else 0
-        # Qwen3's QK norm reads and writes Q and K once more.
-        qk_norm = 2 * (q_size + kv_size) if model.qk_norm else 0
-        per_layer_elementwise = 8 * hidden + rope + qk_norm + up_out + inter
-        self._elementwise_bytes_per_token = dtype * (layers * per_layer_elementwise + 6 * hidden)
-        vocab_shard = -(-model.vocab_size // tp)
-        self._lm_head_flops_per_row = 2 * hidden * vocab_shard
-        self._lm_head_weight_bytes = hidden * vocab_shard * dtype
-        # Logits write, then the sampler reads them, softmaxes in place and reads again.
-        self._lm_head_bytes_per_row = (
-            vocab_shard * _LOGIT_BYTES + 3 * model.vocab_size * _LOGIT_BYTES
-        )
+        self._vocab_shard = -(-model.vocab_size // tp)
+        # The sampler reads the gathered fp32 logits, softmaxes in place and reads them again.
+        self._sampler_bytes_per_row = 3 * model.vocab_size * _LOGIT_BYTES
         self._allreduce_bytes_per_token = hidden * dtype
         self._num_allreduces = 2 * layers if tp > 1 else 0
 
     # Each term takes aggregates so that CalibratedCostModel can swap any one for a table.
 
     def expected_experts_touched(self, num_tokens: int) -> float:
-        """Distinct routed experts a step's tokens use, per layer, in expectation when each
-        token picks k of E experts uniformly: E (1 - (1 - k/E)^T)."""
-        experts, k = self.model.num_experts, self.model.num_experts_per_token
-        if not experts or num_tokens <= 0:
-            return 0.0
-        return experts * (1.0 - (1.0 - k / experts) ** num_tokens)
+        """Distinct routed experts a step's tokens use, per layer (`LayerOps`)."""
+        return self.layer_ops.expected_experts_touched(num_tokens)
 
     def expert_weight_bytes(self, num_tokens: int) -> float:
-        """Routed-expert weights one rank reads in a step, all layers: each touched expert
-        once, whatever the number of its tokens. TP shards every expert over the ranks; EP
-        over the same ranks (one data-parallel rank, as here) places E/tp whole experts on
-        each, which touches the same bytes per rank in expectation."""
-        return self.expected_experts_touched(num_tokens) * self._expert_layer_bytes
+        """Routed-expert weights one rank reads in a step, all layers (`LayerOps`)."""
+        return self.model.num_layers * self.layer_ops.expert_weight_bytes(num_tokens)
 
     def linear_s(self, num_tokens: int) -> float:
-        """Dense projections and MLP (a MoE model's routed experts included): FLOPs of the
-        parameters each token uses, bytes of the weights the step touches."""
+        """QKV, output, gate-up and down projections of every layer, as tiled GEMMs; a MoE
+        model's router and routed experts (`LayerOps.experts_s`) included."""
         if num_tokens <= 0:
             return 0.0
-        compute = num_tokens * self._linear_flops_per_token / self._matmul_flops_per_s
-        bytes_moved = (
-            self._linear_weight_bytes
-            + self.expert_weight_bytes(num_tokens)
-            + num_tokens * self._linear_act_bytes_per_token
-        )
-        return max(compute, bytes_moved / self._memory_bytes_per_s)
+        return self.model.num_layers * self.layer_ops.linear_s(num_tokens)
 
     def prefill_attention_s(self, chunks: tuple[tuple[int, int], ...], block_size: int) -> float:
-        """Causal attention of each chunk's new tokens over its context and the earlier part of
-        the chunk; K and V are read whole blocks at a time."""
+        """Attention of each chunk's new tokens over its context and the chunk itself (the
+        causal square priced whole); K and V are read whole blocks at a time."""
         pairs = 0.0
         q_tokens = 0
         kv_tokens = 0
         for num_new, num_context in chunks:
-            pairs += num_new * (num_context + (num_new + 1) / 2)
+            # The chunk's causal triangle costs its full square: the measured prefill kernel
+            # (Vidur's A100 attention.csv) prices in-chunk pairs at twice the context's, as a
+            # kernel computing the masked tiles would.
+            pairs += num_new * (num_context + num_new)
             q_tokens += num_new
             kv_tokens += -(-(num_context + num_new) // block_size) * block_size
         if not q_tokens:
@@ -176,7 +135,8 @@ class RooflineCostModel:
         bytes_moved = (
             q_tokens * self._attention_q_bytes_per_token + kv_tokens * self._kv_bytes_per_token
         )
-        return max(compute, bytes_moved / self._attention_bytes_per_s)
+        latency = len(chunks) * self._attention_latency_s
+        return latency + max(compute, bytes_moved / self._attention_bytes_per_s)
 
     def decode_attention_s(
         self, num_seqs: int, sum_context_tokens: int, kv_read_tokens: int
@@ -189,32 +149,35 @@ class RooflineCostModel:
         bytes_moved = (
             num_seqs * self._attention_q_bytes_per_token + kv_read_tokens * self._kv_bytes_per_token
         )
-        return max(compute, bytes_moved / self._attention_bytes_per_s)
+        return self._attention_latency_s + max(compute, bytes_moved / self._attention_bytes_per_s)
 
     def store_kv_s(self, num_tokens: int) -> float:
-        """Scatter the new K and V into the cache: read them once, write them once."""
-        return 2 * num_tokens * self._kv_bytes_per_token / self._memory_bytes_per_s
+        """Scatter the new K and V into the cache, one kernel a layer: read once, write once."""
+        if num_tokens <= 0:
+            return 0.0
+        layers = self.model.num_layers
+        per_layer_bytes = 2 * num_tokens * self._kv_bytes_per_token / layers
+        return layers * streaming_s(self.hardware, per_layer_bytes)
 
     def elementwise_s(self, num_tokens: int) -> float:
-        return num_tokens * self._elementwise_bytes_per_token / self._memory_bytes_per_s
+        """Norms, rotary, activation and residual adds of every layer, and the embedding."""
+        if num_tokens <= 0:
+            return 0.0
+        layers = self.model.num_layers * self.layer_ops.elementwise_s(num_tokens)
+        return layers + self.layer_ops.op_s("emb", num_tokens)
 
     def lm_head_s(self, num_seqs: int) -> float:
         """Logits for the last token of each sequence (vLLM computes them for partial prefill
         chunks too, then drops them), and sampling over the full vocabulary."""
         if num_seqs <= 0:
             return 0.0
-        compute = num_seqs * self._lm_head_flops_per_row / self._matmul_flops_per_s
-        bytes_moved = self._lm_head_weight_bytes + num_seqs * self._lm_head_bytes_per_row
-        return max(compute, bytes_moved / self._memory_bytes_per_s)
+        hw, model = self.hardware, self.model
+        logits = gemm_s(hw, num_seqs, self._vocab_shard, model.hidden_size, model.dtype_bytes)
+        return logits + streaming_s(hw, num_seqs * self._sampler_bytes_per_row)
 
     def allreduce_call_s(self, num_bytes: float) -> float:
-        """One ring all-reduce over tp ranks: 2(p-1) hops, each moving 1/p of the message."""
-        if self.tp == 1 or num_bytes <= 0:
-            return 0.0
-        hops = 2 * (self.tp - 1)
-        link_bandwidth, latency = self.hardware.allreduce_link(self.tp)
-        bandwidth = link_bandwidth * self.config.interconnect_efficiency
-        return hops * (num_bytes / self.tp / bandwidth + latency)
+        """One all-reduce over the tp ranks (alpha-beta ring, `kernel_costs.allreduce_s`)."""
+        return allreduce_s(self.hardware, num_bytes, self.tp)
 
     def allreduce_s(self, num_tokens: int) -> float:
         """Megatron-style TP: one all-reduce after attention and one after the MLP per layer."""
@@ -363,8 +326,9 @@ class RooflineCostModel:
             + (sum_context_blocks * block_size) * self._kv_bytes_per_token
         )
         linear, *after = self._size_terms(num_tokens, num_seqs)
-        total: np.ndarray = (linear + 0.0) + np.maximum(
-            compute, bytes_moved / self._attention_bytes_per_s
+        total: np.ndarray = (linear + 0.0) + (
+            self._attention_latency_s
+            + np.maximum(compute, bytes_moved / self._attention_bytes_per_s)
         )
         for term in after:
             total += term

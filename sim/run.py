@@ -186,7 +186,13 @@ def simulate(
     hardware = load_hardware(config.hardware)
     kv_bytes_per_block = model.kv_bytes_per_block(config.block_size, config.tp)
     num_blocks = config.num_blocks or derive_num_blocks(
-        model, hardware, config.tp, config.block_size, config.gpu_memory_utilization
+        model,
+        hardware,
+        config.tp,
+        config.block_size,
+        config.gpu_memory_utilization,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
     )
     if config.max_model_len is not None and config.max_model_len > model.max_model_len:
         raise ValueError(

@@ -5,11 +5,13 @@ policy timer) wakes it, and skipping over runs of identical decode steps exactly
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Generator
 
 import simpy
 
 from engine.core.batch import ScheduledBatch, StepResult
+from engine.core.fastforward import FastForward, RunPlan, StepTokens
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
@@ -39,6 +41,18 @@ def _ignore(requests: list[Request]) -> None:
     return None
 
 
+def _delay_until(now_s: float, end_s: float) -> float:
+    """The delay that brings SimPy's clock from ``now_s`` to exactly ``end_s``: ``now_s +
+    (end_s - now_s)`` may miss it by a unit in the last place, and then everything that
+    follows (a KV transfer, the run's end) would differ from stepping one step at a time."""
+    delay = max(0.0, end_s - now_s)
+    while now_s + delay < end_s:
+        delay = math.nextafter(delay, math.inf)
+    while delay > 0.0 and now_s + delay > end_s:
+        delay = math.nextafter(delay, 0.0)
+    return delay
+
+
 class Replica:
     """One serving instance: a scheduler over its own KV cache, and an executor.
 
@@ -46,8 +60,9 @@ class Replica:
     reading SimPy's, so that skipping ahead over identical decode steps gives bit-identical
     times to stepping through them. While it skips, anything that could change its next step
     (``notify``) interrupts it: the steps already under way are kept, the rest dropped. After
-    a run of repeats, a next step of running decodes (and one prompt chunk) that the scheduler
-    can build itself (``Scheduler.continuation``) is repeated in turn, without a policy run.
+    a run of repeats, a next step of running decodes (and one prompt chunk) that fast-forward
+    can build itself (``FastForward.plan_continuation``) is repeated in turn, without a policy
+    run. Fast-forward is reached through ``FastForward`` alone (plan, price, apply).
     """
 
     def __init__(
@@ -67,6 +82,7 @@ class Replica:
         self.executor = executor
         self.recorder = recorder
         self.fast_forward = fast_forward
+        self.skipper = FastForward(scheduler) if fast_forward else None
         self.arrivals_done = False
         self.clock_s = 0.0
         self.on_finished: Callable[[list[Request]], None] = _ignore
@@ -115,31 +131,30 @@ class Replica:
             self.clock_s = end_s
             self.recorder.record(batch, now_s, result.duration_s, self.index, self.pool)
             self.on_finished(scheduler.update(batch, result, end_s))
-            if self.fast_forward:
-                yield from self._skip(batch)
+            if self.skipper is not None:
+                yield from self._skip(self.skipper.plan_repeat(batch))
                 # Steps of running decodes (and one prompt chunk) need no policy run: build
                 # each such step and skip over its repeats until something else must happen.
-                while (following := scheduler.continuation()) is not None:
+                while (following := self.skipper.plan_continuation()) is not None:
                     if not (yield from self._skip(following)):
                         break
 
-    def _skip(self, batch: ScheduledBatch) -> Generator[simpy.Event, object, bool]:
-        """Run the steps that repeat ``batch`` exactly in one go, until one ends after
-        something external happened (then the scheduler must look again); False if
-        ``batch`` cannot be repeated at all."""
-        scheduler = self.scheduler
-        limit = scheduler.repeat_limit(batch)
-        if limit <= 0:
+    def _skip(self, plan: RunPlan | None) -> Generator[simpy.Event, object, bool]:
+        """Run the steps of ``plan`` in one go, until one ends after something external
+        happened (then the scheduler must look again); False if there is no plan."""
+        if plan is None:
             return False
+        skipper = self.skipper
+        assert skipper is not None
+        batch = plan.batch
         start_s = self.clock_s
-        head = scheduler.waiting[0] if scheduler.waiting else None
-        shape = scheduler.repeat_shape(batch)
-        ends = self.executor.repeat_end_times(batch, start_s, limit, shape)
+        shape = plan.shape
+        ends = self.executor.repeat_end_times(batch, start_s, plan.max_steps, shape)
         last = len(ends) - 1
         self._skipping = True
         while True:
             try:
-                yield self.env.timeout(max(0.0, ends[last] - self.env.now))
+                yield self.env.timeout(_delay_until(self.env.now, ends[last]))
                 break
             except simpy.Interrupt:
                 # The step under way finishes as planned; the next one is scheduled afresh.
@@ -147,25 +162,25 @@ class Replica:
         self._skipping = False
         del ends[last + 1 :]
         count = len(ends)
-        memory = scheduler.repeat_memory_sum(batch, count, head)
-        tokens = scheduler.repeat_tokens(batch, count)
+        memory = skipper.memory_sum(plan, count)
+        tokens = skipper.tokens(plan, count)
         if shape.admit_step >= count:
             self.clock_s = ends[-1]
-            self.on_finished(scheduler.repeat(batch, ends))
+            self.on_finished(skipper.apply(plan, ends))
             self.recorder.record_repeat(batch, start_s, ends, memory, tokens, self.index, self.pool)
             return True
         # The last step also admitted the waiting head: it gets a row of its own.
-        rows: list[tuple[float, list[float], MemorySnapshot, tuple[int, int]]] = []
+        rows: list[tuple[float, list[float], MemorySnapshot, StepTokens]] = []
         before = count - 1
         if before:
-            memory_before = scheduler.repeat_memory_sum(batch, before, head)
-            tokens_before = scheduler.repeat_tokens(batch, before)
+            memory_before = skipper.memory_sum(plan, before)
+            tokens_before = skipper.tokens(plan, before)
             rows.append((start_s, ends[:before], memory_before, tokens_before))
             memory = memory - memory_before
-            tokens = (tokens[0] - tokens_before[0], tokens[1] - tokens_before[1])
+            tokens = StepTokens(tokens[0] - tokens_before[0], tokens[1] - tokens_before[1])
         admitted_s = ends[before - 1] if before else start_s
         self.clock_s = ends[-1]
-        self.on_finished(scheduler.repeat(batch, ends))
+        self.on_finished(skipper.apply(plan, ends))
         for row_start_s, row_ends, row_memory, row_tokens in rows:
             self.recorder.record_repeat(
                 batch, row_start_s, row_ends, row_memory, row_tokens, self.index, self.pool

@@ -5,8 +5,19 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from engine.core.kv_state import KVState
 
 BlockPair = tuple[int, int]
+
+
+class SeqRun(NamedTuple):
+    """One sequence's growth over a run of identical steps."""
+
+    seq_id: int
+    positions_per_step: int
+    positions_left: int  # it stops growing after these (a prompt's last chunk)
 
 
 class OutOfBlocksError(RuntimeError):
@@ -37,6 +48,10 @@ class BlockAllocator:
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._key_to_block: dict[int, int] = {}
+        # Further blocks caching a key that another block caches already (computed twice),
+        # oldest first: as vLLM's BlockPool they stay cached, and one takes over the key when
+        # the block holding it is evicted.
+        self._duplicates: dict[int, list[int]] = {}
         self._tables: dict[int, list[int]] = {}
         self._num_tokens: dict[int, int] = {}
 
@@ -97,6 +112,21 @@ class BlockAllocator:
         """A copy of the prefix cache: content key -> block id."""
         return dict(self._key_to_block)
 
+    def state(self) -> KVState:
+        """A read-only copy of every block's state (no ``committed_blocks``: the manager
+        above knows those)."""
+        return KVState(
+            num_free_blocks=self.num_free_blocks,
+            ref_counts=tuple(self._ref),
+            block_tables=tuple((s, tuple(t)) for s, t in sorted(self._tables.items())),
+            num_tokens=tuple(sorted(self._num_tokens.items())),
+            prefix_cache=frozenset(self._key_to_block.items()),
+            eviction_order=tuple(self._evictable),
+            swapped_tables=tuple((s, tuple(t)) for s, t in sorted(self._cpu_tables.items())),
+            cpu_ref_counts=tuple(self._cpu_ref),
+            num_free_cpu_blocks=len(self._cpu_free),
+        )
+
     def match_prefix(self, keys: Iterable[int]) -> list[int]:
         """Blocks holding the longest cached run of ``keys`` (read-only)."""
         hits: list[int] = []
@@ -131,14 +161,28 @@ class BlockAllocator:
         else:
             block_id, _ = self._evictable.popitem(last=False)
             key = self._key[block_id]
-            assert key is not None and self._key_to_block[key] == block_id
-            del self._key_to_block[key]
+            assert key is not None
+            self._uncache(block_id, key)
             self._key[block_id] = None
             self._fill[block_id] = 0
             self.num_evictions += 1
         self._ref[block_id] = 1
         self.num_used_blocks += 1
         return block_id
+
+    def _uncache(self, block_id: int, key: int) -> None:
+        """Drop ``block_id`` from the prefix cache (evicted); a duplicate takes over its key."""
+        duplicates = self._duplicates.get(key)
+        if self._key_to_block[key] == block_id:
+            if duplicates:
+                self._key_to_block[key] = duplicates.pop(0)
+            else:
+                del self._key_to_block[key]
+        else:
+            assert duplicates is not None
+            duplicates.remove(block_id)
+        if duplicates is not None and not duplicates:
+            del self._duplicates[key]
 
     def _share(self, block_id: int) -> None:
         if self._ref[block_id] == 0:
@@ -251,6 +295,68 @@ class BlockAllocator:
         self._num_tokens[seq_id] = num_tokens + num_new_tokens
         return copies
 
+    def append_steps(self, runs: Sequence[SeqRun], num_steps: int) -> None:
+        """Grow every sequence of ``runs`` for ``num_steps`` steps at once, taking blocks in the
+        order that appending step by step (each step, sequence after sequence) would take
+        them, so the block tables come out the same. No tail may need a copy-on-write;
+        nothing changes if the pool runs out (``OutOfBlocksError``)."""
+        bs = self.block_size
+        tables, tokens, ref, fill = self._tables, self._num_tokens, self._ref, self._fill
+        num_runs = len(runs)
+        # Blocks started, each as step * num_runs + run index: sorted, the order of the steps.
+        starts: list[int] = []
+        grows: list[tuple[int, int, int]] = []  # (tokens held, tokens after, blocks started)
+        added = 0
+        for order, (seq_id, per_step, left) in enumerate(runs):
+            held = tokens[seq_id]
+            table = tables[seq_id]
+            grown = num_steps * per_step
+            if grown > left:
+                grown = left
+            after = held + grown
+            new_blocks = -(-after // bs) - len(table)
+            if held % bs and ref[table[-1]] != 1:
+                raise ValueError(f"sequence {seq_id} shares its tail block: it needs a copy")
+            added += grown
+            grows.append((held, after, new_blocks))
+            if not new_blocks:
+                continue
+            if per_step == 1:  # a decode: a block every bs steps
+                first = -held % bs
+                stop = (first + new_blocks * bs) * num_runs
+                starts.extend(range(first * num_runs + order, stop, bs * num_runs))
+                continue
+            blocks = len(table)
+            for step in range(num_steps):
+                need = -(-(held + min((step + 1) * per_step, left)) // bs) - blocks
+                starts.extend([step * num_runs + order] * need)
+                blocks += need
+        if len(starts) > self.num_free_blocks:
+            raise OutOfBlocksError(f"need {len(starts)} blocks, {self.num_free_blocks} free")
+        starts.sort()
+        run_tables = [tables[run.seq_id] for run in runs]
+        free = self._free
+        if len(starts) <= len(free):
+            # No eviction: blocks come off the free stack in order.
+            for key in starts:
+                block_id = free.pop()
+                ref[block_id] = 1
+                run_tables[key % num_runs].append(block_id)
+            self.num_used_blocks += len(starts)
+        else:
+            for key in starts:
+                run_tables[key % num_runs].append(self._take_block())
+        for (seq_id, _, _), table, (held, after, new_blocks) in zip(
+            runs, run_tables, grows, strict=True
+        ):
+            if new_blocks:
+                for block_idx in range(held // bs, len(table)):
+                    fill[table[block_idx]] = min(bs, after - block_idx * bs)
+            elif after > held:
+                fill[table[-1]] += after - held
+            tokens[seq_id] = after
+        self.num_filled_slots += added
+
     def append_in_place(self, seq_id: int) -> bool:
         """Append one token if the last block is held alone and has room; else do nothing and
         return False (the caller takes the general ``append_slots`` path)."""
@@ -299,7 +405,8 @@ class BlockAllocator:
     def cache_block(self, seq_id: int, block_idx: int, key: int) -> bool:
         """Record that block ``block_idx`` of ``seq_id`` (full) holds the content ``key``.
 
-        Returns False when another block already caches that content (the first one stays).
+        Returns False when another block already caches that content: the first one stays
+        the one hits take; this one is kept as a duplicate (evicted like any cached block).
         """
         block_id = self._tables[seq_id][block_idx]
         if self._fill[block_id] != self.block_size:
@@ -309,9 +416,10 @@ class BlockAllocator:
             if current != key:
                 raise ValueError(f"block {block_id} already caches key {current}, not {key}")
             return True
-        if key in self._key_to_block:
-            return False
         self._key[block_id] = key
+        if key in self._key_to_block:
+            self._duplicates.setdefault(key, []).append(block_id)
+            return False
         self._key_to_block[key] = block_id
         return True
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from engine.core.block_allocator import BlockPair, OutOfBlocksError
 from engine.core.config import CacheConfig, ReservationRule
-from engine.core.growth import Growth, RepeatShape
 from engine.core.kv_manager import RangeCopy
+from engine.core.kv_state import KVState
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 
@@ -168,50 +168,6 @@ class ContiguousKVManager:
     def try_grow(self, request: Request, num_positions: int) -> list[BlockPair] | None:
         return self.grow(request, num_positions)
 
-    def growth_capacity(
-        self, growth: Sequence[Growth], limit: int, shape: RepeatShape | None = None
-    ) -> int:
-        return limit  # reservations already cover every request's final length
-
-    def can_admit_after(
-        self,
-        request: Request,
-        num_positions: int,
-        hits: Sequence[int],
-        growth: Sequence[Growth],
-        steps: int,
-        shape: RepeatShape | None = None,
-    ) -> bool:
-        # Growth stays inside reservations: admission is decided by the ranges free now.
-        return self.can_admit(request, num_positions, hits)
-
-    def repeat_memory_sum(
-        self,
-        growth: Sequence[Growth],
-        count: int,
-        next_waiting: Request | None,
-        shape: RepeatShape | None = None,
-    ) -> MemorySnapshot:
-        now = self.snapshot(next_waiting)
-        # Real tokens grow inside the reservations; nothing else moves.
-        added = 0
-        for request, per_step, left in growth:
-            if count * per_step <= left:  # never runs out: a closed form
-                grown = per_step * count * (count + 1) // 2
-            else:
-                grown = sum(min((step + 1) * per_step, left) for step in range(count))
-            added += grown * len(request.active_seq_ids)
-        return MemorySnapshot(
-            total_slots=now.total_slots * count,
-            real_token_slots=now.real_token_slots * count + added,
-            internal_fragmentation_slots=0,
-            reservation_waste_slots=now.reservation_waste_slots * count - added,
-            cached_free_slots=0,
-            external_fragmentation_slots=now.external_fragmentation_slots * count,
-            free_slots=now.free_slots * count,
-            shared_saved_slots=0,
-        )
-
     def grow(self, request: Request, num_positions: int) -> list[BlockPair]:
         for seq_id in request.active_seq_ids:
             self._add_tokens(seq_id, num_positions)
@@ -260,6 +216,16 @@ class ContiguousKVManager:
 
     def slot_ranges(self, request: Request) -> tuple[tuple[int, int], ...]:
         return tuple(self.allocator.range_of(s) for s in request.active_seq_ids)
+
+    def state(self) -> KVState:
+        alloc = self.allocator
+        return KVState(
+            num_free_blocks=(alloc.num_slots - alloc.num_reserved_slots) // self.block_size,
+            ref_counts=(),
+            block_tables=tuple(sorted(alloc.ranges().items())),
+            num_tokens=tuple(sorted(self._tokens.items())),
+            free_ranges=tuple(alloc.holes()),
+        )
 
     def snapshot(self, next_waiting: Request | None) -> MemorySnapshot:
         alloc = self.allocator

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable, Sequence
-from itertools import accumulate
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from engine.core.block_allocator import BlockAllocator, BlockPair, OutOfBlocksError
 from engine.core.config import CacheConfig
-from engine.core.growth import Growth, RepeatShape
+from engine.core.kv_state import KVState
 from engine.core.memory import MemorySnapshot
 from engine.core.prefix_cache import SequenceKeys
 from engine.core.request import Request
@@ -44,41 +43,6 @@ class KVCacheManager(Protocol):
         """Grow like ``grow`` if there is room, else change nothing and return None."""
         ...
 
-    def growth_capacity(
-        self, growth: Sequence[Growth], limit: int, shape: RepeatShape | None = None
-    ) -> int:
-        """The most steps (up to ``limit``) in which every (request, positions per step,
-        positions left) can grow together without running out of memory (no copy-on-write
-        pending); ``shape``, when given, is the same growth in aggregate."""
-        ...
-
-    def can_admit_after(
-        self,
-        request: Request,
-        num_positions: int,
-        hits: Sequence[int],
-        growth: Sequence[Growth],
-        steps: int,
-        shape: RepeatShape | None = None,
-    ) -> bool:
-        """``can_admit`` once every (request, positions per step, positions left) of
-        ``growth`` (``shape`` in aggregate, when given) has grown ``steps`` more times
-        (computed, not applied). May answer True when unsure (callers use it to rule
-        admission out)."""
-        ...
-
-    def repeat_memory_sum(
-        self,
-        growth: Sequence[Growth],
-        count: int,
-        next_waiting: Request | None,
-        shape: RepeatShape | None = None,
-    ) -> MemorySnapshot:
-        """The sum of the snapshots ``count`` repeated steps would take, each after growing
-        every (request, positions per step, positions left) once more (computed, not
-        applied); ``shape``, when given, is the same growth in aggregate."""
-        ...
-
     def grow(self, request: Request, num_positions: int) -> list[BlockPair]: ...
     def take_range_copies(self, request: Request) -> list[RangeCopy]: ...
     def fork(self, request: Request) -> None: ...
@@ -95,6 +59,9 @@ class KVCacheManager(Protocol):
 
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]: ...
     def snapshot(self, next_waiting: Request | None) -> MemorySnapshot: ...
+    def state(self) -> KVState:
+        """A read-only copy of the whole memory state (for comparing runs)."""
+        ...
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:
@@ -211,200 +178,6 @@ class PagedKVManager:
         except OutOfBlocksError:
             return None
 
-    def growth_capacity(
-        self, growth: Sequence[Growth], limit: int, shape: RepeatShape | None = None
-    ) -> int:
-        alloc = self.allocator
-        bs = self.block_size
-        free = alloc.num_free_blocks
-        # Enough room even if every sequence started a block in every step: no search.
-        bound = 0
-        if shape is not None:
-            bound = shape.decode_seqs * (-(-limit // bs) + 1)
-            for per_step, _, _, seqs in shape.chunks:
-                bound += (-(-per_step * limit // bs) + 1) * seqs
-        else:
-            for request, per_step, _ in growth:
-                bound += (-(-per_step * limit // bs) + 1) * (
-                    len(request.live_seq_ids) if request.forked else 1
-                )
-        if bound <= free:
-            return limit
-        need = self._growth_need(growth) if shape is None else self._shape_need(shape)
-        if need(limit) <= free:
-            return limit
-        lo, hi = 0, limit  # need(lo) <= free < need(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if need(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def _growth_need(self, growth: Sequence[Growth]) -> Callable[[int], int]:
-        """Blocks that ``k`` steps of ``growth`` take from the free pool, as a function of k."""
-        alloc = self.allocator
-        bs = self.block_size
-        seqs = [
-            (alloc.num_tokens(s), len(alloc.block_table(s)), per_step, left)
-            for request, per_step, left in growth
-            for s in request.active_seq_ids
-        ]
-
-        def need(k: int) -> int:
-            return sum(_blocks(t + min(g * k, left), bs) - held for t, held, g, left in seqs)
-
-        return need
-
-    def _shape_need(self, shape: RepeatShape) -> Callable[[int], int]:
-        """``_growth_need`` from the aggregate shape: O(1) per step count for the decodes.
-
-        A decoding sequence holding t tokens starts a block in repeat i (0 = the first) when
-        (t + i) is a multiple of the block size, so every bs repeats each one starts exactly
-        one block; ``starts[i]`` counts those started in repeats 0 .. i-1 of a cycle.
-        """
-        bs = self.block_size
-        by_step = [0] * bs
-        for phase, count in enumerate(shape.decode_phases):
-            by_step[-phase % bs] += count
-        starts = [0, *accumulate(by_step)]
-        decodes = shape.decode_seqs
-        chunks = [
-            (held, per_step, left, seqs, _blocks(held, bs))
-            for per_step, held, left, seqs in shape.chunks
-        ]
-
-        def need(k: int) -> int:
-            cycles, rest = divmod(k, bs)
-            total = cycles * decodes + starts[rest]
-            for held, per_step, left, seqs, blocks in chunks:
-                total += (_blocks(held + min(per_step * k, left), bs) - blocks) * seqs
-            return total
-
-        return need
-
-    def can_admit_after(
-        self,
-        request: Request,
-        num_positions: int,
-        hits: Sequence[int],
-        growth: Sequence[Growth],
-        steps: int,
-        shape: RepeatShape | None = None,
-    ) -> bool:
-        if self.prefix_caching:
-            return True  # growth may evict cached blocks and change the hits: assume it fits
-        need_of = self._growth_need(growth) if shape is None else self._shape_need(shape)
-        taken = need_of(steps)
-        num_tokens = len(hits) * self.block_size + num_positions
-        need = self.allocator.num_blocks_to_allocate(num_tokens, hits)
-        return self.allocator.num_free_blocks - taken - need >= self.watermark_blocks
-
-    def repeat_memory_sum(
-        self,
-        growth: Sequence[Growth],
-        count: int,
-        next_waiting: Request | None,
-        shape: RepeatShape | None = None,
-    ) -> MemorySnapshot:
-        alloc = self.allocator
-        bs = self.block_size
-        chunks: list[tuple[int, int, int]] = []  # (tokens held, per step, left) of the rest
-        if shape is not None:
-            # One-position sequences by tokens held, modulo the block size.
-            by_phase = list(shape.decode_phases)
-            decodes = shape.decode_seqs
-            for per_step, held, left, seqs in shape.chunks:
-                if per_step == 1 and left > count:
-                    by_phase[held % bs] += seqs
-                    decodes += seqs
-                else:
-                    chunks.extend([(held, per_step, left)] * seqs)
-        else:
-            by_phase = [0] * bs
-            decodes = 0
-            tokens_of = alloc.num_tokens
-            for request, per_step, left in growth:
-                for seq_id in request.live_seq_ids if request.forked else request.live_seq_ids[:1]:
-                    if per_step == 1 and left > count:
-                        by_phase[tokens_of(seq_id) % bs] += 1
-                        decodes += 1
-                    else:
-                        chunks.append((tokens_of(seq_id), per_step, left))
-        cached0 = alloc.num_cached_free_blocks
-        free0 = alloc.num_free_blocks - cached0
-        if not chunks:
-            real, internal, cached, free = self._decode_memory_sums(
-                by_phase, decodes, count, cached0, free0
-            )
-        else:
-            real = internal = cached = free = 0
-            new_blocks = 0
-            for step in range(count):
-                # A decoding sequence holding a multiple of bs tokens starts a block each step.
-                new_blocks += by_phase[(-step) % bs]
-                added = (step + 1) * decodes
-                for held, per_step, left in chunks:
-                    before, after = min(step * per_step, left), min((step + 1) * per_step, left)
-                    new_blocks += _blocks(held + after, bs) - _blocks(held + before, bs)
-                    added += after
-                used = alloc.num_used_blocks + new_blocks
-                step_real = alloc.num_filled_slots + added
-                real += step_real
-                internal += used * bs - step_real
-                cached += (cached0 - max(0, new_blocks - free0)) * bs
-                free += max(0, free0 - new_blocks) * bs
-        if shape is not None and shape.admit_step < count:
-            # The last step also holds the admitted head's first chunk (taken from uncached
-            # free blocks: admission is folded in only without prefix caching).
-            assert cached0 == 0, "admission folded into a repeat with cached-free blocks"
-            positions = shape.admit_positions
-            taken = _blocks(positions, bs) * bs
-            real += positions
-            internal += taken - positions
-            free -= taken
-        return self._summed_snapshot(count, real, internal, cached, free)
-
-    def _summed_snapshot(
-        self, count: int, real: int, internal: int, cached: int, free: int
-    ) -> MemorySnapshot:
-        """The sum of ``count`` paged snapshots, given the summed slots of each varying part."""
-        alloc, bs = self.allocator, self.block_size
-        return MemorySnapshot(
-            total_slots=alloc.num_blocks * bs * count,
-            real_token_slots=real,
-            internal_fragmentation_slots=internal,
-            reservation_waste_slots=0,
-            cached_free_slots=cached,
-            external_fragmentation_slots=0,
-            free_slots=free,
-            shared_saved_slots=alloc.num_shared_refs * bs * count,
-        )
-
-    def _decode_memory_sums(
-        self, by_phase: list[int], decodes: int, count: int, cached0: int, free0: int
-    ) -> tuple[int, int, int, int]:
-        """(real, internal, cached-free, free) slots summed over ``count`` steps in which every
-        sequence decodes one position, in closed form over the running count of new blocks
-        (no loop over steps in Python)."""
-        alloc = self.allocator
-        bs = self.block_size
-        # Step k starts a block for the sequences in phase (-k) % bs: 0, bs-1, ..., 1, 0, ...
-        cycle = [by_phase[0], *reversed(by_phase[1:])]
-        per_step = (cycle * (count // bs + 1))[:count]
-        new_blocks = list(accumulate(per_step))  # blocks added up to and including each step
-        sum_new = sum(new_blocks)
-        # Uncached free blocks are taken first, then cached-free ones are evicted.
-        below = bisect_left(new_blocks, free0)  # steps that still had uncached free blocks
-        sum_below = sum(new_blocks[:below])
-        real = count * alloc.num_filled_slots + decodes * count * (count + 1) // 2
-        internal = (count * alloc.num_used_blocks + sum_new) * bs - real
-        free = (below * free0 - sum_below) * bs
-        evicted = (sum_new - sum_below) - (count - below) * free0
-        cached = (count * cached0 - evicted) * bs
-        return real, internal, cached, free
-
     def grow(self, request: Request, num_positions: int) -> list[BlockPair]:
         if not request.forked:  # one sequence holds blocks
             return self.allocator.append_slots(request.live_seq_ids[0], num_positions)
@@ -491,6 +264,10 @@ class PagedKVManager:
 
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:
         return tuple(self.allocator.block_table(s) for s in request.active_seq_ids)
+
+    def state(self) -> KVState:
+        committed = tuple(sorted((s, len(keys.keys)) for s, keys in self._keys.items()))
+        return replace(self.allocator.state(), committed_blocks=committed)
 
     def snapshot(self, next_waiting: Request | None) -> MemorySnapshot:
         alloc = self.allocator

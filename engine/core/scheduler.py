@@ -8,12 +8,11 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 
-from engine.core import repeat
 from engine.core.batch import ScheduledBatch, StepResult
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.contiguous_allocator import ContiguousKVManager
-from engine.core.growth import Growth, RepeatShape
 from engine.core.kv_manager import KVCacheManager, PagedKVManager
+from engine.core.kv_state import KVState
 from engine.core.memory import MemorySnapshot
 from engine.core.policies import POLICIES, Policy
 from engine.core.request import Request, RequestStatus, TokenTimeline
@@ -66,10 +65,6 @@ class Scheduler:
         # End time of every executed step; token timelines point into it.
         self.step_end_s: array[float] = array("d")
         self._changed_since_schedule = False  # an arrival or abort the last schedule missed
-        self._repeat_checked = (-1, 0)  # (step_idx, limit) of the last repeat_limit answer
-        self._repeat_growth: list[Growth] = []  # and the growth it found (repeat.growth)
-        self._continued: ScheduledBatch | None = None  # the last ``continuation`` built
-        self._repeat_shape = RepeatShape(0, 0, [], [])  # the same growth in aggregate
         self._next_seq_id = 0
         self._next_internal_idx = 0
 
@@ -247,34 +242,65 @@ class Scheduler:
             request = scheduled.request
             if request.status is not running:
                 continue  # aborted while the step ran
-            computed = request.num_computed_tokens + scheduled.num_positions
-            request.num_computed_tokens = computed
-            prompt = request.num_prompt_tokens
-            if request.n > 1 and not request.forked and computed == prompt:
-                self.kv.fork(request)
-                request.forked = True
-            outputs = request.num_output_tokens
-            if computed == prompt + outputs:
-                tokens = request.tokens
-                counts = tokens.run_counts
-                if (
-                    plain
-                    and outputs + 1 < request.max_output_tokens
-                    and counts
-                    and tokens.run_starts[-1] + counts[-1] == step_idx
-                ):
-                    # A decode continuing its run of steps, not its last: the common case.
-                    request.num_output_tokens = outputs + 1
-                    counts[-1] += 1
-                    tokens.last_s = now_s
-                    tokens.num_emissions += 1
-                else:
-                    self._sample(request, result, step_idx)
-            if not request.live_seq_ids:
-                self._finish(request, now_s, finished)
+            self.end_step(
+                request,
+                scheduled.num_positions,
+                None if plain else result,
+                step_idx,
+                now_s,
+                finished,
+            )
         if not self.running and self.held:
             finished.extend(self._release_held(now_s))
         return finished
+
+    def end_step(
+        self,
+        request: Request,
+        num_positions: int,
+        result: StepResult | None,
+        step_idx: int,
+        now_s: float,
+        finished: list[Request],
+        num_steps: int = 1,
+    ) -> None:
+        """The rules that end a step for one scheduled ``request``, in this order: its
+        ``num_positions`` positions are computed; a prompt just completed forks its samples;
+        when every known token is computed, each live sample samples a token (a finished
+        sample frees its blocks); a request with no live sample finishes (into ``finished``).
+        The step ends at ``now_s`` and has index ``step_idx`` in ``step_end_s``. (Its full
+        blocks entered the prefix cache when it was scheduled: ``step.commit_scheduled``.)
+
+        A run of ``num_steps`` identical decode steps (indices ``step_idx`` onwards) is ended
+        in one call, with ``num_positions`` those of its last step, the earlier steps'
+        positions already computed (see ``engine.core.fastforward``): the outcome is the one
+        of ending each step in turn. This is the only place these rules live.
+        """
+        computed = request.num_computed_tokens + num_positions
+        request.num_computed_tokens = computed
+        prompt = request.num_prompt_tokens
+        if request.n > 1 and not request.forked and computed == prompt:
+            self.kv.fork(request)
+            request.forked = True
+        outputs = request.num_output_tokens
+        if computed + 1 == prompt + outputs + num_steps:
+            tokens = request.tokens
+            counts = tokens.run_counts
+            if (
+                result is None
+                and outputs + num_steps < request.max_output_tokens
+                and counts
+                and tokens.run_starts[-1] + counts[-1] == step_idx
+            ):
+                # A decode continuing its run of steps, not its last: the common case.
+                request.num_output_tokens = outputs + num_steps
+                counts[-1] += num_steps
+                tokens.last_s = now_s
+                tokens.num_emissions += num_steps
+            else:
+                self._sample(request, result, step_idx, num_steps)
+        if not request.live_seq_ids:
+            self._finish(request, now_s, finished)
 
     def _sample(
         self, request: Request, result: StepResult | None, step_idx: int, count: int = 1
@@ -332,39 +358,46 @@ class Scheduler:
                 self.kv.free(request)
         return released
 
-    # -- fast-forwarding identical steps (engine/core/repeat.py) -------------------------------
+    # -- steps applied in bulk (engine/core/fastforward) --------------------------------------
 
-    def repeat_limit(self, batch: ScheduledBatch) -> int:
-        """How many more steps exactly like ``batch`` would follow if nothing arrived."""
-        return repeat.repeat_limit(self, batch)
+    def record_step_ends(self, step_end_s: Sequence[float]) -> int:
+        """End times of steps applied without ``schedule`` and ``update`` (a run skipped
+        over); returns the index of the first. Token timelines point into them."""
+        first_idx = len(self.step_end_s)
+        self.step_end_s.extend(step_end_s)
+        return first_idx
 
-    def continuation(self) -> ScheduledBatch | None:
-        """The next step, when it is the running decodes (and at most one prompt chunk
-        filling the budget) and nothing else, built without running the policy, for
-        ``repeat_limit`` / ``repeat``; else None."""
-        return repeat.continuation(self)
+    def admit_head(self, request: Request, num_positions: int, start_s: float) -> bool:
+        """Admit ``request`` if it is the waiting head, with ``num_positions`` positions and no
+        prefix hits, in the step starting at ``start_s`` (``end_step`` then ends that step for
+        it); False if it is not the head."""
+        if not self.waiting or self.waiting[0] is not request:
+            return False
+        self.kv.admit(request, num_positions, ())
+        self.waiting.popleft()
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.RUNNING
+        bisect.insort(self.running, request, key=arrival_order)
+        if request.first_scheduled_s is None:
+            request.first_scheduled_s = start_s
+        return True
 
-    def repeat(self, batch: ScheduledBatch, step_end_s: Sequence[float]) -> list[Request]:
-        """Apply that many more identical steps, ending at ``step_end_s``."""
-        return repeat.repeat(self, batch, step_end_s)
-
-    def repeat_shape(self, batch: ScheduledBatch) -> RepeatShape:
-        """The repeated step in aggregate, for pricing it (call before ``repeat``)."""
-        return repeat.repeat_shape(self, batch)
-
-    def repeat_tokens(self, batch: ScheduledBatch, count: int) -> tuple[int, int]:
-        """(prompt, decode) tokens ``count`` repeats compute (call before ``repeat``)."""
-        return repeat.repeat_tokens(self, batch, count)
-
-    def repeat_memory_sum(
-        self, batch: ScheduledBatch, count: int, next_waiting: Request | None
-    ) -> MemorySnapshot:
-        """The summed memory snapshots of ``count`` repeats (call before ``repeat``)."""
-        return repeat.repeat_memory_sum(self, batch, count, next_waiting)
+    def close_steps(self, num_steps: int, now_s: float) -> list[Request]:
+        """After ``num_steps`` steps applied in bulk, ending at ``now_s``: count them, and
+        release a static batch whose runners have all finished (returned)."""
+        self.step_idx += num_steps
+        if not self.running and self.held:
+            return self._release_held(now_s)
+        return []
 
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:
         """Block tables of the request's active sequences (paged memory), for an executor."""
         return self.kv.block_tables(request)
+
+    def kv_state(self) -> KVState:
+        """A read-only copy of the KV memory's whole state: free blocks, reference counts,
+        block tables, prefix-cache entries and their eviction order, the swap pool."""
+        return self.kv.state()
 
     def memory_snapshot(self) -> MemorySnapshot:
         return self.kv.snapshot(self.waiting[0] if self.waiting else None)
@@ -383,7 +416,8 @@ class Scheduler:
             idx += 1
         queue.insert(idx, request)
 
-    def _preempt(self, victim: Request, batch: ScheduledBatch) -> None:
+    def preempt(self, victim: Request, batch: ScheduledBatch) -> None:
+        """Take ``victim`` off the running list: swap it out, or drop its KV to recompute."""
         self.running.remove(victim)
         victim.num_preemptions += 1
         batch.preempted_ids.append(victim.request_id)

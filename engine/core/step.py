@@ -4,15 +4,43 @@ the mechanism behind ``StepContext.schedule`` (growth, preemption, admission, sw
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from engine.core.batch import ScheduledBatch, ScheduledRequest
 from engine.core.block_allocator import BlockPair
+from engine.core.config import CacheConfig
+from engine.core.kv_manager import KVCacheManager
+from engine.core.policies import Policy
 from engine.core.request import Request, RequestStatus
 
-if TYPE_CHECKING:
-    from engine.core.scheduler import Scheduler
+
+class StepHost(Protocol):
+    """What a step needs from its scheduler (``Scheduler`` is the one implementation; naming
+    it here instead keeps the import one-way)."""
+
+    policy: Policy
+    cache_config: CacheConfig
+    kv: KVCacheManager
+    running: list[Request]
+    waiting: deque[Request]
+    swapped: deque[Request]
+    arrivals_done: bool
+    num_held_samples: int
+
+    def preempt(self, victim: Request, batch: ScheduledBatch) -> None: ...
+
+
+_UNLIMITED = 1 << 62  # a budget no step can use up (the policy set none)
+
+
+def commit_scheduled(kv: KVCacheManager, request: Request, computed_end: int, known: int) -> None:
+    """As vLLM's ``allocate_slots``: once a step schedules ``request`` up to ``computed_end``
+    tokens, the full blocks among them whose tokens are known (the first ``known``) enter the
+    prefix cache, at schedule time, not when the step ends. The one place of this rule: the
+    step (``Step``) and fast-forward's bulk steps both call it."""
+    kv.commit(request, min(computed_end, known))
 
 
 def arrival_order(request: Request) -> tuple[float, int]:
@@ -23,14 +51,14 @@ def arrival_order(request: Request) -> tuple[float, int]:
 class Step:
     """The ``StepContext`` of one ``Scheduler.schedule`` call."""
 
-    def __init__(self, scheduler: Scheduler, now_s: float, batch: ScheduledBatch) -> None:
+    def __init__(self, scheduler: StepHost, now_s: float, batch: ScheduledBatch) -> None:
         self.s = scheduler
         self._now_s = now_s
         self.batch = batch
         budget = scheduler.policy.token_budget()
-        self._token_budget = budget if budget is not None else 1 << 62
+        self._token_budget = budget if budget is not None else _UNLIMITED
         seqs = scheduler.policy.seq_budget()
-        self._seq_budget = seqs if seqs is not None else 1 << 62
+        self._seq_budget = seqs if seqs is not None else _UNLIMITED
         self._scheduled: set[int] = set()
         self._preempted: set[int] = set()
         self._range_copies = scheduler.cache_config.memory_model == "contiguous"
@@ -176,7 +204,7 @@ class Step:
                 self._seq_budget -= 1
                 requests_out.append(ScheduledRequest(request, 1, computed, (live[0],), False))
                 if self._commit:
-                    kv.commit(request, computed + 1)
+                    commit_scheduled(kv, request, computed + 1, request.num_tokens)
             else:
                 self.schedule(request, 1)
         return others
@@ -187,7 +215,7 @@ class Step:
         while copies is None:
             victim = self._pick_victim(request)
             self._preempted.add(victim.internal_idx)
-            self.s._preempt(victim, self.batch)
+            self.s.preempt(victim, self.batch)
             if victim is request:
                 return None
             copies = kv.try_grow(request, num_positions)
@@ -252,7 +280,7 @@ class Step:
         if self._commit:
             # As vLLM's allocate_slots: full blocks of known tokens enter the prefix cache
             # when they are scheduled, not when the step ends.
-            self.s.kv.commit(request, min(computed_end, request.num_tokens))
+            commit_scheduled(self.s.kv, request, computed_end, request.num_tokens)
         self._scheduled.add(request.internal_idx)
         self._token_budget -= num_positions * width
         self._seq_budget -= seqs

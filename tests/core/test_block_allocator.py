@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -22,7 +22,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from engine.core.block_allocator import BlockAllocator, OutOfBlocksError
+from engine.core.block_allocator import BlockAllocator, OutOfBlocksError, SeqRun
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 24
@@ -261,3 +261,75 @@ def test_evicts_least_recently_freed_cached_block_first() -> None:
     assert alloc.cached_block(11) is None
     assert alloc.cached_block(22) is not None
     assert alloc.num_evictions == 1
+
+
+def test_a_block_computed_twice_stays_cached_and_takes_over_the_key() -> None:
+    """As vLLM's BlockPool: the second block with the same content is cached too (hits take
+    the first); when the first is evicted, the second holds the key."""
+    alloc = BlockAllocator(num_blocks=3, block_size=2)
+    alloc.allocate(0, 2)
+    assert alloc.cache_block(0, 0, 7)
+    first = alloc.block_table(0)[0]
+    alloc.allocate(1, 2)
+    assert not alloc.cache_block(1, 0, 7)  # a duplicate: the first stays the one hits take
+    second = alloc.block_table(1)[0]
+    assert alloc.cached_block(7) == first and alloc.block_key(second) == 7
+    alloc.free(0)
+    alloc.free(1)
+    assert alloc.num_cached_free_blocks == 2  # the duplicate is not reused before the cache
+    alloc.allocate(2, 4)  # the one free block, then evicts `first` (freed first)
+    assert alloc.cached_block(7) == second
+    assert alloc.num_evictions == 1
+
+
+def _allocator_with(held: list[int], num_blocks: int, num_cached: int) -> BlockAllocator:
+    """Sequences 0.. holding ``held`` tokens, plus ``num_cached`` cached-free blocks."""
+    alloc = BlockAllocator(num_blocks, 4)
+    if num_cached:
+        alloc.allocate(999, num_cached * 4)
+        for idx in range(num_cached):
+            alloc.cache_block(999, idx, key=idx)
+        alloc.free(999)
+    for seq_id, tokens in enumerate(held):
+        alloc.allocate(seq_id, tokens)
+    return alloc
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    runs=st.lists(
+        st.tuples(st.integers(1, 30), st.integers(1, 9), st.integers(1, 60)), min_size=1, max_size=5
+    ),
+    num_steps=st.integers(1, 12),
+    spare=st.integers(0, 30),
+    num_cached=st.integers(0, 6),
+)
+def test_append_steps_takes_blocks_as_appending_step_by_step(
+    runs: list[tuple[int, int, int]], num_steps: int, spare: int, num_cached: int
+) -> None:
+    """Growing sequences for several steps at once gives the same block tables, fills and
+    evictions as appending step by step, sequence after sequence within each step; when the
+    pool runs out it raises and changes nothing."""
+    held = [tokens for tokens, _, _ in runs]
+    num_blocks = sum(-(-t // 4) for t in held) + num_cached + spare
+    bulk = _allocator_with(held, num_blocks, num_cached)
+    stepwise = _allocator_with(held, num_blocks, num_cached)
+    seq_runs = [SeqRun(seq_id, per_step, left) for seq_id, (_, per_step, left) in enumerate(runs)]
+    before = bulk.state()
+    try:
+        bulk.append_steps(seq_runs, num_steps)
+    except OutOfBlocksError:
+        assert bulk.state() == before
+        return
+    for step in range(num_steps):
+        for run in seq_runs:
+            positions = min(
+                run.positions_per_step, run.positions_left - step * run.positions_per_step
+            )
+            if positions > 0:
+                stepwise.append_slots(run.seq_id, positions)
+    assert bulk.state() == stepwise.state()
+    assert bulk.num_filled_slots == stepwise.num_filled_slots
+    assert bulk.num_used_blocks == stepwise.num_used_blocks
+    used = [b for b in range(num_blocks) if bulk.ref_count(b)]  # a free block's fill is stale
+    assert [bulk.block_fill(b) for b in used] == [stepwise.block_fill(b) for b in used]

@@ -1,4 +1,4 @@
-"""``Scheduler.continuation`` builds the next step without running the policy. Whenever it
+"""``FastForward.plan_continuation`` builds the next step without running the policy. Whenever it
 offers one, the policy, asked next, must schedule exactly that step: the same requests, in
 the same order, with the same positions (a prompt's chunk cut to what it has left), and
 nothing else: no admission, preemption, copy or swap."""
@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from engine.core.batch import StepResult
 from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.fastforward import FastForward
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 
@@ -49,6 +50,7 @@ def _drive(
     the step the policy then schedules; returns (continuations offered, of which admitting
     the waiting head in their first step, steps)."""
     scheduler, pending = _setup(policy, num_blocks, budget, specs)
+    skipper = FastForward(scheduler)
     now_s, offered, admitted, steps = 0.0, 0, 0, 0
     predicted = None
     admission: tuple[Request, int] | None = None
@@ -80,12 +82,13 @@ def _drive(
         # Arrivals due by now would change the next step; continuation must see them.
         while pending and pending[0].arrival_s <= now_s:
             scheduler.add_request(pending.pop(0), now_s)
-        predicted = scheduler.continuation()
+        plan = skipper.plan_continuation()
+        predicted = plan.batch if plan is not None else None
         admission = None
-        if predicted is not None:
-            # It claims to be repeatable at least once: repeat_limit agrees.
-            assert scheduler.repeat_limit(predicted) > 0
-            shape = scheduler.repeat_shape(predicted)
+        if plan is not None:
+            # It claims to be repeatable at least once.
+            assert plan.max_steps > 0
+            shape = plan.shape
             if shape.admit_step == 0:  # its first repeat also admits the waiting head
                 assert shape.admit_request is not None
                 admission = (shape.admit_request, shape.admit_positions)
@@ -125,15 +128,16 @@ def test_static_batching_never_continues() -> None:
     scheduler.add_request(Request("a", 0.0, num_prompt_tokens=10, max_output_tokens=5), 0.0)
     batch = scheduler.schedule(0.0)
     scheduler.update(batch, StepResult(0.1), 0.1)
-    assert scheduler.continuation() is None
+    assert FastForward(scheduler).plan_continuation() is None
 
 
 def _drive_admissions(num_blocks: int, budget: int, specs: list[tuple[float, int, int]]) -> int:
-    """Step by step with chunked prefill; whenever ``repeat_limit`` plans a run whose last step
+    """Step by step with chunked prefill; whenever ``plan_repeat`` plans a run whose last step
     also admits the waiting head, the policy's own steps must match it: the same requests,
     and in that step (not before) the planned head with the planned positions. Returns how
     many planned admissions were checked."""
     scheduler, pending = _setup("chunked", num_blocks, budget, specs)
+    skipper = FastForward(scheduler)
     now_s, checked = 0.0, 0
     plan: tuple[list[Request], Request, int, int] | None = None  # members, head, positions, step
     while pending or scheduler.has_unfinished():
@@ -160,8 +164,9 @@ def _drive_admissions(num_blocks: int, budget: int, specs: list[tuple[float, int
         scheduler.update(batch, StepResult(0.0), now_s)
         while pending and pending[0].arrival_s <= now_s:
             scheduler.add_request(pending.pop(0), now_s)
-        if plan is None and scheduler.repeat_limit(batch) > 0:
-            shape = scheduler.repeat_shape(batch)
+        run = skipper.plan_repeat(batch) if plan is None else None
+        if run is not None:
+            shape = run.shape
             if shape.admit_request is not None:
                 members = [s.request for s in batch.requests]
                 plan = (members, shape.admit_request, shape.admit_positions, shape.admit_step)

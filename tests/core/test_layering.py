@@ -78,3 +78,61 @@ def test_packages_import_only_downward(package: str, forbidden: tuple[str, ...])
             engine_outside_core = root == "engine" and not name.startswith("engine.core")
             bad = root in forbidden or (package != "engine" and engine_outside_core)
             assert not bad, f"{path.relative_to(ROOT)} imports {name}"
+
+
+def _core_module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _core_import_graph() -> dict[str, set[str]]:
+    """engine.core module -> the engine.core modules it imports, anywhere in the file
+    (``TYPE_CHECKING`` blocks and function bodies included)."""
+    modules = {_core_module(path): path for path in CORE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                # ``from engine.core import x`` names a module x when there is one.
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+                names = [n if n in modules else node.module for n in names]
+            edges.update(n for n in names if n in modules and n != module)
+        graph[module] = edges
+    return graph
+
+
+def test_no_import_cycle_inside_the_core() -> None:
+    """No module of engine/core reaches itself through imports, counting ``TYPE_CHECKING``."""
+    graph = _core_import_graph()
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycle = [*path[path.index(module) :], module]
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if module in done:
+            return
+        for target in sorted(graph[module]):
+            visit(target, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_fast_forward_is_reached_only_by_the_simulator() -> None:
+    """A reader of the core for the engine can skip engine/core/fastforward whole: nothing
+    outside it in the core, and nothing in the engine, imports it."""
+    graph = _core_import_graph()
+    package = "engine.core.fastforward"
+    for module, targets in graph.items():
+        if not module.startswith(package):
+            assert not any(t.startswith(package) for t in targets), module
+    inside = ROOT / "engine" / "core" / "fastforward"
+    for path in sorted((ROOT / "engine").rglob("*.py")):
+        if inside not in path.parents:
+            assert not any(n.startswith(package) for n in _imported_modules(path)), path

@@ -8,12 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.core.config import CacheConfig
-from engine.core.growth import Growth, RepeatShape
+from engine.core.fastforward.growth import UNBOUNDED, ChunkRun, RepeatShape, RequestGrowth
+from engine.core.fastforward.memory import PagedRunMemory
 from engine.core.kv_manager import PagedKVManager
 from engine.core.request import Request
 
 BLOCK_SIZE = 4
-NEVER = 1 << 62
+NEVER = UNBOUNDED
 
 
 def _blocks(tokens: int) -> int:
@@ -22,7 +23,7 @@ def _blocks(tokens: int) -> int:
 
 def _kv_with(
     num_blocks: int, num_cached: int, held: list[int]
-) -> tuple[PagedKVManager, list[Growth]]:
+) -> tuple[PagedKVManager, list[RequestGrowth]]:
     """A cache with ``num_cached`` cached-free blocks and one decoding sequence per entry of
     ``held`` (the tokens it holds); ``num_blocks`` usable, besides the null block."""
     kv = PagedKVManager(CacheConfig(num_blocks=num_blocks + 1, block_size=BLOCK_SIZE))
@@ -32,13 +33,13 @@ def _kv_with(
         for idx in range(num_cached):
             alloc.cache_block(10_000, idx, key=idx)
         alloc.free(10_000)
-    growth: list[Growth] = []
+    growth: list[RequestGrowth] = []
     for seq_id, tokens in enumerate(held):
         alloc.allocate(seq_id, tokens)
         request = Request(f"r{seq_id}", 0.0, num_prompt_tokens=tokens, max_output_tokens=10_000)
         request.seq_ids = [seq_id]
         request.live_seq_ids = [seq_id]
-        growth.append((request, 1, NEVER))
+        growth.append(RequestGrowth(request, 1, NEVER))
     return kv, growth
 
 
@@ -84,7 +85,7 @@ def test_decode_memory_sum_matches_step_by_step(
         count -= 1
     if not count:
         return
-    got = kv.repeat_memory_sum(growth, count, None)
+    got = PagedRunMemory(kv).repeat_memory_sum(growth, count, None)
     real, internal, cached, free, total = _summed_step_by_step(kv, held, count)
     assert got.real_token_slots == real
     assert got.internal_fragmentation_slots == internal
@@ -94,18 +95,20 @@ def test_decode_memory_sum_matches_step_by_step(
     assert got.reservation_waste_slots == got.external_fragmentation_slots == 0
 
 
-def _shape_of(kv: PagedKVManager, growth: list[Growth]) -> RepeatShape:
-    """The aggregate the scheduler gathers for ``growth`` (see repeat.repeat_shape)."""
-    shape = RepeatShape(0, 0, [0] * BLOCK_SIZE, [])
+def _shape_of(kv: PagedKVManager, growth: list[RequestGrowth]) -> RepeatShape:
+    """The aggregate that planning gathers for ``growth`` (see fastforward.plan)."""
+    phases = [0] * BLOCK_SIZE
+    decode_seqs = decode_tokens = 0
+    chunks: list[ChunkRun] = []
     for request, per_step, left in growth:
         held = kv.allocator.num_tokens(request.live_seq_ids[0])
         if left == NEVER:
-            shape.decode_seqs += 1
-            shape.decode_tokens += held
-            shape.decode_phases[held % BLOCK_SIZE] += 1
+            decode_seqs += 1
+            decode_tokens += held
+            phases[held % BLOCK_SIZE] += 1
         else:
-            shape.chunks.append((per_step, held, left, 1))
-    return shape
+            chunks.append(ChunkRun(per_step, held, left, 1))
+    return RepeatShape(decode_seqs, decode_tokens, tuple(phases), tuple(chunks))
 
 
 @settings(max_examples=200, deadline=None)
@@ -133,20 +136,21 @@ def test_growth_from_the_aggregate_shape_matches_growing_for_real(
         request = Request("p", 0.0, num_prompt_tokens=tokens + left, max_output_tokens=5)
         request.seq_ids = request.live_seq_ids = [500]
         request.num_computed_tokens = tokens
-        growth.append((request, per_step, left))
+        growth.append(RequestGrowth(request, per_step, left))
     shape = _shape_of(kv, growth)
-    by_growth, by_shape = kv._growth_need(growth), kv._shape_need(shape)
+    sums = PagedRunMemory(kv)
+    by_growth, by_shape = sums._growth_need(growth), sums._shape_need(shape)
     for k in range(limit + 1):
         assert by_shape(k) == by_growth(k), k
-    capacity = kv.growth_capacity(growth, limit)
-    assert kv.growth_capacity(growth, limit, shape) == capacity
+    capacity = sums.growth_capacity(growth, limit)
+    assert sums.growth_capacity(growth, limit, shape) == capacity
     waiting = Request("w", 0.0, num_prompt_tokens=3 * BLOCK_SIZE, max_output_tokens=1)
     for steps in (1, capacity):
-        assert kv.can_admit_after(waiting, waiting.num_prompt_tokens, (), growth, steps, shape) == (
-            kv.can_admit_after(waiting, waiting.num_prompt_tokens, (), growth, steps)
-        )
+        assert sums.can_admit_after(
+            waiting, waiting.num_prompt_tokens, (), growth, steps, shape
+        ) == (sums.can_admit_after(waiting, waiting.num_prompt_tokens, (), growth, steps))
     if capacity:
-        assert kv.repeat_memory_sum(growth, capacity, None, shape) == kv.repeat_memory_sum(
+        assert sums.repeat_memory_sum(growth, capacity, None, shape) == sums.repeat_memory_sum(
             growth, capacity, None
         )
         free_before = kv.allocator.num_free_blocks

@@ -149,7 +149,7 @@ def test_continuous_recompute_is_not_split() -> None:
     for rid in ("W", "X", "Y"):
         s.add_request(Request(rid, 0.02, 1, 8), 0.03)
     assert positions(run_step(s, 0.03)) == {"V": 1, "W": 1, "X": 1, "Y": 1}
-    s._preempt(v, ScheduledBatch(step_idx=-1, now_s=0.04))
+    s.preempt(v, ScheduledBatch(step_idx=-1, now_s=0.04))
     assert v.num_pending_positions == 12  # 8 prompt + 4 outputs
     # W, X, Y decode (3 tokens), 9 left < 12: V waits whole instead of computing 9.
     batch = run_step(s, 0.04)
@@ -172,7 +172,7 @@ def test_continuous_recompute_longer_than_the_budget_is_split() -> None:
     s.add_request(v, 0.0)
     run_step(s, 0.0)  # prompt: 1 output
     run_step(s, 0.01)  # 2 outputs, 9 computed
-    s._preempt(v, ScheduledBatch(step_idx=-1, now_s=0.02))
+    s.preempt(v, ScheduledBatch(step_idx=-1, now_s=0.02))
     assert v.num_pending_positions == 10
     assert positions(run_step(s, 0.02)) == {"V": 8}
     assert positions(run_step(s, 0.03)) == {"V": 2}

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.batch import ScheduledBatch
+from engine.core.fastforward import FastForward, RunPlan
 from engine.core.policies import POLICIES
-from engine.core.scheduler import Scheduler
 from records.schema import SUMMED_COLUMNS
 from sim import executor
 from sim.run import RunConfig, simulate
@@ -110,8 +109,8 @@ def test_decode_runs_priced_in_one_vectorized_call_equal_pricing_each_step(
 def test_steps_built_without_the_policy_are_used_and_change_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """After a run of repeats the scheduler builds the next decode (and prompt-chunk) step
-    itself (``Scheduler.continuation``) instead of asking the policy: it must happen on a
+    """After a run of repeats fast-forward builds the next decode (and prompt-chunk) step
+    itself (``FastForward.plan_continuation``) instead of asking the policy: it must happen on a
     loaded chunked replica, and turning it off must change no result."""
     config = RunConfig(
         policy="chunked",
@@ -122,19 +121,19 @@ def test_steps_built_without_the_policy_are_used_and_change_nothing(
     )
     trace = load_trace(DATA / "example.csv")
     built = []
-    continuation = Scheduler.continuation
+    continuation = FastForward.plan_continuation
 
-    def counted(self: Scheduler) -> ScheduledBatch | None:
-        batch = continuation(self)
-        if batch is not None:
-            built.append(batch)
-        return batch
+    def counted(self: FastForward) -> RunPlan | None:
+        plan = continuation(self)
+        if plan is not None:
+            built.append(plan.batch)
+        return plan
 
-    monkeypatch.setattr(Scheduler, "continuation", counted)
+    monkeypatch.setattr(FastForward, "plan_continuation", counted)
     continued = simulate(trace, config)
     assert len(built) > 20
     assert any(any(s.is_prefill for s in batch.requests) for batch in built)
-    monkeypatch.setattr(Scheduler, "continuation", lambda self: None)
+    monkeypatch.setattr(FastForward, "plan_continuation", lambda self: None)
     scheduled = simulate(trace, config)
     assert continued.summary == scheduled.summary
     assert continued.requests_frame().equals(scheduled.requests_frame())

@@ -10,7 +10,7 @@ import pytest
 
 from sim.cli import main
 from sim.hardware_file import load_hardware, load_hardware_file
-from sim.hardware_spec import HARDWARE_PRESETS, INTERCONNECTS, HardwareSpec
+from sim.hardware_spec import HARDWARE_PRESETS, HardwareSpec
 from sim.model_spec import MODEL_PRESETS
 from sim.roofline import RooflineCostModel
 
@@ -21,10 +21,11 @@ FULL = {
     "peak_fp8_flops": 400e12,
     "hbm_bandwidth_bytes_per_s": 1.5e12,
     "hbm_capacity_bytes": 34359738368,
-    "interconnect": "pcie",
+    "nvlink_domain_size": 1,
     "interconnect_bandwidth_bytes_per_s": 64e9,
     "interconnect_latency_s": 8e-6,
     "host_link_bandwidth_bytes_per_s": 64e9,
+    "scale_out_bandwidth_bytes_per_s": 64e9,
 }
 
 
@@ -61,7 +62,8 @@ def test_absent_optional_fp8_means_none(tmp_path: Path) -> None:
         ("hbm_bandwidth_bytes_per_s", "fast", r"line 6\).*hbm_bandwidth_bytes_per_s must be a num"),
         ("hbm_capacity_bytes", 1.5, r"hbm_capacity_bytes must be an integer, got 1\.5"),
         ("peak_fp16_flops", -1.0, r"line 3\).*HardwareSpec\.peak_fp16_flops must be positive"),
-        ("interconnect", "infiniband", r"HardwareSpec\.interconnect must be one of"),
+        ("nvlink_domain_size", 0, r"HardwareSpec\.nvlink_domain_size must be positive"),
+        ("nvlink_domain_size", 1.5, r"nvlink_domain_size must be an integer, got 1\.5"),
         ("memory_bw", 1e12, r"unknown key 'memory_bw'"),
     ],
 )
@@ -114,7 +116,7 @@ def test_cli_runs_on_a_hardware_file(tmp_path: Path) -> None:
 def test_datasheet_presets_exist_and_are_sane() -> None:
     for name in ("A40", "L40S", "RTX-4090", "RTX-PRO-6000", "RTX-A6000", "H20", "B200", "MI300X"):
         spec = HARDWARE_PRESETS[name]
-        assert spec.interconnect in INTERCONNECTS
+        assert spec.nvlink_domain_size in (1, 2, 8)
         # FLOP per byte of memory: 37 on the H20, 150-420 elsewhere; a unit slip (TFLOPS
         # written as 1e9, GB/s as 1e12) lands far outside.
         assert 20 < spec.peak_fp16_flops / spec.hbm_bandwidth_bytes_per_s < 1000
@@ -123,10 +125,19 @@ def test_datasheet_presets_exist_and_are_sane() -> None:
 
 def test_nvlink_bridge_joins_pairs_only() -> None:
     a40 = HARDWARE_PRESETS["A40"]
-    assert a40.allreduce_link(2) == (56.25e9, 2e-6)
-    assert a40.allreduce_link(4)[0] == a40.host_link_bandwidth_bytes_per_s
+    assert (a40.nvlink_domain_size, a40.scale_out_bandwidth_bytes_per_s) == (2, 32e9)
     llama = MODEL_PRESETS["Llama-2-7B"]
     pair, quad = RooflineCostModel(llama, a40, tp=2), RooflineCostModel(llama, a40, tp=4)
-    # 1 MiB over 2 ranks on the bridge vs 4 ranks over PCIe gen4 (32 GB/s, 0.75 efficiency).
-    assert quad.allreduce_call_s(2**20) == pytest.approx(6 * (2**20 / 4 / 24e9 + 2e-6))
-    assert pair.allreduce_call_s(2**20) == pytest.approx(2 * (2**20 / 2 / (56.25e9 * 0.75) + 2e-6))
+    call, hop, bus = a40.allreduce_call_latency_s, 2e-6, a40.interconnect_bus_efficiency
+    # 1 MiB over 2 ranks on the bridge vs 4 ranks over PCIe gen4 (32 GB/s): alpha-beta ring.
+    assert pair.allreduce_call_s(2**20) == pytest.approx(call + 2 * hop + 2**20 / (56.25e9 * bus))
+    assert quad.allreduce_call_s(2**20) == pytest.approx(
+        call + 6 * hop + 6 / 4 * 2**20 / (32e9 * bus)
+    )
+
+
+def test_pcie_only_cards_all_reduce_over_pcie() -> None:
+    for name in ("L40S", "RTX-4090", "RTX-PRO-6000", "RTX-PRO-6000-Server"):
+        spec = HARDWARE_PRESETS[name]
+        assert spec.nvlink_domain_size == 1
+        assert spec.scale_out_bandwidth_bytes_per_s == spec.host_link_bandwidth_bytes_per_s

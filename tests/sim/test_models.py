@@ -169,26 +169,38 @@ def test_moe_flops_per_token_by_hand() -> None:
     cost = RooflineCostModel(model, h100)
     flops_per_token = 2 * 48 * (ATTENTION + ROUTER + 8 * EXPERT)
     assert flops_per_token == 5_460_983_808
-    # 8192 tokens are compute-bound: ~64.6 ms of GEMMs against ~22 ms of weight reads.
-    assert cost.linear_s(8192) == pytest.approx(8192 * flops_per_token / (989.4e12 * 0.7))
+    # 8192 tokens are compute-bound: the routed experts run at the GEMM efficiency on the
+    # active parameters' FLOPs (8 of 128 experts a token), beside the attention and router
+    # GEMMs; no shared experts in this model.
+    ops = cost.layer_ops
+    assert ops.op_s("mlp_up_proj", 8192) == ops.op_s("mlp_down_proj", 8192) == 0.0
+    tokens = 8192
+    experts = 2 * h100.gemm_latency_s + tokens * 2 * 8 * EXPERT / (989.4e12 * 0.75)
+    assert ops.experts_s(tokens) == pytest.approx(experts)
+    dense = sum(ops.op_s(op, tokens) for op in ("attn_pre_proj", "attn_post_proj", "mlp_router"))
+    assert cost.linear_s(tokens) == pytest.approx(48 * (dense + experts))
+    # The whole layer's linear FLOPs are the active parameters' (within the GEMMs' tiling).
+    per_layer_active = 2 * (ATTENTION + ROUTER + 8 * EXPERT)
+    assert 48 * tokens * per_layer_active / (989.4e12 * 0.75) < cost.linear_s(tokens)
 
 
 def test_moe_expert_weight_reads_by_hand() -> None:
     model = MODEL_PRESETS["Qwen3-30B-A3B"]
-    cost = RooflineCostModel(model, HARDWARE_PRESETS["H100-SXM"])
+    h100 = HARDWARE_PRESETS["H100-SXM"]
+    cost = RooflineCostModel(model, h100)
     expert_all_layers_bytes = 48 * EXPERT * 2
     # One token reads its 8 experts; two read 128 (1 - (15/16)^2) = 15.5 on average; thousands
     # read all 128.
     assert cost.expert_weight_bytes(1) == pytest.approx(8 * expert_all_layers_bytes)
     assert cost.expert_weight_bytes(2) == pytest.approx(15.5 * expert_all_layers_bytes)
     assert cost.expert_weight_bytes(4096) == pytest.approx(128 * expert_all_layers_bytes)
-    # A decode step of one token is memory-bound: attention + router weights, 8 experts, the
-    # activations; this batch-1 cost is far below the 30B dense weight read.
-    always = 48 * (ATTENTION + ROUTER) * 2
-    act = cost._linear_act_bytes_per_token
-    assert cost.linear_s(1) == pytest.approx(
-        (always + 8 * expert_all_layers_bytes + act) / (3350e9 * 0.8)
+    # A decode step of one token is memory-bound on the experts: its 8 experts' weights and
+    # the activations, far below reading all 128.
+    act = 2 * (2 * 2048 + 3 * 768) * 8
+    assert cost.layer_ops.experts_s(1) == pytest.approx(
+        2 * h100.gemm_latency_s + (8 * EXPERT * 2 + act) / (3350e9 * 0.8)
     )
+    assert cost.linear_s(1) < cost.linear_s(4096) / 4
     # Two ranks (TP-sharded experts, or EP with 64 whole experts each) read half per rank.
     cost_tp2 = RooflineCostModel(model, HARDWARE_PRESETS["H100-SXM"], tp=2)
     assert cost_tp2.expert_weight_bytes(2) == pytest.approx(15.5 * expert_all_layers_bytes / 2)

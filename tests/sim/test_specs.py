@@ -74,6 +74,12 @@ def test_model_spec_validation_names_field_and_value(field: str, value: int) -> 
         ("hbm_bandwidth_bytes_per_s", 0.0),
         ("peak_fp16_flops", -1.0),
         ("interconnect_latency_s", -1e-6),
+        ("num_sms", 0),
+        ("gemm_flops_efficiency", 1.5),
+        ("elementwise_bandwidth_efficiency", 0.0),
+        ("kernel_launch_floor_s", -1e-6),
+        ("allreduce_call_latency_s", -1e-6),
+        ("nvlink_domain_size", 0),
     ],
 )
 def test_hardware_spec_validation_names_field_and_value(field: str, value: float) -> None:

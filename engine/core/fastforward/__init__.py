@@ -1,0 +1,154 @@
+"""Fast-forward, a simulator's privilege: skip runs of identical steps exactly. The engine runs
+every step and never imports this package; a reader of the core for the engine can skip it.
+
+``FastForward`` is the one entry. Its contract, in three moves:
+
+1. **Plan.** After a step has been scheduled, executed and updated, ``plan_repeat(batch)``;
+   or, when the next step is only running decodes (and one prompt chunk),
+   ``plan_continuation()``. Either gives an immutable ``RunPlan`` (the step, at most how
+   many more like it, what each request grows per step) or None.
+2. **Price.** The caller times up to ``plan.max_steps`` steps from ``plan.batch`` and
+   ``plan.shape``; ``tokens`` and ``memory_sum`` give the totals a step-by-step record of the
+   first ``n`` of them would add up to.
+3. **Apply** all of them or a prefix: ``apply(plan, step_end_s)`` with 1 to ``max_steps``
+   end times leaves the scheduler exactly as scheduling, executing and updating those steps
+   one by one would (same requests, same block tables, same prefix cache). No step may run
+   on the scheduler between plan and apply. Arrivals may be added meanwhile: the caller
+   applies only the steps that started before one changed the next step
+   (``Scheduler.changed_since_schedule``); the next ``schedule`` sees it.
+
+It uses only the scheduler's public methods; the rules that end a step live once, in
+``Scheduler.end_step``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.core.batch import ScheduledBatch
+from engine.core.block_allocator import SeqRun
+from engine.core.fastforward.growth import UNBOUNDED, RepeatShape, RequestGrowth, StepTokens
+from engine.core.fastforward.memory import RunMemory, run_memory
+from engine.core.fastforward.plan import RunPlan, plan_continuation, plan_repeat
+from engine.core.kv_manager import KVCacheManager, PagedKVManager
+from engine.core.memory import MemorySnapshot
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
+from engine.core.step import commit_scheduled
+
+__all__ = ["UNBOUNDED", "FastForward", "RepeatShape", "RequestGrowth", "RunPlan", "StepTokens"]
+
+
+class FastForward:
+    """Plans, totals and applies runs of identical steps on one scheduler (see the module
+    docstring for the contract)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._memory: RunMemory = run_memory(scheduler.kv)
+
+    def plan_repeat(self, batch: ScheduledBatch) -> RunPlan | None:
+        """The run of steps repeating ``batch``, which has just been executed and updated."""
+        return plan_repeat(self.scheduler, self._memory, batch)
+
+    def plan_continuation(self) -> RunPlan | None:
+        """The run of the next step, built without the policy (see ``plan_continuation``)."""
+        return plan_continuation(self.scheduler, self._memory)
+
+    def tokens(self, plan: RunPlan, num_steps: int) -> StepTokens:
+        """Prompt and decode tokens the first ``num_steps`` steps of ``plan`` compute."""
+        shape = plan.shape
+        prefill = sum(
+            min(num_steps * chunk.positions_per_step, chunk.positions_left) * chunk.num_seqs
+            for chunk in shape.chunks
+        )
+        if shape.admit_step < num_steps:
+            prefill += shape.admit_positions
+        return StepTokens(prefill, num_steps * shape.decode_seqs)
+
+    def memory_sum(self, plan: RunPlan, num_steps: int) -> MemorySnapshot:
+        """The sum of the memory snapshots of the first ``num_steps`` steps of ``plan``
+        (call before ``apply``)."""
+        return self._memory.repeat_memory_sum(plan.growth, num_steps, plan.next_waiting, plan.shape)
+
+    def apply(self, plan: RunPlan, step_end_s: Sequence[float]) -> list[Request]:
+        """Apply the first ``len(step_end_s)`` steps of ``plan``, ending at those times;
+        returns the requests that finished. Requests that arrived during the last of these
+        steps wait for the next ``schedule``."""
+        s = self.scheduler
+        count = len(step_end_s)
+        if not 0 < count <= plan.max_steps:
+            raise ValueError(f"cannot apply {count} steps of a plan of {plan.max_steps}")
+        if plan.step_idx != s.step_idx:
+            raise ValueError("the scheduler ran a step since this plan was made")
+        growth = plan.growth
+        shape = plan.shape
+        first_idx = s.record_step_ends(step_end_s)
+        kv = s.kv
+        # Positions each request computes in the last step.
+        finals = [
+            1 if g.positions_left == UNBOUNDED else _positions_at(g, count - 1) for g in growth
+        ]
+        if s.cache_config.enable_prefix_caching:
+            # Each step grows each request and registers its full blocks as it is scheduled,
+            # request after request (growth may evict cached blocks): one step at a time.
+            for step in range(count):
+                for g in growth:
+                    request = g.request
+                    num_positions = _positions_at(g, step)
+                    _grow(kv, [RequestGrowth(request, num_positions, num_positions)], 1)
+                    end = request.num_computed_tokens + num_positions
+                    # A decode's known tokens grow by the one sampled each step.
+                    known = request.num_tokens + (step if g.is_decode else 0)
+                    commit_scheduled(kv, request, end, known)
+                    if step < count - 1:  # (the last step's positions: ``end_step``)
+                        request.num_computed_tokens = end
+        else:
+            _grow(kv, growth, count)
+            if count > 1:
+                for g, final in zip(growth, finals, strict=True):
+                    if g.positions_left == UNBOUNDED:  # a decode: one position a step
+                        g.request.num_computed_tokens += count - 1
+                    else:
+                        total = min(count * g.positions_per_step, g.positions_left)
+                        g.request.num_computed_tokens += total - final
+        last_idx = first_idx + count - 1
+        last_s = step_end_s[-1]
+        head = None
+        if shape.admit_step < count:
+            head = shape.admit_request
+            start_s = s.step_end_s[last_idx - 1]
+            if head is None or not s.admit_head(head, shape.admit_positions, start_s):
+                raise RuntimeError("the waiting head this run was to admit is no longer waiting")
+        # The last step's rules, as ``update`` applies them; a decode samples in every step.
+        finished: list[Request] = []
+        for g, final in zip(growth, finals, strict=True):
+            if g.positions_left == UNBOUNDED:
+                s.end_step(g.request, final, None, first_idx, last_s, finished, count)
+            else:
+                s.end_step(g.request, final, None, last_idx, last_s, finished)
+        if head is not None:
+            s.end_step(head, shape.admit_positions, None, last_idx, last_s, finished)
+        finished.extend(s.close_steps(count, last_s))
+        return finished
+
+
+def _positions_at(growth: RequestGrowth, step: int) -> int:
+    """Positions a request computes in step ``step`` (0 = the first) of a run."""
+    per_step = growth.positions_per_step
+    return max(0, min(per_step, growth.positions_left - step * per_step))
+
+
+def _grow(kv: KVCacheManager, growth: Sequence[RequestGrowth], num_steps: int) -> None:
+    """Grow every request of ``growth`` as ``num_steps`` steps would, one after another: in
+    paged memory the allocator takes blocks in that order, so block tables come out the same."""
+    if isinstance(kv, PagedKVManager):
+        runs = [
+            SeqRun(seq_id, g.positions_per_step, g.positions_left)
+            for g in growth
+            for seq_id in g.request.active_seq_ids
+        ]
+        kv.allocator.append_steps(runs, num_steps)
+        return
+    for g in growth:  # contiguous: inside reservations, order does not matter
+        kv.grow(g.request, min(num_steps * g.positions_per_step, g.positions_left))

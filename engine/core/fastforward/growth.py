@@ -1,0 +1,75 @@
+"""What a run of repeated steps grows: per request (``RequestGrowth``) and in aggregate
+(``RepeatShape``), shared by the plan, the memory sums and the simulator's pricing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from engine.core.request import Request
+
+# Positions left for a decode: it grows until it finishes, however long the run.
+UNBOUNDED = 1 << 62
+
+
+class RequestGrowth(NamedTuple):
+    """One request's growth over the run: positions per step for each of its active
+    sequences, until ``positions_left`` are done (``UNBOUNDED`` for a decode)."""
+
+    request: Request
+    positions_per_step: int
+    positions_left: int
+
+    @property
+    def is_decode(self) -> bool:
+        return self.positions_left == UNBOUNDED
+
+
+class ChunkRun(NamedTuple):
+    """A prompt taking one chunk a step: ``num_seqs`` sequences each holding
+    ``tokens_held`` tokens, growing ``positions_per_step`` a step until ``positions_left``."""
+
+    positions_per_step: int
+    tokens_held: int
+    positions_left: int
+    num_seqs: int
+
+
+class StepTokens(NamedTuple):
+    """Tokens that steps compute, prompt (prefill) and decode."""
+
+    prefill: int
+    decode: int
+
+
+@dataclass(frozen=True, slots=True)
+class RepeatShape:
+    """A repeated step in aggregate: what pricing it and summing its memory need, gathered
+    once when the run is planned instead of once per use.
+
+    Decoding sequences are counted with the tokens they hold now, and by those tokens modulo
+    the block size (``decode_phases``, which tells when each starts a block); each prompt
+    chunk is a ``ChunkRun``. When the run's last step also admits the waiting head
+    (``admit_request``, its first chunk of ``admit_positions`` filling the budget that a
+    prompt's last chunk left), ``admit_step`` is that step's index (else ``UNBOUNDED``).
+    """
+
+    decode_seqs: int
+    decode_tokens: int
+    decode_phases: tuple[int, ...]
+    chunks: tuple[ChunkRun, ...]
+    admit_step: int = UNBOUNDED
+    admit_positions: int = 0
+    admit_request: Request | None = None
+
+    def __post_init__(self) -> None:
+        if self.decode_seqs < 0 or self.decode_tokens < 0:
+            raise ValueError(
+                f"decode_seqs and decode_tokens must be >= 0, got {self.decode_seqs!r} and "
+                f"{self.decode_tokens!r}"
+            )
+        if sum(self.decode_phases) != self.decode_seqs:
+            raise ValueError(
+                f"decode_phases must count every decoding sequence ({self.decode_seqs}), "
+                f"got {sum(self.decode_phases)}"
+            )

@@ -1,0 +1,223 @@
+"""The kernel cost mechanisms at their limits, the Vidur CSV readers' errors, and
+`costmodel check` on a handmade profile directory whose answers are known."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+from sim.costmodel_check import run_check
+from sim.hardware_spec import HARDWARE_PRESETS, hardware_for_node
+from sim.kernel_costs import allreduce_s, gemm_s, row_kernel_s
+from sim.layer_ops import LayerOps
+from sim.model_spec import MODEL_PRESETS
+from sim.vidur_profiles import MLP_OPS, VidurFileError, read_allreduce_csv, read_mlp_csv
+
+A100 = HARDWARE_PRESETS["A100-80GB"]
+LLAMA = MODEL_PRESETS["Llama-2-7B"]
+
+
+def test_allreduce_is_latency_bound_for_small_messages() -> None:
+    alpha = A100.allreduce_call_latency_s + 2 * A100.interconnect_latency_s
+    small = allreduce_s(A100, 1024, 2)
+    assert small == pytest.approx(alpha, rel=0.01)
+    assert allreduce_s(A100, 2048, 2) == pytest.approx(small, rel=0.01)
+
+
+def test_allreduce_is_bandwidth_bound_for_large_messages() -> None:
+    big = 512 * 2**20
+    one, two = allreduce_s(A100, big, 8), allreduce_s(A100, 2 * big, 8)
+    assert two / one == pytest.approx(2.0, rel=0.01)
+    bus = A100.interconnect_bandwidth_bytes_per_s * A100.interconnect_bus_efficiency
+    assert one == pytest.approx(2 * 7 / 8 * big / bus, rel=0.01)
+
+
+def test_allreduce_beyond_the_nvlink_domain_uses_the_slow_link() -> None:
+    pairs = hardware_for_node(A100, "pairwise_nvlink")
+    big = 256 * 2**20
+    within, across = allreduce_s(pairs, big, 2), allreduce_s(pairs, big, 4)
+    assert across > 5 * within  # PCIe at 32 GB/s against NVLink at 300 GB/s
+    assert allreduce_s(A100, big, 4, devices_per_node=2) > 5 * allreduce_s(A100, big, 4)
+    assert allreduce_s(A100, big, 1) == 0.0
+    with pytest.raises(ValueError, match="node type"):
+        hardware_for_node(A100, "torus")
+
+
+def test_gemm_waves_step_every_tile_of_tokens() -> None:
+    rows = A100.gemm_tile_tokens
+    n, k = 108 * A100.gemm_tile_cols, 8192  # one tile row fills exactly one wave of 108 SMs
+    ten_waves, eleven_waves = gemm_s(A100, 10 * rows, n, k, 2), gemm_s(A100, 10 * rows + 1, n, k, 2)
+    wave_s = 2 * rows * A100.gemm_tile_cols * k / (312e12 / 108 * A100.gemm_flops_efficiency)
+    assert ten_waves == pytest.approx(10 * wave_s + A100.gemm_latency_s)
+    assert eleven_waves == pytest.approx(11 * wave_s + A100.gemm_latency_s)
+    assert gemm_s(A100, 11 * rows, n, k, 2) == eleven_waves  # same waves, same time
+    # One token: a weight read at the streaming efficiency, plus the GEMM's fixed latency.
+    n = 12288
+    read_s = (n * k + k + n) * 2 / (A100.hbm_bandwidth_bytes_per_s * 0.8)
+    assert gemm_s(A100, 1, n, k, 2) == pytest.approx(read_s + A100.gemm_latency_s)
+
+
+def test_row_kernels_have_a_floor_that_grows_with_the_row() -> None:
+    narrow, wide = row_kernel_s(A100, 1.0, 1024), row_kernel_s(A100, 1.0, 28672)
+    assert narrow == pytest.approx(A100.kernel_launch_floor_s + A100.dram_latency_s)
+    assert wide == pytest.approx(A100.kernel_launch_floor_s + 28 * A100.dram_latency_s)
+    big = 1e9
+    assert row_kernel_s(A100, big, 4096) == pytest.approx(
+        big / (A100.hbm_bandwidth_bytes_per_s * A100.elementwise_bandwidth_efficiency)
+    )
+
+
+_MLP_SHAPE = {
+    "n_head": 32,
+    "n_kv_head": 32,
+    "n_embd": 4096,
+    "n_expanded_embd": 11008,
+    "vocab_size": 32768,
+    "use_gated_mlp": True,
+}
+_MEASURED_OVER_PREDICTED = 1.25  # the handmade op times are 25% above our predictions
+_ALLREDUCE_OVER_PREDICTED = 0.8
+
+
+def _write_csv(path: Path, rows: list[dict[str, object]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _handmade_dir(root: Path) -> Path:
+    """mlp.csv for Llama-2-7B's shape at tp 1 and 2, times 1.25 x our prediction; a DGX
+    all_reduce.csv at 2 workers, times 0.8 x our prediction."""
+    rows: list[dict[str, object]] = []
+    for tp in (1, 2):
+        ops = LayerOps(LLAMA, A100, tp)
+        for num_tokens in (1, 2, 128):
+            row: dict[str, object] = {}
+            for op in MLP_OPS:
+                row[f"time_stats.{op}.median"] = (
+                    ops.op_s(op, num_tokens) * 1e3 * _MEASURED_OVER_PREDICTED
+                )
+            row |= _MLP_SHAPE | {"num_tokens": num_tokens, "num_tensor_parallel_workers": tp}
+            rows.append(row)
+    _write_csv(root / "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv", rows)
+    network = []
+    for size in range(2048, 4096 * 128 * 2 + 8192, 8192):
+        predicted = allreduce_s(A100, size, 2, 2)
+        network.append(
+            {
+                "time_stats.all_reduce.median": predicted * 1e3 * _ALLREDUCE_OVER_PREDICTED,
+                "rank": 0,
+                "num_workers": 2,
+                "size": size,
+                "collective": "all_reduce",
+                "devices_per_node": 2,
+            }
+        )
+    _write_csv(root / "network/a100_dgx/all_reduce.csv", network)
+    return root
+
+
+def test_check_on_a_handmade_directory_gives_the_known_errors(tmp_path: Path) -> None:
+    result = run_check(_handmade_dir(tmp_path), LLAMA, A100)
+    by_kind: dict[str, list[float]] = {}
+    for c in result.comparisons:
+        by_kind.setdefault(c.kind, []).append(c.error_pct)
+    for kind in ("linear", "elementwise"):
+        assert by_kind[kind] == pytest.approx([-20.0] * len(by_kind[kind]))
+    assert by_kind["allreduce"] == pytest.approx([25.0] * len(by_kind["allreduce"]))
+    steps = {c.shape: c for c in result.comparisons if c.kind.endswith("_step")}
+    assert steps["tp=1 batch=1 (ops)"].error_pct == pytest.approx(-20.0)
+    assert steps["tp=1 tokens=128 (ops)"].error_pct == pytest.approx(-20.0)
+    # tp 2: ops measured 1.25x, the two all-reduces a layer 0.8x; worked out by hand.
+    step = steps["tp=2 batch=2 (ops+allreduce)"]
+    ops = LayerOps(LLAMA, A100, 2)
+    layer = sum(ops.op_s(op, 2) for op in MLP_OPS if op != "emb") + ops.op_s("add", 2)
+    allreduce = 2 * allreduce_s(A100, 2 * 4096 * 2, 2)
+    predicted = 32 * (layer + allreduce) + ops.op_s("emb", 2)
+    measured = 32 * (1.25 * layer + 0.8 * allreduce) + 1.25 * ops.op_s("emb", 2)
+    assert step.predicted_s == pytest.approx(predicted)
+    # The step takes the median of the 5 measured sizes nearest its message (+-16 KiB here).
+    assert step.measured_s == pytest.approx(measured, rel=1e-3)
+    assert {"decode_step", "prefill_step"} <= set(by_kind)
+
+
+def test_check_cli_prints_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "check.json"
+    argv = ["costmodel", "check", "--vidur-dir", str(_handmade_dir(tmp_path / "v"))]
+    argv += ["--model", "Llama-2-7B", "--hardware", "A100-80GB", "--json", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "mlp_up_proj" in printed and "decode_step" in printed
+    payload = json.loads(out.read_text())
+    linear = next(r for r in payload["summary_by_kind"] if r["kind"] == "linear")
+    assert linear["median_abs_error_pct"] == pytest.approx(20.0)
+    assert linear["bias_pct"] == pytest.approx(-20.0)
+
+
+def test_malformed_csv_names_file_line_and_column(tmp_path: Path) -> None:
+    root = _handmade_dir(tmp_path)
+    mlp = root / "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv"
+    text = mlp.read_text().splitlines()
+    header = text[0].split(",")
+    column = header.index("time_stats.mlp_up_proj.median")
+    cells = text[2].split(",")
+    cells[column] = "fast"
+    text[2] = ",".join(cells)
+    mlp.write_text("\n".join(text) + "\n")
+    with pytest.raises(VidurFileError, match=r"mlp\.csv: line 3: column 'time_stats\.mlp_up_proj"):
+        read_mlp_csv(mlp)
+
+
+def test_missing_column_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _handmade_dir(tmp_path)
+    network = root / "network/a100_dgx/all_reduce.csv"
+    lines = network.read_text().splitlines()
+    network.write_text("\n".join([lines[0].replace("num_workers", "workers"), *lines[1:]]))
+    with pytest.raises(VidurFileError, match=r"all_reduce\.csv: missing column 'num_workers'"):
+        read_allreduce_csv(network)
+    argv = ["costmodel", "check", "--vidur-dir", str(root), "--model", "Llama-2-7B"]
+    assert main([*argv, "--hardware", "A100-80GB"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "all_reduce.csv" in err and "num_workers" in err
+
+
+def test_bad_tp_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _handmade_dir(tmp_path)
+    argv = ["costmodel", "check", "--vidur-dir", str(root), "--model", "Llama-2-70B"]
+    assert main([*argv, "--hardware", "A100-80GB", "--tp", "3"]) == 2
+    assert "tp=3" in capsys.readouterr().err
+
+
+def test_pairwise_node_changes_only_the_wiring() -> None:
+    # The NVLink pair node type changes only the wiring, nothing a single GPU does.
+    pairs = hardware_for_node(A100, "pairwise_nvlink")
+    assert replace(pairs, nvlink_domain_size=8, scale_out_bandwidth_bytes_per_s=10e9) == A100
+    assert math.isclose(A100.scale_out_bandwidth_bytes_per_s, 10e9)
+
+
+VIDUR = Path(__file__).resolve().parents[3] / "shared/profiles/vidur"
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("model", ["Llama-2-7B", "Llama-3-70B"])
+def test_real_a100_files_stay_within_the_targets(model: str) -> None:
+    if not VIDUR.is_dir():
+        pytest.skip("../shared/profiles/vidur is absent")
+    result = run_check(VIDUR, MODEL_PRESETS[model], A100, tp=1)
+    errors: dict[str, list[float]] = {}
+    for c in result.comparisons:
+        errors.setdefault(c.kind, []).append(abs(c.error_pct))
+    medians = {kind: sorted(e)[len(e) // 2] for kind, e in errors.items()}
+    assert medians["linear"] <= 10.0
+    assert medians["elementwise"] <= 15.0
+    assert medians["prefill_step"] <= 10.0
