@@ -182,16 +182,23 @@ def render_report(runs: Sequence[RunRecords], title: str | None = None) -> str:
     if not runs:
         raise ValueError("runs must hold at least one run, got none")
     title = title or "servesim report: " + ", ".join(run.label for run in runs)
+    lead = "Which policy and memory layout serves this trace best, and why."
+    return render_page(title, lead, report_sections(runs))
+
+
+def render_page(title: str, lead: str, sections: Sequence[Section], script: str = "") -> str:
+    """A self-contained page of ``sections`` (plotly.js embedded once); ``script`` runs after
+    the figures are drawn."""
     plotly_js = plotly.offline.get_plotlyjs().replace("</script", "<\\/script")
-    body = "".join(_section_html(s) for s in report_sections(runs))
+    body = "".join(_section_html(s) for s in sections)
+    extra = f"<script>{script}</script>" if script else ""
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{STYLE}</style>"
         f"<script>{ERROR_CAPTURE_JS}</script><script>{plotly_js}</script></head>"
-        f"<body><h1>{escape(title)}</h1>"
-        '<p class="lead">Which policy and memory layout serves this trace best, and why.</p>'
+        f'<body><h1>{escape(title)}</h1><p class="lead">{escape(lead)}</p>'
         f'{body}<pre id="js-errors" class="hidden">[]</pre>'
-        f'<pre id="render-status" class="hidden"></pre><script>{RENDER_JS}</script>'
+        f'<pre id="render-status" class="hidden"></pre><script>{RENDER_JS}</script>{extra}'
         "</body></html>\n"
     )
 

@@ -463,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # compare takes --policies; --policy (shared with run) is refused there, not ignored.
     compare.set_defaults(func=compare_command, policy=None)
+    add_sweep_commands(commands)
     report = commands.add_parser(
         "report", help="render saved runs (--out folders) as one HTML report"
     )
@@ -479,6 +480,29 @@ def build_parser() -> argparse.ArgumentParser:
     traces_cli.add_info_arguments(info)
     info.set_defaults(func=traces_cli.run_info)
     return parser
+
+
+def add_sweep_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``sweep`` and ``capacity`` live in sim/sweep.py and sim/capacity.py."""
+    from sim import capacity, sweep
+
+    sweep_parser = commands.add_parser(
+        "sweep",
+        help="run a grid of configurations (a TOML spec) and tabulate them",
+        description="Run every point of SPEC (docs/sweep.md) as an ordinary run, each in its own "
+        "folder under --out, and write sweep.csv with one row per point. Points already "
+        "complete under --out are not run again.",
+    )
+    sweep.add_sweep_arguments(sweep_parser)
+    sweep_parser.set_defaults(func=sweep.sweep_command)
+    capacity_parser = commands.add_parser(
+        "capacity",
+        help="find the highest arrival rate that meets the SLOs",
+        description="Bracket, then bisect, the arrival rate (time-scaling TRACE's arrivals) to "
+        "the highest rate at which at least --goodput of requests meet both SLOs.",
+    )
+    capacity.add_capacity_arguments(capacity_parser)
+    capacity_parser.set_defaults(func=capacity.capacity_command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

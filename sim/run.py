@@ -8,6 +8,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import simpy
@@ -151,7 +152,11 @@ class RunResult:
         return real / used if used else None
 
     def write(self, out: Path) -> None:
-        payload = {
+        write_run_dir(out, self.requests_frame(), self.steps.to_frame(), self.payload())
+
+    def payload(self) -> dict[str, Any]:
+        """What ``summary.json`` holds for this run."""
+        return {
             "trace": self.trace_name,
             "config": asdict(self.config),
             "memory_model": self.memory_model,
@@ -164,7 +169,6 @@ class RunResult:
             "command": self.command,
             "servesim_version": servesim_version(),
         }
-        write_run_dir(out, self.requests_frame(), self.steps.to_frame(), payload)
 
     def requests_frame(self) -> pd.DataFrame:
         return request_frame(self.requests, self.transfers)

@@ -1,0 +1,85 @@
+"""``sweep.csv``: one row per sweep point (its options, status, error and every summary metric).
+``write_sweep_csv`` formats values deterministically (floats as ``repr``), so any executor that
+produces the same rows writes the same bytes; ``load_sweep_csv`` reads it back for reports."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+LEAD_COLUMNS = ("point", "run_dir", "status", "error", "num_gpus")
+
+
+def format_value(value: Any) -> str:
+    """None is empty, booleans are true/false, floats their shortest round-trip ``repr``."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def sweep_columns(option_names: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Lead columns, the options, then every metric any row holds, by name (resumed rows come
+    from summary.json, whose keys are sorted, so no row's own order can be trusted)."""
+    lead = [*LEAD_COLUMNS, *option_names]
+    metrics = sorted({key for row in rows for key in row} - set(lead))
+    return [*lead, *metrics]
+
+
+def sweep_csv_text(option_names: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> str:
+    columns = sweep_columns(option_names, rows)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([format_value(row.get(column)) for column in columns])
+    return buffer.getvalue()
+
+
+def write_sweep_csv(
+    path: str | Path, option_names: Sequence[str], rows: Sequence[Mapping[str, Any]]
+) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(sweep_csv_text(option_names, rows), encoding="utf-8")
+    write_option_names(out, option_names)
+    return out
+
+
+def load_sweep_csv(path: str | Path) -> pd.DataFrame:
+    """``sweep.csv`` as a frame (empty cells are NaN; ``error`` and ``run_dir`` stay strings)."""
+    frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    missing = [c for c in LEAD_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: not a sweep.csv (missing columns {missing})")
+    frame["error"] = ["" if pd.isna(v) else str(v) for v in frame["error"]]
+    return frame
+
+
+def options_path(csv_path: str | Path) -> Path:
+    """The ``sweep.json`` beside a ``sweep.csv``: which of its columns are options."""
+    return Path(csv_path).with_name("sweep.json")
+
+
+def write_option_names(csv_path: str | Path, option_names: Sequence[str]) -> None:
+    text = json.dumps({"options": list(option_names)}, indent=2) + "\n"
+    options_path(csv_path).write_text(text, encoding="utf-8")
+
+
+def option_columns(csv_path: str | Path, frame: pd.DataFrame) -> list[str]:
+    """The option columns of a sweep frame, from ``sweep.json`` (written beside sweep.csv)."""
+    path = options_path(csv_path)
+    try:
+        names = json.loads(path.read_text(encoding="utf-8"))["options"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: cannot read the sweep's option names ({error})") from error
+    return [str(n) for n in names if str(n) in frame.columns]

@@ -1,0 +1,121 @@
+"""Capacity search: bracketing and bisection on a known threshold, and the command end to end
+(the capacity passes, the bracket's top fails, both within the stated tolerance)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from records.sweep_table import load_sweep_csv
+from sim.capacity import SearchSettings, find_capacity, passes
+from sim.cli import main
+from sim.sweep import PointOutput
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "traces" / "data" / "example.csv"
+
+
+def threshold_runner(threshold: float, calls: list[list[float]]):  # type: ignore[no-untyped-def]
+    """Probes that meet the SLOs exactly below ``threshold`` req/s."""
+
+    def run(rates: list[float]) -> list[PointOutput]:
+        calls.append(list(rates))
+        return [
+            PointOutput(
+                i, {"status": "ok", "rate": r, "slo_attainment": 1.0 if r < threshold else 0.5}
+            )
+            for i, r in enumerate(rates)
+        ]
+
+    return run
+
+
+@pytest.mark.parametrize("start", [0.3, 7.0, 40.0, 1000.0])
+@pytest.mark.parametrize("width", [1, 3])
+def test_search_brackets_then_bisects_to_the_tolerance(start: float, width: int) -> None:
+    calls: list[list[float]] = []
+    settings = SearchSettings(goodput=0.9, rel_tol=0.01)
+    result = find_capacity(threshold_runner(7.5, calls), start, settings, width)
+    assert result.error == ""
+    low, high = result.low_rate, result.high_rate
+    assert low is not None and high is not None
+    assert low < 7.5 <= high
+    assert (high - low) / low <= 0.01
+    assert all(len(c) <= width for c in calls)
+    assert len(result.probes) == sum(len(c) for c in calls)
+
+
+def test_no_bracket_is_an_error_not_a_capacity() -> None:
+    result = find_capacity(threshold_runner(float("inf"), []), 1.0, SearchSettings(), 1)
+    assert result.capacity_rate is None and result.high_rate is None
+    assert result.low_rate == 2.0**30
+    assert "every rate up to" in result.error
+
+
+def test_passes_needs_a_run_that_reached_the_goodput() -> None:
+    assert passes({"status": "ok", "slo_attainment": 0.9}, 0.9)
+    assert not passes({"status": "ok", "slo_attainment": 0.89}, 0.9)
+    assert not passes({"status": "error", "slo_attainment": None}, 0.9)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"goodput": 0.0}, "goodput"),
+        ({"rel_tol": 1.0}, "rel_tol"),
+        ({"start_rate": -1.0}, "start_rate"),
+    ],
+)
+def test_settings_validation_names_the_field(kwargs: dict[str, float], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SearchSettings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_capacity_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cap"
+    argv = ["capacity", str(EXAMPLE), "--slo-ttft", "200", "--slo-tpot", "30", "--goodput", "0.9"]
+    argv += ["--max-num-seqs", "32", "--rate-tol", "0.05", "--out", str(out)]
+    argv += ["--report", str(tmp_path / "cap.html")]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("capacity ")
+    configs = load_sweep_csv(out / "capacity.csv")
+    probes = load_sweep_csv(out / "capacity_probes.csv")
+    low, high = configs["bracket_low_rate"].iloc[0], configs["bracket_high_rate"].iloc[0]
+    assert (high - low) / low <= 0.05
+    assert configs["max_num_seqs"].iloc[0] == 32
+    by_rate = probes.set_index("rate")
+    assert by_rate.loc[low, "slo_attainment"] >= 0.9
+    assert by_rate.loc[high, "slo_attainment"] < 0.9
+    assert f"{low:.4g} req/s" in printed
+    assert len(probes) == configs["num_probes"].iloc[0]
+    assert (out / probes["run_dir"].iloc[0] / "summary.json").is_file()
+    html = (tmp_path / "cap.html").read_text()
+    assert "fig-attainment" in html and "fig-ttft-rate" in html
+
+
+def test_capacity_of_every_point_of_a_spec(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[trace]\npath = "{EXAMPLE}"\n[grid]\nmax-num-seqs = [4, 64]\n')
+    argv = ["capacity", "--sweep", str(spec), "--slo-ttft", "300", "--slo-tpot", "40"]
+    assert main([*argv, "--rate-tol", "0.1", "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    configs = load_sweep_csv(tmp_path / "out" / "capacity.csv")
+    assert list(configs["max_num_seqs"]) == [4, 64]
+    assert configs["capacity_rate"].iloc[0] < configs["capacity_rate"].iloc[1]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--slo-ttft", "200"], "needs both --slo-ttft MS and --slo-tpot MS"),
+        (["--slo-ttft", "200", "--slo-tpot", "30", "--goodput", "2"], "goodput must be in"),
+    ],
+)
+def test_bad_capacity_input_is_an_error(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["capacity", str(EXAMPLE), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err

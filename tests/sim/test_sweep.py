@@ -1,0 +1,194 @@
+"""Sweeps: the TOML spec, one ordinary run per point, sweep.csv, resume, failing points, and
+byte-identical sweep.csv from every executor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from records.sweep_table import load_sweep_csv, option_columns
+from sim.cli import build_parser, config_from_args, main
+from sim.run import simulate
+from sim.sweep import run_sweep
+from sim.sweep_spec import load_spec, point_config, scale_trace
+from traces.loaders import load_trace
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "traces" / "data" / "example.csv"
+
+SPEC = f"""
+[trace]
+path = "{EXAMPLE}"
+rates = [3.0, 12.0]
+
+[run]
+slo-ttft = 300
+slo_tpot = 40
+
+[grid]
+policy = ["continuous", "chunked"]
+
+[[points]]
+policy = "static"
+rate = 6.0
+"""
+
+
+def write_spec(tmp_path: Path, text: str = SPEC, name: str = "spec.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_spec_grid_times_rates_plus_listed_points(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path))
+    assert len(spec.points) == 5
+    assert spec.points[0] == {"policy": "continuous", "rate": 3.0, "slo_tpot": 40, "slo_ttft": 300}
+    assert spec.points[-1]["policy"] == "static" and spec.points[-1]["rate"] == 6.0
+    assert spec.option_names == ["policy", "rate", "slo_tpot", "slo_ttft"]
+
+
+def test_point_means_what_the_same_run_flags_mean() -> None:
+    options = {"policy": "continuous", "max_num_seqs": 32, "prefix_caching": True, "tp": 2}
+    argv = ["run", "t.csv", "--policy", "continuous", "--max-num-seqs", "32"]
+    expected = config_from_args(build_parser().parse_args([*argv, "--prefix-caching", "--tp", "2"]))
+    assert point_config(options) == expected
+    assert point_config({**options, "prefix_caching": False}).enable_prefix_caching is False
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[trace]\npath = "x.csv"\n[grid]\npolisy = ["static"]', "unknown run option 'polisy'"),
+        (f'[trace]\npath = "{EXAMPLE}"\n[grid]\npolicy = ["fast"]', "invalid choice: 'fast'"),
+        (f'[trace]\npath = "{EXAMPLE}"\n[grid]\nmax-num-seqs = []', "non-empty list"),
+        (f'[trace]\npath = "{EXAMPLE}"\n[run]\nprefix-caching = 1', "give true or false"),
+        (f'[trace]\npath = "{EXAMPLE}"\n[run]\nout = "x"', "'out' is set by [trace]"),
+        ("[grid]\npolicy = ['static']", "exactly one of [trace]"),
+        ("[trace\n", "not valid TOML"),
+        (f'[trace]\npath = "{EXAMPLE}"\n[extra]\na = 1', "unknown table 'extra'"),
+        ("[generator]\nrate = 3", "set rates = [...]"),
+        ("[generator]\nlengths = 'nope'", "[generator]: argument --lengths"),
+    ],
+)
+def test_bad_spec_is_an_error_naming_file_and_field(
+    tmp_path: Path, text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_spec(tmp_path, text)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}") and message in err, err
+    assert "Traceback" not in err
+
+
+def test_scale_trace_sets_the_mean_rate() -> None:
+    trace = load_trace(str(EXAMPLE))
+    scaled = scale_trace(trace, 10.0)
+    assert scaled.mean_rate_per_s == pytest.approx(10.0)
+    assert [r.prompt_tokens for r in scaled.requests] == [r.prompt_tokens for r in trace.requests]
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        scale_trace(trace, 0.0)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sweep")
+    spec = write_spec(root)
+    assert main(["sweep", str(spec), "--out", str(root / "out"), "--quiet"]) == 0
+    return root
+
+
+def test_every_point_is_an_ordinary_run_with_its_own_folder(swept: Path) -> None:
+    frame = load_sweep_csv(swept / "out" / "sweep.csv")
+    assert list(frame["point"]) == [0, 1, 2, 3, 4]
+    assert set(frame["status"]) == {"ok"}
+    assert option_columns(swept / "out" / "sweep.csv", frame) == [
+        "policy",
+        "rate",
+        "slo_tpot",
+        "slo_ttft",
+    ]
+    row = frame.iloc[3]  # chunked at 12 req/s
+    assert (row["policy"], row["rate"]) == ("chunked", 12.0)
+    folder = swept / "out" / row["run_dir"]
+    assert {p.name for p in folder.iterdir()} == {"requests.csv", "steps.csv", "summary.json"}
+    config = point_config({"policy": "chunked", "slo_ttft": 300, "slo_tpot": 40})
+    direct = simulate(scale_trace(load_trace(str(EXAMPLE)), 12.0), config)
+    for key in ("completed", "p99_ttft_ms", "mean_tpot_ms", "request_goodput", "duration_s"):
+        assert row[key] == direct.summary[key], key
+    saved = json.loads((folder / "summary.json").read_text())
+    assert saved["config"]["policy"] == "chunked" and saved["summary"] == direct.summary
+    assert len(pd.read_csv(folder / "requests.csv")) == 200
+
+
+def test_resume_skips_complete_points_and_reruns_broken_ones(swept: Path, tmp_path: Path) -> None:
+    spec, out = swept / "spec.toml", swept / "out"
+    first = (out / "sweep.csv").read_bytes()
+    again = run_sweep(spec, out)
+    assert again.num_resumed == 5
+    assert (out / "sweep.csv").read_bytes() == first
+    broken = out / again.rows[1]["run_dir"] / "summary.json"
+    broken.write_text(broken.read_text()[:100])  # cut off mid-write
+    assert run_sweep(spec, out).num_resumed == 4
+    assert (out / "sweep.csv").read_bytes() == first
+    # Same folder, other options: the stored options differ, so it runs again.
+    payload = json.loads(broken.read_text())
+    payload["sweep_point"]["options"]["policy"] = "static"
+    broken.write_text(json.dumps(payload))
+    assert run_sweep(spec, out).num_resumed == 4
+
+
+def test_a_failing_point_records_its_error_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    text = SPEC + '\n[[points]]\npolicy = "continuous"\nnum-blocks = 1\n'
+    outcome = run_sweep(write_spec(tmp_path, text), tmp_path / "out")
+    frame = load_sweep_csv(outcome.csv_path)
+    assert list(frame["status"]) == ["ok"] * 5 + ["error"]
+    assert "num_blocks must be >= 2" in frame["error"].iloc[5]
+    assert frame["completed"].isna().iloc[5]
+    assert run_sweep(tmp_path / "spec.toml", tmp_path / "out").num_resumed == 5
+
+
+def test_local_processes_write_the_same_bytes(swept: Path, tmp_path: Path) -> None:
+    outcome = run_sweep(swept / "spec.toml", tmp_path / "parallel", jobs=2)
+    assert outcome.num_resumed == 0
+    assert outcome.csv_path.read_bytes() == (swept / "out" / "sweep.csv").read_bytes()
+
+
+def test_generator_source_with_rates(tmp_path: Path) -> None:
+    text = """
+[generator]
+num-requests = 40
+lengths = "fixed"
+prompt-tokens = 64
+output-tokens = 8
+rates = [2.0, 50.0]
+"""
+    outcome = run_sweep(write_spec(tmp_path, text), tmp_path / "out")
+    frame = load_sweep_csv(outcome.csv_path)
+    assert list(frame["rate"]) == [2.0, 50.0]
+    assert list(frame["total_input_tokens"]) == [40 * 64, 40 * 64]
+    assert frame["duration_s"].iloc[0] > 5 * frame["duration_s"].iloc[1]
+
+
+def test_ray_writes_the_same_bytes(swept: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    outcome = run_sweep(swept / "spec.toml", tmp_path / "ray", use_ray=True)
+    assert outcome.csv_path.read_bytes() == (swept / "out" / "sweep.csv").read_bytes()
+    for row in outcome.rows:
+        assert (tmp_path / "ray" / row["run_dir"] / "summary.json").is_file()
+
+
+def test_ray_without_the_extra_is_a_clear_error(
+    swept: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("ray is installed")
+    argv = ["sweep", str(swept / "spec.toml"), "--out", str(tmp_path / "o"), "--ray", "--quiet"]
+    assert main(argv) == 2
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err
