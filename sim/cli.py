@@ -20,6 +20,7 @@ from sim.calibrate import add_calibrate_arguments, run_calibrate
 from sim.costmodel_cli import add_costmodel_commands
 from sim.deployment import ROUTERS
 from sim.hardware_spec import HARDWARE_PRESETS
+from sim.measured_cli import add_measured_commands
 from sim.model_spec import MODEL_PRESETS
 from sim.run import POLICY_CHOICES, RunConfig, RunResult, servesim_version, simulate
 from sim.validate import add_validate_arguments, run_validate
@@ -37,24 +38,25 @@ from traces.rows import ON_ERROR_CHOICES
 DEFAULTS = RunConfig()
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "trace",
-        help="trace file (servesim CSV, Vidur CSV, Azure CSV, Mooncake JSONL, BurstGPT CSV)",
-    )
-    parser.add_argument(
-        "--format",
-        default="auto",
-        choices=["auto", *sorted(FORMATS)],
-        help="trace format (default: detect from the header)",
-    )
-    parser.add_argument(
-        "--on-error",
-        default="raise",
-        choices=ON_ERROR_CHOICES,
-        help="bad trace rows: raise fails listing every one (file, line, field); skip leaves "
-        "them out and the summary counts them (default: %(default)s)",
-    )
+def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) -> None:
+    if with_trace:
+        parser.add_argument(
+            "trace",
+            help="trace file (servesim CSV, Vidur CSV, Azure CSV, Mooncake JSONL, BurstGPT CSV)",
+        )
+        parser.add_argument(
+            "--format",
+            default="auto",
+            choices=["auto", *sorted(FORMATS)],
+            help="trace format (default: detect from the header)",
+        )
+        parser.add_argument(
+            "--on-error",
+            default="raise",
+            choices=ON_ERROR_CHOICES,
+            help="bad trace rows: raise fails listing every one (file, line, field); skip leaves "
+            "them out and the summary counts them (default: %(default)s)",
+        )
     parser.add_argument(
         "--policy",
         default=DEFAULTS.policy,
@@ -70,8 +72,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hardware",
         default=DEFAULTS.hardware,
-        choices=sorted(HARDWARE_PRESETS),
-        help="GPU preset (default: %(default)s)",
+        help=f"GPU preset ({', '.join(HARDWARE_PRESETS)}) or a hardware file (.json or .toml, "
+        "see docs/hardware_format.md) (default: %(default)s)",
     )
     parser.add_argument(
         "--tp",
@@ -492,6 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_validate_arguments(validate)
     validate.set_defaults(func=run_validate)
+    add_measured_commands(commands, add_run_arguments, config_from_args)
     add_costmodel_commands(commands)
     trace = commands.add_parser("trace", help="generate or inspect traces")
     trace_commands = trace.add_subparsers(dest="trace_command", required=True)

@@ -18,6 +18,7 @@ from sim.kv_capacity import (
 from sim.model_spec import ModelSpec, check_tp
 
 _GIB = 1 << 30
+_GB = 10**9
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +61,12 @@ class HardwareSpec:
     # measured for large messages).
     allreduce_call_latency_s: float = 35e-6
     interconnect_bus_efficiency: float = 0.6
-    nvlink_domain_size: int = 8  # GPUs that all reach each other over NVLink (8: NVSwitch)
-    # Per-GPU bandwidth, one direction, to a GPU outside the NVLink domain: between nodes, the
-    # network. 10 GB/s fits Vidur's multi-node DGX rows (an HDR NIC per GPU would be 25 GB/s).
+    # GPUs that all reach each other over the interconnect: 8 on an NVSwitch board (or an
+    # 8-GPU Infinity Fabric mesh), 2 for NVLink-bridged pairs, 1 for PCIe-only cards.
+    nvlink_domain_size: int = 8
+    # Per-GPU bandwidth, one direction, to a GPU outside the NVLink domain: PCIe inside a node
+    # of bridged pairs or PCIe-only cards; between nodes, the network. 10 GB/s fits Vidur's
+    # multi-node DGX rows (an HDR NIC per GPU would be 25 GB/s).
     scale_out_bandwidth_bytes_per_s: float = 10e9
 
     def __post_init__(self) -> None:
@@ -170,7 +174,152 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
         # analytic baseline only; calibrated profiles are what CPU runs should use.
         HardwareSpec("CPU-1T", 96e9, 96e9, None, 10e9, 8 * _GIB, 10e9, 0.0, 10e9),
     ]
+    presets += _workstation_presets() + _datacenter_presets()
     return {spec.name: spec for spec in presets}
+
+
+# PCIe without NVLink: gen4/gen5 x16 carry 32/64 GB/s one way (the PCI-SIG rates). The 8 us
+# a hop through the root complex is an assumption (a few times the NVLink hop), not a measured
+# or datasheet figure; a hardware file can set its own.
+_PCIE_HOP_S = 8e-6
+# How the GPUs of one node are wired is `nvlink_domain_size` (the GPUs that all reach each
+# other over the interconnect) and `scale_out_bandwidth_bytes_per_s` (the link a larger group
+# falls back to): an NVSwitch board is one domain of 8; an NVLink bridge joins pairs (2), a
+# larger tp crossing PCIe; a PCIe-only card is a domain of 1, every all-reduce on PCIe (its
+# interconnect fields then describe the GPU-to-GPU PCIe path); AMD's all-to-all Infinity
+# Fabric mesh is a domain of 8 whose bandwidth is the per-GPU aggregate over all links.
+_PCIE4 = 32 * _GB
+_PCIE5 = 64 * _GB
+
+
+def _workstation_presets() -> list[HardwareSpec]:
+    """PCIe cards. Dense tensor figures: half the datasheet's sparse number."""
+    return [
+        # NVIDIA A40 datasheet: 149.7 TFLOPS fp16 tensor (299.4 sparse), 37.4 TFLOPS fp32,
+        # 48 GB GDDR6 at 696 GB/s, NVLink bridge 112.5 GB/s both directions, PCIe gen4.
+        HardwareSpec(
+            "A40",
+            149.7e12,
+            37.4e12,
+            None,
+            696 * _GB,
+            48 * _GIB,
+            56.25 * _GB,
+            2e-6,
+            _PCIE4,
+            nvlink_domain_size=2,
+            scale_out_bandwidth_bytes_per_s=_PCIE4,
+        ),
+        # NVIDIA RTX A6000 datasheet: 309.7 TFLOPS tensor sparse (154.8 dense), 38.7 TFLOPS
+        # fp32, 48 GB GDDR6 at 768 GB/s, NVLink bridge 112.5 GB/s both directions, PCIe gen4.
+        HardwareSpec(
+            "RTX-A6000",
+            154.8e12,
+            38.7e12,
+            None,
+            768 * _GB,
+            48 * _GIB,
+            56.25 * _GB,
+            2e-6,
+            _PCIE4,
+            nvlink_domain_size=2,
+            scale_out_bandwidth_bytes_per_s=_PCIE4,
+        ),
+        # NVIDIA L40S datasheet: 362.05 TFLOPS bf16 tensor dense (733 sparse), 733 fp8 dense,
+        # 91.6 TFLOPS fp32, 48 GB GDDR6 at 864 GB/s, PCIe gen4 x16, no NVLink.
+        HardwareSpec(
+            "L40S",
+            362.05e12,
+            91.6e12,
+            733e12,
+            864 * _GB,
+            48 * _GIB,
+            _PCIE4,
+            _PCIE_HOP_S,
+            _PCIE4,
+            nvlink_domain_size=1,
+            scale_out_bandwidth_bytes_per_s=_PCIE4,
+        ),
+        # NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): fp16 tensor with fp32
+        # accumulate (what PyTorch uses) 165.2 TFLOPS dense, fp8 with fp32 accumulate 330.3,
+        # 82.6 TFLOPS fp32, 24 GB GDDR6X at 1008 GB/s, PCIe gen4, no NVLink.
+        HardwareSpec(
+            "RTX-4090",
+            165.2e12,
+            82.6e12,
+            330.3e12,
+            1008 * _GB,
+            24 * _GIB,
+            _PCIE4,
+            _PCIE_HOP_S,
+            _PCIE4,
+            nvlink_domain_size=1,
+            scale_out_bandwidth_bytes_per_s=_PCIE4,
+        ),
+        # NVIDIA RTX PRO 6000 Blackwell (Workstation Edition): 96 GB GDDR7 at 1792 GB/s,
+        # 125 TFLOPS fp32, 4000 AI TOPS fp4 sparse (datasheet); per NVIDIA's RTX Blackwell
+        # figures 503.8 TFLOPS bf16 tensor dense with fp32 accumulate (full rate on this
+        # card) and 1007.6 fp8; PCIe gen5 x16, no NVLink.
+        HardwareSpec(
+            "RTX-PRO-6000",
+            503.8e12,
+            125e12,
+            1007.6e12,
+            1792 * _GB,
+            96 * _GIB,
+            _PCIE5,
+            _PCIE_HOP_S,
+            _PCIE5,
+            nvlink_domain_size=1,
+            scale_out_bandwidth_bytes_per_s=_PCIE5,
+        ),
+        # The Server Edition of the same card: 1597 GB/s, the figure LLMServingSim's cluster
+        # config gives for its measured RTX PRO 6000 runs; FLOP/s taken as the Workstation
+        # Edition's (not separately checked).
+        HardwareSpec(
+            "RTX-PRO-6000-Server",
+            503.8e12,
+            125e12,
+            1007.6e12,
+            1597 * _GB,
+            96 * _GIB,
+            _PCIE5,
+            _PCIE_HOP_S,
+            _PCIE5,
+            nvlink_domain_size=1,
+            scale_out_bandwidth_bytes_per_s=_PCIE5,
+        ),
+    ]
+
+
+def _datacenter_presets() -> list[HardwareSpec]:
+    """SXM/OAM parts on a switch or mesh. Dense tensor figures: half the sparse number."""
+    return [
+        # NVIDIA H20 published specifications: 148 TFLOPS bf16 dense, 296 fp8, 44 TFLOPS fp32,
+        # 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s both directions, PCIe gen5.
+        HardwareSpec("H20", 148e12, 44e12, 296e12, 4000 * _GB, 96 * _GIB, 450 * _GB, 2e-6, _PCIE5),
+        # NVIDIA HGX B200 specifications, per GPU: fp16/bf16 4.5 PFLOPS and fp8 9 PFLOPS
+        # sparse (2.25 and 4.5 dense), fp32 75 TFLOPS, 180 GB HBM3e at 7.7 TB/s, NVLink 5
+        # 1.8 TB/s both directions, PCIe gen5 128 GB/s both directions.
+        HardwareSpec(
+            "B200", 2250e12, 75e12, 4500e12, 7700 * _GB, 180 * _GIB, 900 * _GB, 2e-6, _PCIE5
+        ),
+        # AMD Instinct MI300X data sheet: 1307.4 TFLOPS fp16/bf16 dense, 2614.9 fp8 dense,
+        # 163.4 TFLOPS fp32 vector, 192 GB HBM3 at 5.3 TB/s; 7 Infinity Fabric links of
+        # 128 GB/s both directions to the other 7 GPUs (7 x 64 GB/s one way), PCIe gen5.
+        HardwareSpec(
+            "MI300X",
+            1307.4e12,
+            163.4e12,
+            2614.9e12,
+            5300 * _GB,
+            192 * _GIB,
+            448 * _GB,
+            2e-6,
+            _PCIE5,
+            scale_out_bandwidth_bytes_per_s=_PCIE5,
+        ),
+    ]
 
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = _hardware_presets()

@@ -1,24 +1,10 @@
-"""Transformer shapes the cost model needs (`ModelSpec`), named presets, and a reader for a
-Hugging Face `config.json` (Llama/Mistral/Qwen2 and OPT key styles)."""
+"""Transformer shapes the cost model needs (`ModelSpec`: dense or mixture-of-experts) and named
+presets; `sim.hf_config` reads a Hugging Face `config.json` into one."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
-
-from traces.text_files import read_text
-
-_DTYPE_BYTES = {
-    "float32": 4,
-    "float": 4,
-    "float16": 2,
-    "half": 2,
-    "bfloat16": 2,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +28,16 @@ class ModelSpec:
     gated_mlp: bool = True  # SwiGLU (gate + up + down); False: OPT-style fc1 + fc2
     tie_word_embeddings: bool = False
     uses_rope: bool = True  # False: learned absolute positions (OPT), no rotary work per step
+    qk_norm: bool = False  # RMSNorm over each head of Q and K before RoPE (Qwen3)
+    rope_scaling_type: str | None = None  # e.g. "llama3", "yarn"; max_model_len already counts it
+    # Mixture of experts in every layer (Mixtral, Qwen3-MoE); 0 experts: a dense MLP of
+    # intermediate_size. Each token goes to num_experts_per_token routed experts of
+    # moe_intermediate_size, plus always-on shared experts of shared_expert_intermediate_size
+    # in all (Qwen2-MoE, DeepSeek).
+    num_experts: int = 0
+    num_experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
         for field in (
@@ -63,6 +59,41 @@ class ModelSpec:
             raise ValueError(
                 f"ModelSpec.num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"
             )
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        for field in (
+            "num_experts",
+            "num_experts_per_token",
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+        ):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"ModelSpec.{field} must be an int >= 0, got {value!r}")
+        if self.num_experts == 0:
+            for field in (
+                "num_experts_per_token",
+                "moe_intermediate_size",
+                "shared_expert_intermediate_size",
+            ):
+                if getattr(self, field):
+                    raise ValueError(
+                        f"ModelSpec.{field}={getattr(self, field)!r} needs num_experts > 0"
+                    )
+            return
+        if not 1 <= self.num_experts_per_token <= self.num_experts:
+            raise ValueError(
+                f"ModelSpec.num_experts_per_token must be in [1, num_experts={self.num_experts}]"
+                f", got {self.num_experts_per_token!r}"
+            )
+        if self.moe_intermediate_size <= 0:
+            raise ValueError(
+                "ModelSpec.moe_intermediate_size must be positive for a mixture of experts, "
+                f"got {self.moe_intermediate_size!r}"
+            )
+        if not self.gated_mlp:
+            raise ValueError("ModelSpec.gated_mlp must be True for a mixture of experts")
 
     @property
     def q_size(self) -> int:
@@ -73,11 +104,48 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """Q, K, V and output projections of one layer."""
+        return self.hidden_size * (2 * self.q_size + 2 * self.kv_size)
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert (gate, up, down); 0 for a dense model."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def always_on_mlp_params_per_layer(self) -> int:
+        """MLP weights every token uses: the dense MLP, or the router and shared experts."""
+        if not self.is_moe:
+            return (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+        router = self.hidden_size * self.num_experts
+        return router + 3 * self.hidden_size * self.shared_expert_intermediate_size
+
+    @property
+    def mlp_active_intermediate(self) -> int:
+        """MLP width one token passes through: intermediate_size, or its routed experts' and
+        the shared experts' widths together."""
+        if not self.is_moe:
+            return self.intermediate_size
+        routed = self.num_experts_per_token * self.moe_intermediate_size
+        return routed + self.shared_expert_intermediate_size
+
+    @property
     def params_per_layer(self) -> int:
-        """Weights of the linear layers of one decoder layer (attention projections + MLP)."""
-        attention = self.hidden_size * (2 * self.q_size + 2 * self.kv_size)
-        mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
-        return attention + mlp
+        """Weights of the linear layers of one decoder layer (attention projections + MLP,
+        all experts included)."""
+        experts = self.num_experts * self.expert_params
+        return self.attention_params_per_layer + self.always_on_mlp_params_per_layer + experts
+
+    @property
+    def active_params_per_layer(self) -> int:
+        """Weights one token multiplies by in one layer: only its routed experts count."""
+        routed = self.num_experts_per_token * self.expert_params
+        return self.attention_params_per_layer + self.always_on_mlp_params_per_layer + routed
 
     @property
     def embedding_params(self) -> int:
@@ -144,6 +212,39 @@ def _llama(
     )
 
 
+def _long_context_presets() -> list[ModelSpec]:
+    """Llama-3.1 (128K through llama3 RoPE scaling) and Qwen3 (explicit head_dim 128, QK norm,
+    40960 positions), shapes from their config.json files on the Hugging Face hub."""
+
+    def llama31(name: str, layers: int, hidden: int, heads: int, inter: int) -> ModelSpec:
+        return ModelSpec(
+            name, layers, hidden, heads, 8, 128, inter, 128256, 2, 131072,
+            rope_scaling_type="llama3",
+        )  # fmt: skip
+
+    def qwen3(
+        name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter: int
+    ) -> ModelSpec:
+        return ModelSpec(
+            name, layers, hidden, heads, kv_heads, 128, inter, 151936, 2, 40960, qk_norm=True
+        )
+
+    return [
+        llama31("Llama-3.1-8B", 32, 4096, 32, 14336),
+        llama31("Llama-3.1-70B", 80, 8192, 64, 28672),
+        qwen3("Qwen3-8B", 36, 4096, 32, 8, 12288),
+        qwen3("Qwen3-32B", 64, 5120, 64, 8, 25600),
+        # 128 experts of width 768, 8 per token, no shared expert; intermediate_size (6144) is
+        # the config's, unused since every layer is a MoE layer.
+        replace(
+            qwen3("Qwen3-30B-A3B", 48, 2048, 32, 4, 6144),
+            num_experts=128,
+            num_experts_per_token=8,
+            moe_intermediate_size=768,
+        ),
+    ]
+
+
 def _model_presets() -> dict[str, ModelSpec]:
     # Shapes copied from each model's published config.json on the Hugging Face hub.
     presets = [
@@ -156,6 +257,7 @@ def _model_presets() -> dict[str, ModelSpec]:
         _llama("Mistral-7B", 32, 4096, 32, 8, 14336, 32000, 32768),
         # 32k is the native context; the 128k in the base config.json needs YaRN scaling.
         _llama("Qwen2.5-7B", 28, 3584, 28, 4, 18944, 152064, 32768),
+        *_long_context_presets(),
         # The engine's bundled engine/model/configs/tiny-llama.json (fp32), for CPU runs.
         ModelSpec("tiny-llama", 4, 256, 8, 2, 32, 688, 8192, dtype_bytes=4, max_model_len=4096),
         ModelSpec(
@@ -187,51 +289,11 @@ def get_model_preset(name: str) -> ModelSpec:
     raise ValueError(f"unknown model {name!r}; presets are: {', '.join(sorted(MODEL_PRESETS))}")
 
 
-def _require(config: dict[str, Any], key: str, path: Path, field: str) -> Any:
-    if key not in config:
-        raise ValueError(f"{path}: missing key {key!r} (needed for ModelSpec.{field})")
-    return config[key]
-
-
 def model_spec_from_hf_config(
     path: str | Path, name: str | None = None, dtype_bytes: int | None = None
 ) -> ModelSpec:
-    """Read a Hugging Face `config.json` (a file, or a directory holding one).
+    """Read a Hugging Face `config.json`: `sim.hf_config.model_spec_from_hf_config`, kept here
+    for callers that import it from this module."""
+    from sim.hf_config import model_spec_from_hf_config as read  # hf_config imports this module
 
-    Llama, Mistral and Qwen2 use `intermediate_size` and a gated SiLU MLP; OPT is detected by
-    `model_type == "opt"` or an `ffn_dim` key. `dtype_bytes` overrides `torch_dtype`.
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        config = json.loads(read_text(path, "model config"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: cannot read a JSON config ({error})") from error
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: expected a JSON object at the top level")
-    is_opt = config.get("model_type") == "opt" or "ffn_dim" in config
-    hidden = _require(config, "hidden_size", path, "hidden_size")
-    heads = _require(config, "num_attention_heads", path, "num_heads")
-    if dtype_bytes is None:
-        dtype = str(config.get("torch_dtype", "float16"))
-        if dtype not in _DTYPE_BYTES:
-            raise ValueError(f"{path}: unknown torch_dtype {dtype!r}; pass dtype_bytes")
-        dtype_bytes = _DTYPE_BYTES[dtype]
-    inter_key = "ffn_dim" if is_opt else "intermediate_size"
-    return ModelSpec(
-        name=name or str(config.get("_name_or_path") or path.parent.name or "hf-model"),
-        num_layers=_require(config, "num_hidden_layers", path, "num_layers"),
-        hidden_size=hidden,
-        num_heads=heads,
-        num_kv_heads=config.get("num_key_value_heads") or heads,
-        head_dim=config.get("head_dim") or hidden // heads,
-        intermediate_size=_require(config, inter_key, path, "intermediate_size"),
-        vocab_size=_require(config, "vocab_size", path, "vocab_size"),
-        dtype_bytes=dtype_bytes,
-        max_model_len=_require(config, "max_position_embeddings", path, "max_model_len"),
-        gated_mlp=not is_opt,
-        # OPT ties its LM head to the token embedding unless the config says otherwise.
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", is_opt)),
-        uses_rope=not is_opt,
-    )
+    return read(path, name, dtype_bytes)

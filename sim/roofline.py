@@ -101,8 +101,17 @@ class RooflineCostModel:
 
     # Each term takes aggregates so that CalibratedCostModel can swap any one for a table.
 
+    def expected_experts_touched(self, num_tokens: int) -> float:
+        """Distinct routed experts a step's tokens use, per layer (`LayerOps`)."""
+        return self.layer_ops.expected_experts_touched(num_tokens)
+
+    def expert_weight_bytes(self, num_tokens: int) -> float:
+        """Routed-expert weights one rank reads in a step, all layers (`LayerOps`)."""
+        return self.model.num_layers * self.layer_ops.expert_weight_bytes(num_tokens)
+
     def linear_s(self, num_tokens: int) -> float:
-        """QKV, output, gate-up and down projections of every layer, as tiled GEMMs."""
+        """QKV, output, gate-up and down projections of every layer, as tiled GEMMs; a MoE
+        model's router and routed experts (`LayerOps.experts_s`) included."""
         if num_tokens <= 0:
             return 0.0
         return self.model.num_layers * self.layer_ops.linear_s(num_tokens)

@@ -28,11 +28,13 @@ from engine.core.scheduler import Scheduler
 from records.metrics import summarize
 from records.run_dir import write_run_dir
 from records.schema import StepRecorder, request_frame
-from sim.cost_model import make_cost_model
+from sim.cost_model import CostModelConfig, make_cost_model
 from sim.deployment import ROUTERS, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
-from sim.hardware_spec import derive_num_blocks, get_hardware_preset
-from sim.model_spec import ModelSpec, get_model_preset, model_spec_from_hf_config
+from sim.hardware_file import load_hardware
+from sim.hardware_spec import derive_num_blocks
+from sim.hf_config import model_spec_from_hf_config
+from sim.model_spec import ModelSpec, get_model_preset
 from sim.simulator import Replica
 from traces.schema import Trace
 
@@ -182,11 +184,13 @@ def simulate(
     config: RunConfig,
     progress: bool = False,
     wrap_executor: Callable[[CostModelExecutor], Any] | None = None,
+    cost_config: CostModelConfig | None = None,
 ) -> RunResult:
     """Run ``trace`` through the deployment ``config`` describes. ``wrap_executor``, if given,
-    wraps each replica's executor (validation records the batches it prices this way)."""
+    wraps each replica's executor (validation records the batches it prices this way);
+    ``cost_config`` replaces the roofline's default efficiencies (for what-if studies)."""
     model = load_model(config.model)
-    hardware = get_hardware_preset(config.hardware)
+    hardware = load_hardware(config.hardware)
     kv_bytes_per_block = model.kv_bytes_per_block(config.block_size, config.tp)
     num_blocks = config.num_blocks or derive_num_blocks(
         model,
@@ -227,7 +231,7 @@ def simulate(
         max_wait_s=config.max_wait_s,
     )
     cost_model = make_cost_model(
-        model, hardware, config.tp, config.profile, block_size=config.block_size
+        model, hardware, config.tp, config.profile, cost_config, block_size=config.block_size
     )
     # Progress counts requests that finished or were rejected, so it reaches 100% only once
     # the backlog has drained (not when the last request arrives).

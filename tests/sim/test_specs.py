@@ -15,7 +15,8 @@ from sim.hardware_spec import (
     derive_num_blocks,
     get_hardware_preset,
 )
-from sim.model_spec import MODEL_PRESETS, ModelSpec, get_model_preset, model_spec_from_hf_config
+from sim.hf_config import model_spec_from_hf_config
+from sim.model_spec import MODEL_PRESETS, ModelSpec, get_model_preset
 
 GIB = 1 << 30
 
@@ -29,6 +30,11 @@ PARAMS_B = {
     "Mistral-7B": 7.24,
     "Qwen2.5-7B": 7.62,
     "OPT-13B": 12.85,
+    "Llama-3.1-8B": 8.03,
+    "Llama-3.1-70B": 70.55,
+    "Qwen3-8B": 8.19,
+    "Qwen3-32B": 32.76,
+    "Qwen3-30B-A3B": 30.53,
     "tiny-llama": 0.0069632,  # ours: 4 x 692,224 per layer + 2 x 8192 x 256 embeddings
 }
 
@@ -40,7 +46,7 @@ def test_model_preset_parameter_count(name: str) -> None:
 
 def test_every_requested_preset_exists() -> None:
     assert set(MODEL_PRESETS) == set(PARAMS_B)
-    assert set(HARDWARE_PRESETS) == {"A100-40GB", "A100-80GB", "H100-SXM", "H200", "CPU-1T"}
+    assert {"A100-40GB", "A100-80GB", "H100-SXM", "H200", "CPU-1T"} <= set(HARDWARE_PRESETS)
 
 
 def test_lookup_is_case_insensitive_and_lists_names_on_error() -> None:
