@@ -63,34 +63,24 @@ def attend(
     kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
     num_decode = meta.num_decode_tokens
     if meta.num_prefills == 0:
-        decoded: torch.Tensor = kernels.paged_decode_attention(
-            q,
-            k_cache,
-            v_cache,
-            meta.decode_block_tables,
-            meta.decode_seq_lens,
-            scale,
-            backend=meta.backend,
-            max_seq_len=meta.max_decode_seq_len,
-        )
-        return decoded
+        return _decode(q, k_cache, v_cache, meta, scale)
     if num_decode == 0:
-        prefilled: torch.Tensor = kernels.paged_prefill_attention(
-            q,
-            k_cache,
-            v_cache,
-            meta.prefill_block_tables,
-            meta.prefill_query_start_loc,
-            meta.prefill_seq_lens,
-            meta.prefill_context_lens,
-            scale,
-            backend=meta.backend,
-            max_query_len=meta.max_prefill_query_len,
-        )
-        return prefilled
+        return _prefill(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)
-    out[:num_decode] = kernels.paged_decode_attention(
-        q[:num_decode],
+    out[:num_decode] = _decode(q[:num_decode], k_cache, v_cache, meta, scale)
+    out[num_decode:] = _prefill(q[num_decode:], k_cache, v_cache, meta, scale)
+    return out
+
+
+def _decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    out: torch.Tensor = kernels.paged_decode_attention(
+        q,
         k_cache,
         v_cache,
         meta.decode_block_tables,
@@ -99,8 +89,18 @@ def attend(
         backend=meta.backend,
         max_seq_len=meta.max_decode_seq_len,
     )
-    out[num_decode:] = kernels.paged_prefill_attention(
-        q[num_decode:],
+    return out
+
+
+def _prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    out: torch.Tensor = kernels.paged_prefill_attention(
+        q,
         k_cache,
         v_cache,
         meta.prefill_block_tables,
