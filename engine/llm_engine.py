@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -30,6 +30,12 @@ from engine.sampling import SamplingParams
 GIB = 1 << 30
 POLICIES = ("static", "dynamic", "continuous", "chunked")
 PREEMPTION_MODES = ("recompute", "swap")
+CLOCKS = ("wall", "cpu")
+"""How a step's duration is measured: ``wall`` (the clock on the wall: what a user waits) or
+``cpu`` (the engine thread's CPU time: the step's own work, not the wait for a core on a
+loaded machine; CPU device with one torch thread only)."""
+WARMUP_PROMPT_TOKENS = 32
+WARMUP_OUTPUT_TOKENS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,7 @@ class EngineConfig:
     # hand-offs cost more than they save (and a loaded machine makes them far worse); 0 keeps
     # torch's own default.
     cpu_threads: int = 1
+    clock: str = "wall"
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -75,6 +82,18 @@ class EngineConfig:
             )
         if self.cpu_threads < 0:
             raise ValueError(f"cpu_threads must be >= 0, got {self.cpu_threads!r}")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
+        if self.clock == "cpu" and self.device != "cpu":
+            raise ValueError(
+                f"clock 'cpu' needs device 'cpu' (a thread's CPU time does not see GPU work), "
+                f"got device {self.device!r}"
+            )
+        if self.clock == "cpu" and self.cpu_threads != 1:
+            raise ValueError(
+                "clock 'cpu' needs cpu_threads=1 (the engine thread's CPU time misses work on "
+                f"torch's other threads), got cpu_threads={self.cpu_threads!r}"
+            )
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -91,13 +110,23 @@ class EngineConfig:
 
 @dataclass(slots=True)
 class StepRecord:
-    """One executed step, as the engine measured it."""
+    """One executed step, as the engine measured it. ``duration_s`` (schedule, prepare and
+    execute) and ``update_s`` (the scheduler's update after it) are on the engine's clock
+    (``EngineConfig.clock``); ``wall_s`` and ``cpu_s`` are the whole step (both parts) on the
+    wall clock and in the engine thread's CPU time, whichever clock the timeline runs on."""
 
     batch: ScheduledBatch
     start_s: float
     duration_s: float
     timing: StepTiming
-    update_s: float = 0.0  # the scheduler's update after the step (wall clock)
+    update_s: float = 0.0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        """What the step costs the engine's timeline: its duration plus the update after it."""
+        return self.duration_s + self.update_s
 
 
 @dataclass(slots=True)
@@ -172,7 +201,8 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.model,
             self.kv_cache,
-            self.scheduler.block_tables,
+            # Through the engine, so that ``warm_up`` can run on a scratch scheduler.
+            lambda request: self.scheduler.block_tables(request),
             self._params_of,
             eos_token_ids=self.eos_token_ids,
             backend=config.backend,
@@ -221,7 +251,13 @@ class LLMEngine:
     # -- one step ---------------------------------------------------------------------------
 
     def step(self, now_s: float | None = None) -> StepOutput:
-        """Schedule, execute and apply one step starting at ``now_s`` (the clock if None)."""
+        """Schedule, execute and apply one step starting at ``now_s`` (the clock if None).
+
+        The step ends, and its tokens are stamped, at ``now_s`` plus its duration: on the wall
+        clock (``self.clock`` after the model, or the runner's own duration when ``now_s`` is
+        given) or, with ``EngineConfig.clock == "cpu"``, the engine thread's CPU time of
+        schedule + prepare + execute."""
+        wall_0, cpu_0 = time.perf_counter(), time.thread_time()
         start_s = self.clock() if now_s is None else now_s
         batch = self.scheduler.schedule(start_s)
         record = None
@@ -229,14 +265,53 @@ class LLMEngine:
             finished = self.scheduler.update(batch, StepResult(0.0), start_s)
         else:
             result = self.runner.execute(batch)
-            end_s = start_s + result.duration_s if now_s is not None else self.clock()
+            wall_1, cpu_1 = time.perf_counter(), time.thread_time()
+            if self.config.clock == "cpu":
+                end_s = start_s + (cpu_1 - cpu_0)
+            else:
+                end_s = start_s + result.duration_s if now_s is not None else self.clock()
             record = StepRecord(batch, start_s, end_s - start_s, self.runner.last_timing)
-            update_start = time.perf_counter()
             finished = self.scheduler.update(batch, result, end_s)
-            record.update_s = time.perf_counter() - update_start
+            wall_2, cpu_2 = time.perf_counter(), time.thread_time()
+            cpu_mode = self.config.clock == "cpu"
+            record.update_s = (cpu_2 - cpu_1) if cpu_mode else (wall_2 - wall_1)
+            record.wall_s, record.cpu_s = wall_2 - wall_0, cpu_2 - cpu_0
         for request in finished:
             self._sampling.pop(request.request_id, None)
         return StepOutput(batch, finished, record)
+
+    def warm_up(self) -> int:
+        """Run one short request (a prefill, then decodes) on a scratch scheduler, so that
+        one-off lazy initialisation (allocator pools, kernel selection, first-call caches) is
+        paid before the first measured step. The engine's own scheduler, its prefix cache and
+        its counters are untouched; the KV blocks written are overwritten before any later
+        read. Returns the number of steps run."""
+        max_len = self.cache_config.max_model_len
+        prompt = min(WARMUP_PROMPT_TOKENS, max(1, max_len - WARMUP_OUTPUT_TOKENS))
+        outputs = max(1, min(WARMUP_OUTPUT_TOKENS, max_len - prompt))
+        block_size = self.cache_config.block_size
+        if (self.cache_config.num_blocks - 1) * block_size < prompt + outputs + block_size:
+            return 0  # a cache too small for the warm-up request: nothing to warm with
+        scratch_cache = replace(self.cache_config, num_cpu_blocks=0, enable_prefix_caching=False)
+        scratch_config = replace(self.scheduler_config, policy="continuous")
+        real = self.scheduler
+        self.scheduler = Scheduler(scratch_cache, scratch_config)
+        try:
+            vocab = self.model.config.vocab_size
+            ids = [(7 * i + 1) % vocab for i in range(prompt)]
+            params = SamplingParams(max_tokens=outputs, ignore_eos=True)
+            self.add_request("__warm_up__", ids, params, arrival_s=0.0, now_s=0.0)
+            self._num_added -= 1
+            self.scheduler.mark_arrivals_done()
+            num_steps = 0
+            # Bounded: a request the scratch scheduler cannot serve must not hang the engine.
+            while self.scheduler.has_unfinished() and num_steps < 4 * (prompt + outputs):
+                self.step(now_s=0.0)
+                num_steps += 1
+        finally:
+            self.scheduler = real
+            self._sampling.pop("__warm_up__", None)
+        return num_steps
 
     # -- sizing ------------------------------------------------------------------------------
 

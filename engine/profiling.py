@@ -4,8 +4,11 @@ attention by chunk x context, the KV store, block copies, swaps each way, LM hea
 per-step input preparation, and whole engine steps as check points.
 
 Returns plain tables (``measure``); ``sim.calibrate`` turns them into a profile file, so this
-module never imports the simulator. On CUDA: warm-up, CUDA events, medians; on CPU:
-``time.perf_counter`` medians over repeats.
+module never imports the simulator. Every point is warmed up, then timed as a median over
+repeats: on CUDA with CUDA events; on CPU with the engine's clock (``EngineConfig.clock``):
+``time.perf_counter`` (``wall``) or the calling thread's CPU time, ``time.thread_time``
+(``cpu``: with one torch thread, the op's own work, not the waits for a core on a loaded
+machine).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ class CalibrationGrid:
     num_tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
     decode_seqs: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     decode_context: tuple[int, ...] = (16, 64, 256, 1024, 2048, 4096)
+    # Skewed decode batches (num_seqs, short context, long context), half of each: check points
+    # that tell whether the kernel's cost follows the batch's mean context or its longest.
+    decode_skew: tuple[tuple[int, int, int], ...] = ((4, 64, 1024), (16, 64, 1024), (16, 16, 256))
     prefill_query: tuple[int, ...] = (16, 64, 256, 1024, 2048)
     prefill_context: tuple[int, ...] = (0, 256, 1024, 2048)
     lm_seqs: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -59,6 +65,12 @@ class CalibrationGrid:
                 raise ValueError(f"CalibrationGrid.{name} must be increasing, got {values!r}")
             if values[0] < (0 if name == "prefill_context" else 1):
                 raise ValueError(f"CalibrationGrid.{name} starts too low: {values!r}")
+        for skew in self.decode_skew:
+            if len(skew) != 3 or skew[0] < 2 or not 1 <= skew[1] < skew[2]:
+                raise ValueError(
+                    "CalibrationGrid.decode_skew: each entry is (num_seqs >= 2, short, long) "
+                    f"with 1 <= short < long, got {skew!r}"
+                )
         for name in ("repeats", "min_repeats", "check_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"CalibrationGrid.{name} must be >= 1, got {getattr(self, name)}")
@@ -70,6 +82,7 @@ SMALL_GRID = CalibrationGrid(
     num_tokens=(1, 16, 128),
     decode_seqs=(1, 4),
     decode_context=(16, 128),
+    decode_skew=((4, 16, 128),),
     prefill_query=(16, 64),
     prefill_context=(0, 64),
     lm_seqs=(1, 4),
@@ -91,16 +104,22 @@ class Measurements:
         default_factory=dict
     )
     steps: list[dict[str, Any]] = field(default_factory=list)
+    # Skewed decode batches: {"context_tokens": [...], "time_s": t}, one per grid.decode_skew.
+    decode_checks: list[dict[str, Any]] = field(default_factory=list)
     device: dict[str, str] = field(default_factory=dict)
     software: dict[str, str] = field(default_factory=dict)
     decode_attention_context: str = "mean"
     engine: dict[str, str] = field(default_factory=dict)
     grid: dict[str, Any] = field(default_factory=dict)
+    timer: str = "wall"  # "cuda_events", "wall" or "thread_cpu"
 
 
 class _Timer:
-    def __init__(self, device: torch.device, grid: CalibrationGrid) -> None:
+    def __init__(self, device: torch.device, grid: CalibrationGrid, clock: str = "wall") -> None:
         self.device, self.grid = device, grid
+        self.kind = "cuda_events" if device.type == "cuda" else "wall"
+        if device.type != "cuda" and clock == "cpu":
+            self.kind = "thread_cpu"
 
     def median_s(self, fn: Callable[[], Any]) -> float:
         """Median seconds of ``fn`` after warm-up: CUDA events on a GPU, perf_counter on CPU.
@@ -133,6 +152,10 @@ class _Timer:
             end.record()
             end.synchronize()
             return float(start.elapsed_time(end)) / 1000.0
+        if self.kind == "thread_cpu":
+            c0 = time.thread_time()
+            fn()
+            return time.thread_time() - c0
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0
@@ -166,6 +189,7 @@ def point_count(grid: CalibrationGrid) -> int:
     return (
         3 * len(grid.num_tokens)
         + len(grid.decode_seqs) * len(grid.decode_context)
+        + len(grid.decode_skew)
         + len(grid.prefill_query) * len(grid.prefill_context)
         + len(grid.lm_seqs)
         + 3 * len(grid.num_blocks)
@@ -182,15 +206,15 @@ def measure(
     """Time every part of ``config``'s engine over ``grid``."""
     engine = LLMEngine(config)
     device = engine.device
-    timer = _Timer(device, grid)
+    timer = _Timer(device, grid, config.clock)
     tick = on_point or (lambda _: None)
     max_len = engine.cache_config.max_model_len
     grid_ctx = tuple(c for c in grid.decode_context if c <= max_len) or (min(16, max_len),)
     out = Measurements()
     out.device, out.software = _device_info(device)
-    # Both decode kernels (Triton, and the per-sequence torch reference) read each sequence's
-    # own context, so the batch is priced at its mean context ("max" is for a kernel that pads
-    # every sequence to the longest).
+    out.timer = timer.kind
+    # Which context a decode batch costs as ("mean" or "max") is chosen by sim.calibrate from
+    # the skewed check points timed below; "mean" until then.
     backend = kernels.resolve_backend(device, config.backend)
     out.decode_attention_context = "mean"
     out.engine = {
@@ -198,6 +222,7 @@ def measure(
         "dtype": str(engine.dtype).removeprefix("torch."),
         "cpu_threads": str(config.cpu_threads),
         "num_blocks": str(engine.cache_config.num_blocks),
+        "clock": config.clock,
     }
     out.grid = {name: getattr(grid, name) for name in grid.__dataclass_fields__}
     parts = _Parts(engine, backend)
@@ -223,6 +248,11 @@ def measure(
         [float(c) for c in grid_ctx],
         rows,
     )
+    for b, short, long in grid.decode_skew:
+        contexts = [min(short, max_len)] * (b // 2) + [min(long, max_len)] * (b - b // 2)
+        seconds = timer.median_s(parts.decode_attention_at(contexts))
+        out.decode_checks.append({"context_tokens": contexts, "time_s": seconds})
+        tick(f"decode_attention skewed {b}x{short}/{long}")
     queries = [q for q in grid.prefill_query if q <= max_len] or [grid.prefill_query[0]]
     contexts = [c for c in grid.prefill_context if c + queries[0] <= max_len]
     rows = []
@@ -340,14 +370,18 @@ class _Parts:
         return blocks.reshape(num_seqs, width).to(torch.int32)
 
     def decode_attention(self, b: int, context: int) -> Callable[[], Any]:
-        cfg = self.cfg
+        return self.decode_attention_at([context] * b)
+
+    def decode_attention_at(self, contexts: list[int]) -> Callable[[], Any]:
+        """One decode batch whose sequences have these contexts (each its own blocks)."""
+        cfg, b, longest = self.cfg, len(contexts), max(contexts)
         q = self._rand(b, cfg.num_heads, cfg.head_dim)
-        tables = self._tables(b, context)
-        lens = torch.full((b,), context, dtype=torch.int32, device=self.device)
+        tables = self._tables(b, longest)
+        lens = torch.tensor(contexts, dtype=torch.int32, device=self.device)
         scale = cfg.head_dim**-0.5
         return lambda: kernels.paged_decode_attention(
             q, self.k_cache, self.v_cache, tables, lens, scale,
-            backend=self.backend, max_seq_len=context,
+            backend=self.backend, max_seq_len=longest,
         )  # fmt: skip
 
     def prefill_attention(self, query: int, context: int) -> Callable[[], Any]:
@@ -428,8 +462,9 @@ class _Parts:
 
 
 def check_steps(config: EngineConfig, grid: CalibrationGrid) -> list[dict[str, Any]]:
-    """Whole steps of a real engine (schedule, prepare, execute, update) on a small synthetic
-    workload of mixed prompt lengths under chunked prefill: each step's shape and busy time."""
+    """Whole steps of a real, warmed-up engine (schedule, prepare, execute, update) on a small
+    synthetic workload of mixed prompt lengths under chunked prefill: each step's shape and busy
+    time on the engine's clock (``config.clock``)."""
     from dataclasses import replace
 
     budget = min(config.max_num_batched_tokens, 512)
@@ -442,6 +477,7 @@ def check_steps(config: EngineConfig, grid: CalibrationGrid) -> list[dict[str, A
             swap_space_gib=0.0,
         )
     )
+    engine.warm_up()
     max_len = engine.cache_config.max_model_len
     rng = torch.Generator().manual_seed(1)
     vocab = engine.model.config.vocab_size
@@ -458,7 +494,7 @@ def check_steps(config: EngineConfig, grid: CalibrationGrid) -> list[dict[str, A
         if output.record is not None:
             records.append(output.record)
     steps = []
-    for record in records[1:]:  # the first step pays one-off warm-up costs
+    for record in records:
         chunks, contexts = [], []
         for scheduled in record.batch.requests:
             width = len(scheduled.seq_ids)
@@ -472,7 +508,7 @@ def check_steps(config: EngineConfig, grid: CalibrationGrid) -> list[dict[str, A
                 "num_decode_seqs": len(contexts),
                 "sum_decode_context_tokens": sum(contexts),
                 "decode_context_tokens": contexts,
-                "measured_s": record.duration_s + record.update_s,
+                "measured_s": record.busy_s,
             }
         )
     return steps

@@ -1,6 +1,13 @@
-"""Replay a trace on the real engine, on a real clock, and write the simulator's run records.
+"""Replay a trace on the real engine and write the simulator's run records.
 
-Requests arrive at their trace times (times ``time_scale``) measured from the replay's start;
+The engine first runs one short warm-up request (``LLMEngine.warm_up``), so no measured step
+pays one-off initialisation. Then requests arrive at their trace times (times ``time_scale``)
+measured from the replay's start, on one of two clocks (``EngineConfig.clock``): ``wall``, the
+real clock (arrivals are slept for; a step lasts what it lasts on the wall); or ``cpu``, a
+virtual clock that advances by each step's measured thread-CPU time and jumps to the next
+arrival when the engine is idle — a real measurement of each step's execution cost, with
+queueing on a virtual timeline, which a loaded machine's waits for a core do not disturb.
+Requests
 each runs to exactly its trace output length (EOS ignored). Prompts are deterministic synthetic
 token ids, shared wherever the trace says content is shared, so prefix-cache hits are real reuse
 of real KV: a prompt's token ids are taken from the trace when it has them; otherwise each
@@ -108,6 +115,7 @@ class EngineRunResult:
             "servesim_version": _version(),
             "device_name": self.device_name,
             "torch_version": torch.__version__,
+            "clock": self.config.engine.clock,
             "wall_s": self.wall_s,
             "input_prepare_s": self.prepare_s,
         }
@@ -115,13 +123,34 @@ class EngineRunResult:
         write_step_shapes(Path(out) / STEP_SHAPES_FILE, self.step_shapes)
 
 
+CPU_CLOCK_NOTE = (
+    "clock cpu: the timeline is virtual; each step advances it by the engine thread's CPU time "
+    "(schedule, prepare, execute, update) and idle gaps jump to the next arrival, so latencies "
+    "are execution cost plus queueing on that timeline, not wall-clock waits"
+)
+
+
+class _VirtualClock:
+    """The replay's timeline under ``clock cpu``: moved only by the replay."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance_to(self, when_s: float) -> None:
+        self.now_s = max(self.now_s, when_s)
+
+
 def replay(
     trace: Trace,
     config: ReplayConfig,
     on_progress: Callable[[int], None] | None = None,
 ) -> EngineRunResult:
-    """Run every request of ``trace`` through a fresh engine on the wall clock."""
+    """Run every request of ``trace`` through a fresh, warmed-up engine on its clock."""
     engine = LLMEngine(config.engine)
+    engine.warm_up()
     vocab = engine.model.config.vocab_size
     seed = config.engine.seed
     pending = list(enumerate(trace.requests))
@@ -130,8 +159,16 @@ def replay(
     recorder = StepRecorder()
     shapes: list[StepShapeRecord] = []
     prepare_s = 0.0
+    virtual = _VirtualClock() if config.engine.clock == "cpu" else None
     origin = time.monotonic()
-    engine.clock = lambda: time.monotonic() - origin
+    engine.clock = virtual if virtual is not None else (lambda: time.monotonic() - origin)
+
+    def wait_until(when_s: float) -> None:
+        if virtual is not None:
+            virtual.advance_to(when_s)
+        else:
+            time.sleep(max(0.0, when_s - engine.clock()))
+
     scale = config.time_scale
     num_done = 0
     while pending or engine.has_unfinished():
@@ -156,7 +193,7 @@ def replay(
             engine.scheduler.mark_arrivals_done()
         if not engine.has_unfinished():
             if pending:
-                time.sleep(max(0.0, pending[-1][1].arrival_s * scale - engine.clock()))
+                wait_until(pending[-1][1].arrival_s * scale)
             continue
         output = engine.step()
         batch, finished, record = output.batch, output.finished, output.record
@@ -164,9 +201,12 @@ def replay(
             wake = batch.next_wakeup_s
             next_arrival = pending[-1][1].arrival_s * scale if pending else None
             targets = [t for t in (wake, next_arrival) if t is not None]
-            time.sleep(max(0.0, min(targets) - engine.clock()) if targets else 1e-4)
+            wait_until(min(targets) if targets else engine.clock() + 1e-4)
         else:
-            recorder.record(batch, record.start_s, record.duration_s)
+            if virtual is not None:
+                virtual.advance_to(record.start_s + record.busy_s)
+            times = (record.wall_s, record.cpu_s)
+            recorder.record(batch, record.start_s, record.duration_s, wall_cpu_s=times)
             prepare_s += record.timing.prepare_s
             shapes.append(
                 record_of(
@@ -176,6 +216,7 @@ def replay(
                     record.duration_s,
                     record.timing.prepare_s,
                     record.update_s,
+                    *times,
                 )
             )
         num_done += len(finished)
@@ -193,9 +234,9 @@ def replay(
         steps=recorder,
         summary=summary,
         trace_stats=trace.length_stats(),
-        notes=list(trace.notes),
+        notes=list(trace.notes) + ([CPU_CLOCK_NOTE] if virtual is not None else []),
         device_name=name,
-        wall_s=end_s,
+        wall_s=time.monotonic() - origin,
         prepare_s=prepare_s,
         step_shapes=shapes,
     )

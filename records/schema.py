@@ -55,6 +55,11 @@ STEP_COLUMNS = (
     *SLOT_COLUMNS,
     "shared_saved_slots",
 )
+ENGINE_STEP_COLUMNS = ("wall_s", "cpu_s")
+"""Columns only the real engine writes (after STEP_COLUMNS): each step's whole busy time
+(schedule, prepare, execute, the scheduler's update) on the wall clock and in the engine
+thread's CPU time. ``duration_s`` is on the run's timeline, which is one of the two (the run's
+``config.clock``)."""
 # Columns that a row covering several identical steps holds as sums over them.
 SUMMED_COLUMNS = (
     "num_steps",
@@ -80,6 +85,8 @@ class StepRecorder:
         self._rows = bytearray()
         self._num_rows = 0
         self.on_step = on_step
+        # The engine's own measurements (ENGINE_STEP_COLUMNS), one pair per row when given.
+        self._engine_times: dict[str, array[float]] = {}
 
     @property
     def columns(self) -> dict[str, array[float]]:
@@ -106,9 +113,19 @@ class StepRecorder:
         duration_s: float,
         replica: int = 0,
         pool: str = "colocated",
+        wall_cpu_s: tuple[float, float] | None = None,
     ) -> None:
+        """One executed step; the engine also gives ``wall_cpu_s`` (ENGINE_STEP_COLUMNS), for
+        every step of a run or for none."""
         memory = batch.memory
         assert memory is not None
+        if wall_cpu_s is not None:
+            if len(self) and not self._engine_times:
+                raise ValueError("wall_cpu_s given for some steps and not others")
+            for name, value in zip(ENGINE_STEP_COLUMNS, wall_cpu_s, strict=True):
+                self._engine_times.setdefault(name, array("d")).append(value)
+        elif self._engine_times:
+            raise ValueError("wall_cpu_s given for some steps and not others")
         self._row(batch, start_s, duration_s, 1, memory, replica, pool)
 
     def record_repeat(
@@ -198,6 +215,8 @@ class StepRecorder:
         frame = frame.astype({n: "int64" for n in ints})
         names = {code: name for name, code in POOL_CODES.items()}
         frame["pool"] = [names[int(code)] for code in frame["pool"]]
+        for name, column in self._engine_times.items():
+            frame[name] = list(column)
         return frame
 
 

@@ -21,7 +21,9 @@ class StepShapeRecord:
     """One executed step. ``prefill_chunks`` holds (new tokens, context before) per prefilling
     sequence and ``decode_context_tokens`` the context (new token included) per decoding
     sequence, as ``sim.step_shape.StepShape`` takes them. ``duration_s`` is schedule + prepare +
-    execute; ``update_s`` the scheduler's update after it (the engine is busy for both)."""
+    execute; ``update_s`` the scheduler's update after it (the engine is busy for both); both
+    are on the run's timeline (wall clock, or thread-CPU time with ``--clock cpu``).
+    ``wall_s`` and ``cpu_s`` are the whole step on each clock (None in files from before)."""
 
     step_idx: int
     start_s: float
@@ -35,10 +37,14 @@ class StepShapeRecord:
     num_copy_blocks: int = 0
     num_swap_out_blocks: int = 0
     num_swap_in_blocks: int = 0
+    wall_s: float | None = None
+    cpu_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("start_s", "duration_s", "prepare_s", "update_s"):
+        for name in ("start_s", "duration_s", "prepare_s", "update_s", "wall_s", "cpu_s"):
             value = getattr(self, name)
+            if value is None and name in ("wall_s", "cpu_s"):
+                continue
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"StepShapeRecord.{name} must be finite and >= 0, got {value!r}")
         for name in ("num_padding_tokens", "num_copy_blocks", "num_swap_out_blocks"):
@@ -81,6 +87,8 @@ class StepShapeRecord:
             "num_copy_blocks": self.num_copy_blocks,
             "num_swap_out_blocks": self.num_swap_out_blocks,
             "num_swap_in_blocks": self.num_swap_in_blocks,
+            **({"wall_s": self.wall_s} if self.wall_s is not None else {}),
+            **({"cpu_s": self.cpu_s} if self.cpu_s is not None else {}),
         }
 
 
@@ -107,6 +115,8 @@ def record_of(
     duration_s: float,
     prepare_s: float,
     update_s: float,
+    wall_s: float | None = None,
+    cpu_s: float | None = None,
 ) -> StepShapeRecord:
     """The record of one executed ``batch``."""
     ids, chunks, contexts = batch_shape(batch)
@@ -123,6 +133,8 @@ def record_of(
         num_copy_blocks=len(batch.copies) + len(batch.range_copies),
         num_swap_out_blocks=len(batch.swap_out),
         num_swap_in_blocks=len(batch.swap_in),
+        wall_s=wall_s,
+        cpu_s=cpu_s,
     )
 
 
@@ -157,6 +169,10 @@ def _field(obj: dict[str, Any], key: str, where: str, kind: type) -> Any:
     return value
 
 
+def _optional_seconds(obj: dict[str, Any], key: str, where: str) -> float | None:
+    return float(_field(obj, key, where, float)) if key in obj else None
+
+
 def parse_step_shape(obj: Any, where: str) -> StepShapeRecord:
     """One line's object; errors name ``where`` (file:line) and the field."""
     if not isinstance(obj, dict):
@@ -179,6 +195,8 @@ def parse_step_shape(obj: Any, where: str) -> StepShapeRecord:
             num_copy_blocks=int(obj.get("num_copy_blocks", 0)),
             num_swap_out_blocks=int(obj.get("num_swap_out_blocks", 0)),
             num_swap_in_blocks=int(obj.get("num_swap_in_blocks", 0)),
+            wall_s=_optional_seconds(obj, "wall_s", where),
+            cpu_s=_optional_seconds(obj, "cpu_s", where),
         )
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: {error}") from error

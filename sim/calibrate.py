@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sim.profile import FORMAT_VERSION, load_profile
+from sim.profile import DECODE_CONTEXT_RULES, FORMAT_VERSION, Table2D, load_profile
 
 
 def profile_payload(measured: Any, model: str, block_size: int, command: str) -> dict[str, Any]:
@@ -36,6 +36,11 @@ def profile_payload(measured: Any, model: str, block_size: int, command: str) ->
     for name, (xs, ys, rows) in measured.tables_2d.items():
         first, second = axes_2d[name]
         ops[name] = {first: xs, second: ys, "time_s": rows}
+    rule, checks = measured.decode_attention_context, list(measured.decode_checks)
+    if "decode_attention" in measured.tables_2d and checks:
+        xs, ys, rows = measured.tables_2d["decode_attention"]
+        table = Table2D(tuple(xs), tuple(ys), tuple(tuple(r) for r in rows))
+        rule, checks = choose_decode_rule(table, checks)
     return {
         "format_version": FORMAT_VERSION,
         "device": measured.device,
@@ -44,7 +49,9 @@ def profile_payload(measured: Any, model: str, block_size: int, command: str) ->
         "model": model,
         "tp": 1,
         "block_size": block_size,
-        "decode_attention_context": measured.decode_attention_context,
+        "decode_attention_context": rule,
+        "decode_attention_checks": checks,
+        "timer": measured.timer,
         "engine": measured.engine,
         "grid": measured.grid,
         "ops": ops,
@@ -61,8 +68,10 @@ def calibrate(
     small: bool = False,
     progress: bool = True,
     cpu_threads: int = 1,
+    clock: str = "auto",
 ) -> Path:
-    """Time ``model``'s engine on ``device`` and write the profile to ``out``."""
+    """Time ``model``'s engine on ``device`` and write the profile to ``out``. ``clock`` is
+    the CPU's timer (``resolve_clock``); a GPU is timed with CUDA events."""
     from tqdm import tqdm
 
     # Through importlib: the simulator's type checks stop at the engine's torch side.
@@ -78,6 +87,7 @@ def calibrate(
         block_size=block_size,
         weights="random",
         cpu_threads=cpu_threads,
+        clock=resolve_clock(clock, device, cpu_threads),
         # A host cache, so that swaps each way can be timed (a quarter GiB is enough).
         preemption_mode="swap",
         swap_space_gib=0.25,
@@ -100,6 +110,48 @@ def calibrate(
     path.write_text(json.dumps(payload, indent=1) + "\n")
     load_profile(path)  # what we wrote must read back
     return path
+
+
+def choose_decode_rule(
+    table: Table2D, checks: list[dict[str, Any]]
+) -> tuple[str, list[dict[str, Any]]]:
+    """The decode-attention context rule (``mean`` or ``max``) whose lookups in ``table`` come
+    closest to the measured skewed batches (least summed |log(predicted / measured)|), and
+    the checks with each rule's prediction added."""
+    import math
+
+    scored = []
+    for check in checks:
+        contexts = check["context_tokens"]
+        at = {"mean": sum(contexts) / len(contexts), "max": float(max(contexts))}
+        scored.append({**check, **{f"predicted_{r}_s": table(len(contexts), at[r]) for r in at}})
+
+    def misfit(rule: str) -> float:
+        return sum(
+            abs(math.log(c[f"predicted_{rule}_s"] / c["time_s"]))
+            for c in scored
+            if c["time_s"] > 0 and c[f"predicted_{rule}_s"] > 0
+        )
+
+    return min(DECODE_CONTEXT_RULES, key=misfit), scored
+
+
+CLOCK_CHOICES = ("auto", "wall", "cpu")
+CLOCK_HELP = (
+    "how CPU time is measured: cpu = the engine thread's CPU time (time.thread_time), which a "
+    "loaded machine's waits for a core do not inflate; wall = the wall clock; auto = cpu on a "
+    "CPU device with one torch thread, wall otherwise (a GPU always times with CUDA events "
+    "and runs on the wall clock)"
+)
+
+
+def resolve_clock(clock: str, device: str, cpu_threads: int) -> str:
+    """``auto`` is ``cpu`` on a CPU device with one torch thread, else ``wall``."""
+    if clock not in CLOCK_CHOICES:
+        raise ValueError(f"clock must be one of {CLOCK_CHOICES}, got {clock!r}")
+    if clock != "auto":
+        return clock
+    return "cpu" if device == "cpu" and cpu_threads == 1 else "wall"
 
 
 def _model_name(model: str) -> str:
@@ -129,6 +181,7 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="torch threads on CPU, as the engine runs (default: %(default)s)",
     )
+    parser.add_argument("--clock", default="auto", choices=CLOCK_CHOICES, help=CLOCK_HELP)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -147,6 +200,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         small=args.small_grid,
         progress=not args.quiet,
         cpu_threads=args.cpu_threads,
+        clock=args.clock,
     )
     if not args.quiet:
         print(f"wrote profile {path}")

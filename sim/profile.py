@@ -13,9 +13,10 @@ from typing import Any
 
 from traces.text_files import read_text
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 DECODE_CONTEXT_RULES = ("mean", "max")
+TIMERS = ("cuda_events", "wall", "thread_cpu", "unknown")
 
 OP_AXES: dict[str, tuple[str, ...]] = {
     "linear": ("num_tokens",),
@@ -114,6 +115,17 @@ class StepTiming:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodeCheck:
+    """One measured decode batch of uneven contexts (v3), and what the table predicted for it
+    at the batch's mean and at its longest context, when the file says."""
+
+    context_tokens: tuple[int, ...]
+    time_s: float
+    predicted_mean_s: float | None = None
+    predicted_max_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """A loaded profile: where and how it was measured, per-op tables, whole-step timings."""
 
@@ -131,6 +143,10 @@ class Profile:
     # sequence's own blocks) or "max" (one padded to the longest, as the CPU reference).
     decode_attention_context: str = "mean"
     engine: dict[str, str] | None = None
+    # v3: how the times were taken: CUDA events, the wall clock, or the thread's CPU time.
+    timer: str = "unknown"
+    # v3: skewed decode batches as measured, which chose ``decode_attention_context``.
+    decode_attention_checks: tuple[DecodeCheck, ...] = ()
 
 
 class _Reader:
@@ -221,6 +237,21 @@ class _Reader:
             )
         return timing
 
+    def decode_check(self, i: int, check: Any) -> DecodeCheck:
+        field = f"decode_attention_checks[{i}]"
+        if not isinstance(check, dict):
+            raise self.fail(field, f"expected an object, got {check!r}")
+        contexts = self.get(check, "context_tokens", list, f"{field}.context_tokens")
+        if not contexts or not all(_is_count(c) and c > 0 for c in contexts):
+            raise self.fail(f"{field}.context_tokens", "expected positive integers")
+        time_s = self.numbers([self.get(check, "time_s", (int, float), f"{field}.time_s")], field)
+        predicted = {}
+        for key in ("predicted_mean_s", "predicted_max_s"):
+            if key in check:
+                value = self.get(check, key, (int, float), f"{field}.{key}")
+                predicted[key] = self.numbers([value], f"{field}.{key}")[0]
+        return DecodeCheck(tuple(contexts), time_s[0], **predicted)
+
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -243,7 +274,8 @@ def load_profile(path: str | Path) -> Profile:
         raise reader.fail("<top level>", "expected a JSON object")
     version = reader.get(data, "format_version", int, "format_version")
     if version not in READABLE_VERSIONS:
-        known = " and ".join(str(v) for v in READABLE_VERSIONS)
+        *older, newest = (str(v) for v in READABLE_VERSIONS)
+        known = f"{', '.join(older)} and {newest}" if older else newest
         raise reader.fail("format_version", f"this reader knows {known}, got {version}")
     device = reader.get(data, "device", dict, "device")
     software = reader.get(data, "software", dict, "software")
@@ -269,6 +301,15 @@ def load_profile(path: str | Path) -> Profile:
             raise reader.fail(
                 "decode_attention_context", f"must be one of {DECODE_CONTEXT_RULES}, got {rule!r}"
             )
+    timer = "unknown"
+    if version >= 3 and "timer" in data:
+        timer = reader.get(data, "timer", str, "timer")
+        if timer not in TIMERS:
+            raise reader.fail("timer", f"must be one of {TIMERS}, got {timer!r}")
+    checks: list[DecodeCheck] = []
+    if version >= 3 and "decode_attention_checks" in data:
+        raw_checks = reader.get(data, "decode_attention_checks", list, "decode_attention_checks")
+        checks = [reader.decode_check(i, c) for i, c in enumerate(raw_checks)]
     engine = None
     if version >= 2 and "engine" in data:
         engine_obj = reader.get(data, "engine", dict, "engine")
@@ -286,4 +327,6 @@ def load_profile(path: str | Path) -> Profile:
         format_version=version,
         decode_attention_context=rule,
         engine=engine,
+        timer=timer,
+        decode_attention_checks=tuple(checks),
     )

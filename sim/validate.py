@@ -17,9 +17,11 @@ from engine.core.batch import ScheduledBatch, StepResult
 from records.run_dir import load_run
 from records.step_shapes import STEP_SHAPES_FILE, StepShapeRecord, load_step_shapes, record_of
 from sim import validation
+from sim.calibrate import CLOCK_CHOICES, CLOCK_HELP, resolve_clock
 from sim.cost_model import CostModel, make_cost_model
 from sim.executor import CostModelExecutor
 from sim.hardware_spec import get_hardware_preset
+from sim.profile import load_profile
 from sim.run import RunConfig, RunResult, load_model, simulate
 from traces.schema import Trace
 
@@ -48,6 +50,7 @@ class ValidateConfig:
     max_requests: int | None = None
     hardware: str | None = None  # the roofline's; None: CPU-1T on cpu, H100-SXM on cuda
     cpu_threads: int = 1
+    clock: str = "auto"  # the engine's and calibration's clock; see sim.calibrate.CLOCK_HELP
 
     def __post_init__(self) -> None:
         if self.policy not in ENGINE_POLICIES:
@@ -59,6 +62,12 @@ class ValidateConfig:
             raise ValueError(f"max_requests must be >= 1, got {self.max_requests!r}")
         if not 0 <= self.time_scale < float("inf"):
             raise ValueError(f"time_scale must be finite and >= 0, got {self.time_scale!r}")
+        if self.clock not in CLOCK_CHOICES:
+            raise ValueError(f"clock must be one of {CLOCK_CHOICES}, got {self.clock!r}")
+
+    def engine_clock(self) -> str:
+        """``wall`` or ``cpu``: ``auto`` is ``cpu`` on a CPU device with one torch thread."""
+        return resolve_clock(self.clock, self.device, self.cpu_threads)
 
     def roofline_hardware(self) -> str:
         if self.hardware is not None:
@@ -113,6 +122,7 @@ def run_engine(trace: Trace, config: ValidateConfig, out: Path, command: str) ->
         batch_size=config.batch_size,
         max_wait_s=config.max_wait_s,
         cpu_threads=config.cpu_threads,
+        clock=config.engine_clock(),
     )
     # The trace is already subset; the engine stretches arrivals itself.
     replay_config = engine_replay.ReplayConfig(engine=engine, time_scale=config.time_scale)
@@ -256,6 +266,7 @@ def validate(
                 command,
                 progress=progress,
                 cpu_threads=config.cpu_threads,
+                clock=config.engine_clock(),
             )
         )
     run = sim_config(engine_dir, config, profile)
@@ -271,13 +282,19 @@ def validate(
     result = compare(engine_dir, scaled, run, out, progress)
     result["command"] = command
     result["time_scale"] = scale
+    result["engine_clock"] = str(load_run(engine_dir).config.get("clock", "wall"))
+    result["profile_timer"] = load_profile(profile).timer
     (out / VALIDATION_FILE).write_text(json.dumps(result, indent=1, default=str) + "\n")
     return result
 
 
 def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
     """The error table: per cost model, per-request metrics and per-step error."""
-    print(f"validation of {result['trace']} ({result['num_requests']} requests)", file=file)
+    print(
+        f"validation of {result['trace']} ({result['num_requests']} requests); engine clock "
+        f"{result.get('engine_clock', 'wall')}, profile timer {result.get('profile_timer')}",
+        file=file,
+    )
     for name, model in result["models"].items():
         parts = []
         for metric, stats in model["requests"]["metrics"].items():
@@ -380,6 +397,14 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="hardware preset of the roofline baseline (default: CPU-1T on cpu, H100-SXM on cuda)",
     )
+    parser.add_argument(
+        "--clock",
+        default=defaults.clock,
+        choices=CLOCK_CHOICES,
+        help=CLOCK_HELP + "; with cpu the engine replays on a virtual clock advanced by each "
+        "step's thread-CPU time (python -m engine run --clock), so the comparison is like "
+        "with like (default: %(default)s)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
 
 
@@ -402,6 +427,7 @@ def run_validate(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         max_requests=args.max_requests,
         hardware=args.hardware,
+        clock=args.clock,
     )
     if args.hardware is not None:
         get_hardware_preset(args.hardware)

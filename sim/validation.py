@@ -39,6 +39,11 @@ AGGREGATES = (
     "completed",
 )
 STEP_KINDS = ("prefill-heavy", "decode-only", "mixed")
+DECODE_SKEWS = ("uniform", "skewed")
+SKEWED_MAX_OVER_MEAN = 1.5
+"""A decode batch is ``skewed`` when its longest context is at least this times its mean: where
+a cost model that prices decode attention at the mean context (or at the longest) would show
+its error, if the kernel's cost does not follow that rule."""
 
 
 def error_stats(predicted: Sequence[float], measured: Sequence[float]) -> dict[str, Any]:
@@ -138,14 +143,27 @@ def step_errors(
             + sum(n + c for n, c in record.prefill_chunks),
             "measured_s": record.busy_s,
             "predicted_s": price(shape),
+            "decode_skew": decode_skew(record.decode_context_tokens),
         }
         if breakdown is not None:
             row["terms"] = breakdown(shape)
         rows.append(row)
-    out: dict[str, Any] = {"all": _stats_of(rows), "by_kind": {}, "rows": rows}
+    out: dict[str, Any] = {"all": _stats_of(rows), "by_kind": {}, "by_decode_skew": {}}
     for kind in STEP_KINDS:
         out["by_kind"][kind] = _stats_of([r for r in rows if r["kind"] == kind])
+    for skew in DECODE_SKEWS:
+        out["by_decode_skew"][skew] = _stats_of([r for r in rows if r["decode_skew"] == skew])
+    out["rows"] = rows
     return out
+
+
+def decode_skew(contexts: Sequence[int]) -> str | None:
+    """``uniform`` or ``skewed`` (see SKEWED_MAX_OVER_MEAN) for a step with two or more decodes;
+    None otherwise."""
+    if len(contexts) < 2:
+        return None
+    mean = sum(contexts) / len(contexts)
+    return "skewed" if max(contexts) >= SKEWED_MAX_OVER_MEAN * mean else "uniform"
 
 
 def _stats_of(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

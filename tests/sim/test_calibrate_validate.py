@@ -31,8 +31,16 @@ def small_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_small_calibration_writes_a_profile_that_loads(small_profile: Path) -> None:
     profile = load_profile(small_profile)
-    assert (profile.format_version, profile.model, profile.block_size) == (2, "tiny-llama", 16)
-    assert profile.decode_attention_context == "mean"  # both decode kernels go per sequence
+    assert (profile.format_version, profile.model, profile.block_size) == (3, "tiny-llama", 16)
+    assert profile.timer == "thread_cpu"  # a CPU with one torch thread: the thread's CPU time
+    # The rule is the one that fits the skewed check points better (sim.calibrate).
+    (check,) = profile.decode_attention_checks
+    assert check.context_tokens == (16, 16, 128, 128)
+    errors = {
+        rule: abs(getattr(check, f"predicted_{rule}_s") - check.time_s) / check.time_s
+        for rule in ("mean", "max")
+    }
+    assert errors[profile.decode_attention_context] == min(errors.values())
     assert {"linear", "elementwise", "decode_attention", "prefill_attention", "store_kv"} <= set(
         profile.ops
     )

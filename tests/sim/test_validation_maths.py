@@ -103,6 +103,31 @@ def test_step_errors_by_batch_shape() -> None:
     assert [r["measured_s"] for r in out["rows"]] == [2.0, 1.0, 1.0, 0.5]
 
 
+def test_step_errors_by_decode_skew() -> None:
+    steps = [
+        # Measured: a kernel padded to the longest context, 0.01 s per sequence x 100 tokens.
+        _step(0, ("a", "b"), contexts=[100, 100], busy=2.0),  # uniform
+        _step(1, ("a", "b"), contexts=[10, 190], busy=3.8),  # skewed: max 1.9x the mean
+        _step(2, ("a",), contexts=[100], busy=1.0),  # one decode: neither
+    ]
+    assert [validation.decode_skew(s.decode_context_tokens) for s in steps] == [
+        "uniform",
+        "skewed",
+        None,
+    ]
+
+    def at_mean_context(shape: StepShape) -> float:
+        # Priced at the mean context: exact on uniform steps, fast on skewed ones.
+        contexts = shape.decode_context_tokens
+        return 0.01 * len(contexts) * sum(contexts) / len(contexts)
+
+    out = validation.step_errors(steps, at_mean_context, None, 16)
+    assert out["by_decode_skew"]["uniform"]["median_abs_pct"] == pytest.approx(0.0)
+    assert out["by_decode_skew"]["skewed"]["bias_pct"] == pytest.approx(100 * (2.0 - 3.8) / 3.8)
+    assert out["by_decode_skew"]["skewed"]["n"] == 1
+    assert [r["decode_skew"] for r in out["rows"]] == ["uniform", "skewed", None]
+
+
 def test_first_divergence_names_the_step_and_both_batches() -> None:
     engine = [_step(0, ("a",), chunks=[(8, 0)]), _step(1, ("a", "b"), contexts=[9, 5])]
     same = [_step(0, ("a",), chunks=[(8, 0)], busy=9.0), _step(1, ("a", "b"), contexts=[9, 5])]
