@@ -1,7 +1,12 @@
 """The simulator against the real engine on CPU: tiny-llama over the bundled traces under every
 policy (the first --requests requests of each), with a profile calibrated in the same run (or
 --profile), and the analytic roofline beside it. Prints the error table, then the run-to-run
-noise of the engine itself (the same configuration replayed twice).
+noise of the engine itself (the same configuration replayed twice), per request and per step,
+and where the calibrated model's step error sits (by batch shape, by decode skew, per term).
+
+By default (``--clock auto``) both the calibration and the engine run on the thread-CPU clock
+(docs/cpu_timing.md): on a loaded, shared CPU the wall clock measures the load more than the
+model.
 
     python benchmarks/validate_cpu.py --out runs/validate-cpu > benchmarks/results/validate_cpu.txt
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -23,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from records.run_dir import load_run  # noqa: E402
+from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes, shapes_equal  # noqa: E402
 from sim import validation  # noqa: E402
-from sim.calibrate import calibrate  # noqa: E402
+from sim.calibrate import CLOCK_CHOICES, calibrate, resolve_clock  # noqa: E402
 from sim.validate import ValidateConfig, subset, validate  # noqa: E402
 from traces.loaders import load_trace  # noqa: E402
 
@@ -56,49 +63,101 @@ HEADER = (
 )
 
 
-def noise(trace_path: Path, args: argparse.Namespace, out: Path) -> list[str]:
-    """The engine twice on one configuration: per-request differences between the runs."""
+def noise(trace_path: Path, args: argparse.Namespace, out: Path, clock: str) -> list[str]:
+    """The engine twice on one configuration: per-request differences between the runs, and
+    per step over the steps both runs ran with the same batch at the same index."""
     from engine.llm_engine import EngineConfig
     from engine.replay import ReplayConfig, replay
 
-    trace = subset(load_trace(trace_path), args.requests, 1.0)
+    trace = subset(load_trace(trace_path), args.noise_requests, 1.0)
     dirs = []
     for attempt in (1, 2):
-        engine = EngineConfig(model="tiny-llama", weights="random", policy="chunked")
+        engine = EngineConfig(model="tiny-llama", weights="random", policy="chunked", clock=clock)
         result = replay(trace, ReplayConfig(engine=engine, time_scale=args.time_scale))
         result.write(out / f"noise-{attempt}")
         dirs.append(out / f"noise-{attempt}")
     first, second = (load_run(d) for d in dirs)
     errors = validation.request_errors(first.requests, second.requests)
-    lines = [f"run-to-run noise: {trace.name}, chunked, engine run twice (second vs first)"]
+    lines = [
+        f"run-to-run noise: {trace.name} (first {len(trace.requests)} requests), chunked, "
+        f"clock {clock}, engine run twice (second vs first)"
+    ]
     for metric, stats in errors["metrics"].items():
         lines.append(
             f"  {metric.upper():<5} median |diff| {_pct(stats['median_abs_pct'])}%  "
             f"p90 {_pct(stats['p90_abs_pct'])}%  bias {_pct(stats['bias_pct'])}%"
         )
+    a, b = (load_step_shapes(d / STEP_SHAPES_FILE) for d in dirs)
+    pairs = [(x, y) for x, y in zip(a, b, strict=False) if shapes_equal(x, y)]
+    for name, get in (("busy (timeline)", "busy_s"), ("cpu_s", "cpu_s"), ("wall_s", "wall_s")):
+        stats = validation.error_stats(
+            [getattr(y, get) for _, y in pairs], [getattr(x, get) for x, _ in pairs]
+        )
+        lines.append(
+            f"  step {name:<15} median |diff| {_pct(stats['median_abs_pct'])}%  "
+            f"p90 {_pct(stats['p90_abs_pct'])}%  over {stats['n']} same-batch steps"
+        )
     return lines
+
+
+def _calibrated_rows(out: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for path in sorted(out.glob("*/*/validation.json")):
+        rows += json.loads(path.read_text())["models"]["calibrated"]["steps"]["rows"]
+    return rows
 
 
 def term_table(out: Path) -> list[str]:
     """Over every validation.json under ``out``: per step kind, the calibrated model's mean
-    measured and predicted step and its terms (ms), pooled over runs weighted by step count."""
+    measured and predicted step and its terms (ms), pooled over runs weighted by step count;
+    then the error by decode skew, and per-term scale factors fitted to the measured steps."""
     pooled: dict[str, dict[str, float]] = {}
     counts: dict[str, int] = {}
-    for path in sorted(out.glob("*/*/validation.json")):
-        model = json.loads(path.read_text())["models"]["calibrated"]
-        for row in model["steps"]["rows"]:
-            kind = row["kind"]
-            sums = pooled.setdefault(kind, {})
-            counts[kind] = counts.get(kind, 0) + 1
-            for key, value in [("measured", row["measured_s"]), ("predicted", row["predicted_s"])]:
-                sums[key] = sums.get(key, 0.0) + value
-            for key, value in row["terms"].items():
-                sums[key] = sums.get(key, 0.0) + value
+    rows = _calibrated_rows(out)
+    for row in rows:
+        kind = row["kind"]
+        sums = pooled.setdefault(kind, {})
+        counts[kind] = counts.get(kind, 0) + 1
+        for key, value in [("measured", row["measured_s"]), ("predicted", row["predicted_s"])]:
+            sums[key] = sums.get(key, 0.0) + value
+        for key, value in row["terms"].items():
+            sums[key] = sums.get(key, 0.0) + value
     lines = ["calibrated model on the engine's own steps, mean ms per step, all runs pooled:"]
     for kind, sums in pooled.items():
         n = counts[kind]
         parts = [f"{k} {1000 * v / n:.2f}" for k, v in sums.items() if v]
         lines.append(f"  {kind:<14} n={n:<6} " + ", ".join(parts))
+    lines.append("calibrated step error by decode skew (steps with >= 2 decodes; skewed: the")
+    lines.append(f"  longest context >= {validation.SKEWED_MAX_OVER_MEAN}x the mean), pooled:")
+    for skew in validation.DECODE_SKEWS:
+        picked = [r for r in rows if r.get("decode_skew") == skew]
+        stats = validation.error_stats(
+            [r["predicted_s"] for r in picked], [r["measured_s"] for r in picked]
+        )
+        lines.append(
+            f"  {skew:<9} n={stats['n']:<6} median |error| {_pct(stats['median_abs_pct'])}%  "
+            f"bias {_pct(stats['bias_pct'])}%"
+        )
+    lines += term_scales(rows)
+    return lines
+
+
+def term_scales(rows: list[dict[str, Any]]) -> list[str]:
+    """Least-squares factors s_k with measured ~ sum_k s_k * term_k over every step (relative
+    error weighting): a factor far from 1 names the term that carries the error."""
+    import numpy as np
+
+    names = [k for k in rows[0]["terms"] if any(r["terms"][k] for r in rows)] if rows else []
+    if not names:
+        return []
+    measured = np.array([r["measured_s"] for r in rows])
+    terms = np.array([[r["terms"][k] for k in names] for r in rows]) / measured[:, None]
+    scales, *_ = np.linalg.lstsq(terms, np.ones(len(rows)), rcond=None)
+    fitted = terms @ scales
+    error = 100 * np.median(np.abs(fitted - 1))
+    lines = ["per-term scale that best fits the measured steps (1.00 = the profile is right):"]
+    lines.append("  " + ", ".join(f"{k} {s:.2f}" for k, s in zip(names, scales, strict=True)))
+    lines.append(f"  (median |error| of the rescaled model {error:.1f}%, {len(rows)} steps)")
     return lines
 
 
@@ -106,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/validate-cpu", help="where runs are written")
     parser.add_argument("--requests", type=int, default=8, help="first N requests per trace")
+    parser.add_argument(
+        "--noise-requests", type=int, default=40, help="first N requests of the twice-run check"
+    )
+    parser.add_argument(
+        "--clock", default="auto", choices=CLOCK_CHOICES, help="calibration and engine clock"
+    )
     parser.add_argument("--time-scale", type=float, default=1.0, help="arrival stretch")
     parser.add_argument("--profile", default=None, help="use this profile (default: calibrate)")
     parser.add_argument("--traces", default=",".join(TRACES))
@@ -122,12 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "benchmarks/validate_cpu.py", *sys.argv[1:]])
     print(f"# {command}")
-    print("# tiny-llama, CPU, one torch thread; a shared, loaded 2-core machine")
+    clock = resolve_clock(args.clock, "cpu", 1)
+    print(f"# tiny-llama, CPU, one torch thread, clock {clock}; a shared, loaded 2-core machine")
+    print(f"# load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     started = time.perf_counter()
     profile = args.profile
     if profile is None:
         profile = str(
-            calibrate("tiny-llama", "cpu", 16, out / "profile.json", command, progress=False)
+            calibrate(
+                "tiny-llama", "cpu", 16, out / "profile.json", command, progress=False, clock=clock
+            )
         )
         print(f"# calibrated {profile} in {time.perf_counter() - started:.0f} s")
     else:
@@ -144,15 +213,18 @@ def main(argv: list[str] | None = None) -> int:
                 policy=policy,
                 time_scale=args.time_scale,
                 max_requests=args.requests,
+                clock=clock,
             )
             result = validate(trace, config, out / name / policy, profile, command=command)
             for model_name in ("calibrated", "roofline"):
                 print(row(name, policy, model_name, result["models"][model_name]), flush=True)
     if not args.no_noise:
-        for line in noise(ROOT / "traces" / "data" / "example.csv", args, out):
+        for line in noise(ROOT / "traces" / "data" / "example.csv", args, out, clock):
             print(line)
     print("\n".join(term_table(out)))
-    print(f"# wall time {time.perf_counter() - started:.0f} s")
+    wall, cpu = time.perf_counter() - started, time.process_time()
+    print(f"# wall time {wall:.0f} s, CPU time {cpu:.0f} s")
+    print(f"# load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     (out / "done.json").write_text(json.dumps({"command": command}) + "\n")
     return 0
 
