@@ -104,7 +104,7 @@ class Measurements:
         default_factory=dict
     )
     steps: list[dict[str, Any]] = field(default_factory=list)
-    # Skewed decode batches: {"context_tokens": [...], "time_s": t}, one per grid.decode_skew.
+    # Skewed decode batches, one per grid.decode_skew (see _decode_check).
     decode_checks: list[dict[str, Any]] = field(default_factory=list)
     device: dict[str, str] = field(default_factory=dict)
     software: dict[str, str] = field(default_factory=dict)
@@ -141,6 +141,24 @@ class _Timer:
                 if done and time.perf_counter() - budget_start > grid.max_point_s:
                     break
             return statistics.median(times)
+
+    def medians_round_robin(self, fns: dict[str, Callable[[], Any]]) -> dict[str, float]:
+        """Median seconds of each of ``fns``, timed in turn, one of each per round, so that
+        they all see the same load."""
+        grid = self.grid
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        with torch.inference_mode():
+            for _ in range(grid.warmup):
+                for fn in fns.values():
+                    fn()
+            start = time.perf_counter()
+            for _ in range(grid.repeats):
+                for name, fn in fns.items():
+                    times[name].append(self._once(fn))
+                done = len(times[next(iter(fns))]) >= grid.min_repeats
+                if done and time.perf_counter() - start > len(fns) * grid.max_point_s:
+                    break
+        return {name: statistics.median(values) for name, values in times.items()}
 
     def _once(self, fn: Callable[[], Any]) -> float:
         if self.device.type == "cuda":
@@ -213,8 +231,8 @@ def measure(
     out = Measurements()
     out.device, out.software = _device_info(device)
     out.timer = timer.kind
-    # Which context a decode batch costs as ("mean" or "max") is chosen by sim.calibrate from
-    # the skewed check points timed below; "mean" until then.
+    # Which context a decode batch costs as ("mean", "max" or "per_sequence") is chosen by
+    # sim.calibrate from the skewed check points timed below; "mean" until then.
     backend = kernels.resolve_backend(device, config.backend)
     out.decode_attention_context = "mean"
     out.engine = {
@@ -249,9 +267,7 @@ def measure(
         rows,
     )
     for b, short, long in grid.decode_skew:
-        contexts = [min(short, max_len)] * (b // 2) + [min(long, max_len)] * (b - b // 2)
-        seconds = timer.median_s(parts.decode_attention_at(contexts))
-        out.decode_checks.append({"context_tokens": contexts, "time_s": seconds})
+        out.decode_checks.append(_decode_check(timer, parts, b, min(short, max_len), long))
         tick(f"decode_attention skewed {b}x{short}/{long}")
     queries = [q for q in grid.prefill_query if q <= max_len] or [grid.prefill_query[0]]
     contexts = [c for c in grid.prefill_context if c + queries[0] <= max_len]
@@ -296,6 +312,28 @@ def measure(
     return out
 
 
+def _decode_check(timer: _Timer, parts: _Parts, b: int, short: int, long: int) -> dict[str, Any]:
+    """A skewed decode batch (half ``short``, half ``long`` contexts) timed round-robin beside
+    uniform batches of its size at the short, the long and the mean context, so that load
+    drifting between table and check cannot decide which context rule fits."""
+    long = max(short + 1, min(long, parts.max_model_len))
+    contexts = [short] * (b // 2) + [long] * (b - b // 2)
+    mean = round(sum(contexts) / b)
+    cases = {
+        "skewed": contexts,
+        "short": [short] * b,
+        "long": [long] * b,
+        "mean": [mean] * b,
+    }
+    times = timer.medians_round_robin({k: parts.decode_attention_at(v) for k, v in cases.items()})
+    return {
+        "context_tokens": contexts,
+        "time_s": times["skewed"],
+        "uniform_time_s": {k: times[k] for k in ("short", "long", "mean")},
+        "uniform_context_tokens": {"short": short, "long": long, "mean": mean},
+    }
+
+
 class _Parts:
     """Closures that run one part of one step on the engine's own model and cache."""
 
@@ -309,6 +347,7 @@ class _Parts:
         self.k_cache, self.v_cache = engine.kv_cache.layers[0]
         self.block_size = engine.kv_cache.block_size
         self.num_cache_blocks = engine.kv_cache.num_blocks
+        self.max_model_len = engine.cache_config.max_model_len
         element = torch.empty((), dtype=self.dtype).element_size()
         self.kv_bytes_per_token_per_layer = 2 * cfg.num_kv_heads * cfg.head_dim * element
         self.block_bytes = self.block_size * self.kv_bytes_per_token_per_layer * cfg.num_layers

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sim.profile import DECODE_CONTEXT_RULES, FORMAT_VERSION, Table2D, load_profile
+from sim.profile import DECODE_CONTEXT_RULES, FORMAT_VERSION, load_profile
 
 
 def profile_payload(measured: Any, model: str, block_size: int, command: str) -> dict[str, Any]:
@@ -37,10 +37,8 @@ def profile_payload(measured: Any, model: str, block_size: int, command: str) ->
         first, second = axes_2d[name]
         ops[name] = {first: xs, second: ys, "time_s": rows}
     rule, checks = measured.decode_attention_context, list(measured.decode_checks)
-    if "decode_attention" in measured.tables_2d and checks:
-        xs, ys, rows = measured.tables_2d["decode_attention"]
-        table = Table2D(tuple(xs), tuple(ys), tuple(tuple(r) for r in rows))
-        rule, checks = choose_decode_rule(table, checks)
+    if checks:
+        rule, checks = choose_decode_rule(checks)
     return {
         "format_version": FORMAT_VERSION,
         "device": measured.device,
@@ -112,19 +110,31 @@ def calibrate(
     return path
 
 
-def choose_decode_rule(
-    table: Table2D, checks: list[dict[str, Any]]
-) -> tuple[str, list[dict[str, Any]]]:
-    """The decode-attention context rule (``mean`` or ``max``) whose lookups in ``table`` come
-    closest to the measured skewed batches (least summed |log(predicted / measured)|), and
-    the checks with each rule's prediction added."""
+def choose_decode_rule(checks: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """The decode-attention context rule whose predictions come closest to the measured skewed
+    batches (least summed |log(predicted / measured)|), each rule predicting from the uniform
+    batches timed beside the check: ``mean`` the batch at its mean context, ``max`` at its
+    longest, ``per_sequence`` the mean over its sequences of the batch at each one's context.
+    Returns the rule and the checks as the profile stores them (with each prediction)."""
     import math
 
     scored = []
     for check in checks:
-        contexts = check["context_tokens"]
-        at = {"mean": sum(contexts) / len(contexts), "max": float(max(contexts))}
-        scored.append({**check, **{f"predicted_{r}_s": table(len(contexts), at[r]) for r in at}})
+        contexts, uniform = check["context_tokens"], check["uniform_time_s"]
+        at = check["uniform_context_tokens"]
+        num_short = sum(1 for c in contexts if c == at["short"])
+        per_sequence = (
+            num_short * uniform["short"] + (len(contexts) - num_short) * uniform["long"]
+        ) / len(contexts)
+        scored.append(
+            {
+                "context_tokens": contexts,
+                "time_s": check["time_s"],
+                "predicted_mean_s": uniform["mean"],
+                "predicted_max_s": uniform["long"],
+                "predicted_per_sequence_s": per_sequence,
+            }
+        )
 
     def misfit(rule: str) -> float:
         return sum(

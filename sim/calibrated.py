@@ -4,6 +4,7 @@ analytic roofline for any op the profile did not time."""
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
 from sim.profile import Profile, Table1D, Table2D
 from sim.roofline import TERMS, RooflineCostModel
@@ -87,12 +88,7 @@ class CalibratedCostModel:
         if shape.prefill_chunks and (grid := self._table2("prefill_attention")) is not None:
             terms[1] = layers * sum(grid(new, context) for new, context in shape.prefill_chunks)
         if num_decode and (grid := self._table2("decode_attention")) is not None:
-            contexts = shape.decode_context_tokens
-            if self.profile.decode_attention_context == "max":
-                context = float(max(contexts))
-            else:
-                context = sum(contexts) / num_decode
-            terms[2] = layers * grid(num_decode, context)
+            terms[2] = layers * self._decode_attention_s(grid, shape.decode_context_tokens)
         if (table := self._table1("store_kv")) is not None:
             terms[3] = layers * table(num_tokens * self._kv_bytes_per_token_per_layer)
         if (table := self._table1("elementwise")) is not None:
@@ -114,6 +110,19 @@ class CalibratedCostModel:
             per_seq = self.fallback.config.per_sequence_overhead_s
             terms[9] = self._fixed_overhead_s + num_seqs * per_seq
         return tuple(terms)
+
+    def _decode_attention_s(self, grid: Table2D, contexts: tuple[int, ...]) -> float:
+        """One layer's decode attention for a batch of these contexts, by the profile's rule:
+        at the mean context, at the longest, or per sequence (the mean over the batch of its
+        cost at each sequence's own context: the same as the mean where the cost is linear in
+        context, more where it grows faster, as when a long context leaves the CPU's caches)."""
+        num_decode, rule = len(contexts), self.profile.decode_attention_context
+        if rule == "max":
+            return grid(num_decode, float(max(contexts)))
+        if rule == "per_sequence":
+            counts = Counter(contexts)
+            return sum(n * grid(num_decode, float(c)) for c, n in counts.items()) / num_decode
+        return grid(num_decode, sum(contexts) / num_decode)
 
     def _swap_s(self, shape: StepShape, block_bytes: int, analytic: float) -> float:
         """Swaps from the per-direction tables (version 2), else the shared ``swap`` table."""

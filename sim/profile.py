@@ -15,7 +15,7 @@ from traces.text_files import read_text
 
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
-DECODE_CONTEXT_RULES = ("mean", "max")
+DECODE_CONTEXT_RULES = ("mean", "max", "per_sequence")
 TIMERS = ("cuda_events", "wall", "thread_cpu", "unknown")
 
 OP_AXES: dict[str, tuple[str, ...]] = {
@@ -116,13 +116,14 @@ class StepTiming:
 
 @dataclass(frozen=True, slots=True)
 class DecodeCheck:
-    """One measured decode batch of uneven contexts (v3), and what the table predicted for it
-    at the batch's mean and at its longest context, when the file says."""
+    """One measured decode batch of uneven contexts (v3), and what each context rule predicts
+    for it from uniform batches timed beside it, when the file says."""
 
     context_tokens: tuple[int, ...]
     time_s: float
     predicted_mean_s: float | None = None
     predicted_max_s: float | None = None
+    predicted_per_sequence_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +141,8 @@ class Profile:
     steps: tuple[StepTiming, ...]
     format_version: int = FORMAT_VERSION
     # Which context of a decode batch its attention costs as: "mean" (a kernel reading each
-    # sequence's own blocks) or "max" (one padded to the longest, as the CPU reference).
+    # sequence's own blocks, cost linear in context), "max" (one padded to the longest), or
+    # "per_sequence" (the mean over its sequences of the batch's cost at each one's context).
     decode_attention_context: str = "mean"
     engine: dict[str, str] | None = None
     # v3: how the times were taken: CUDA events, the wall clock, or the thread's CPU time.
@@ -246,7 +248,7 @@ class _Reader:
             raise self.fail(f"{field}.context_tokens", "expected positive integers")
         time_s = self.numbers([self.get(check, "time_s", (int, float), f"{field}.time_s")], field)
         predicted = {}
-        for key in ("predicted_mean_s", "predicted_max_s"):
+        for key in ("predicted_mean_s", "predicted_max_s", "predicted_per_sequence_s"):
             if key in check:
                 value = self.get(check, key, (int, float), f"{field}.{key}")
                 predicted[key] = self.numbers([value], f"{field}.{key}")[0]

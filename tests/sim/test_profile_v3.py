@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 
 from sim.calibrate import choose_decode_rule, resolve_clock
-from sim.profile import Table2D, load_profile
+from sim.cost_model import StepShape, make_cost_model
+from sim.hardware_spec import HARDWARE_PRESETS
+from sim.model_spec import MODEL_PRESETS
+from sim.profile import load_profile
 
-# 1 ms per sequence per 100 tokens of context, linear: a kernel reading each sequence's own
-# context costs sum(contexts) * 1e-5 s, one padded to the longest n * max(contexts) * 1e-5 s.
-TABLE = Table2D((1.0, 4.0), (100.0, 1000.0), ((1e-3, 1e-2), (4e-3, 4e-2)))
+TINY = MODEL_PRESETS["tiny-llama"]
+CPU = HARDWARE_PRESETS["CPU-1T"]
 
 
 def _v3(**changes: Any) -> dict[str, Any]:
@@ -80,22 +82,61 @@ def test_version_2_ignores_the_version_3_keys(tmp_path: Path) -> None:
     assert (profile.timer, profile.decode_attention_checks) == ("unknown", ())
 
 
+def _check(contexts: list[int], kernel: Any) -> dict[str, Any]:
+    short, long = min(contexts), max(contexts)
+    mean = round(sum(contexts) / len(contexts))
+    at = {"short": short, "long": long, "mean": mean}
+    return {
+        "context_tokens": contexts,
+        "time_s": kernel(contexts),
+        "uniform_time_s": {k: kernel([c] * len(contexts)) for k, c in at.items()},
+        "uniform_context_tokens": at,
+    }
+
+
 @pytest.mark.parametrize(
     ("kernel", "rule"),
     [
+        # Each sequence's own context, cost linear in it: the mean context prices it.
         (lambda contexts: 1e-5 * sum(contexts), "mean"),
+        # Padded to the longest context.
         (lambda contexts: 1e-5 * len(contexts) * max(contexts), "max"),
+        # Each sequence's own context, cost growing faster than linearly (leaving a cache).
+        (lambda contexts: 1e-8 * sum(c * c for c in contexts), "per_sequence"),
     ],
 )
 def test_the_rule_that_fits_the_skewed_batches_is_chosen(kernel: Any, rule: str) -> None:
-    batches = [[100, 100, 1000, 1000], [100, 1000], [100, 100, 100, 1000]]
-    checks = [{"context_tokens": b, "time_s": kernel(b)} for b in batches]
-    chosen, scored = choose_decode_rule(TABLE, checks)
+    checks = [_check(b, kernel) for b in ([100, 100, 1000, 1000], [16, 16, 16, 256, 256, 256])]
+    chosen, scored = choose_decode_rule(checks)
     assert chosen == rule
-    # 2 x 100 + 2 x 1000 tokens: the mean (550) prices 4 x 5.5 ms, the longest 4 x 10 ms.
-    assert scored[0]["predicted_mean_s"] == pytest.approx(0.022)
-    assert scored[0]["predicted_max_s"] == pytest.approx(0.04)
-    assert scored[0][f"predicted_{rule}_s"] == pytest.approx(kernel(batches[0]))
+    # 2 x 100 + 2 x 1000 tokens: the mean context is 550, the longest 1000.
+    first = scored[0]
+    assert first["predicted_mean_s"] == pytest.approx(kernel([550] * 4))
+    assert first["predicted_max_s"] == pytest.approx(kernel([1000] * 4))
+    assert first["predicted_per_sequence_s"] == pytest.approx(
+        (kernel([100] * 4) + kernel([1000] * 4)) / 2
+    )
+    assert first[f"predicted_{rule}_s"] == pytest.approx(first["time_s"])
+
+
+def test_per_sequence_prices_each_context_in_the_batch(tmp_path: Path) -> None:
+    ops = {
+        "decode_attention": {
+            "num_seqs": [1, 4],
+            "context_tokens": [100, 1000],
+            "time_s": [[1e-3, 1e-2], [4e-3, 4e-2]],
+        }
+    }
+    costs = {}
+    for rule in ("mean", "max", "per_sequence"):
+        path = _write(tmp_path, _v3(decode_attention_context=rule, ops=ops))
+        cost = make_cost_model(TINY, CPU, profile_path=path, block_size=16)
+        shape = StepShape(decode_context_tokens=(100, 100, 100, 1000))
+        costs[rule] = cost.step_breakdown(shape)["decode_attention"] / TINY.num_layers
+    # Linear between grid points: (1/4) * (3 * T(4, 100) + T(4, 1000)) = the mean's (325).
+    assert costs["per_sequence"] == pytest.approx((3 * 4e-3 + 4e-2) / 4)
+    assert costs["mean"] == pytest.approx(4e-3 + (325 - 100) / 900 * 3.6e-2)
+    assert costs["max"] == pytest.approx(4e-2)
 
 
 def test_auto_clock_is_cpu_time_only_where_it_measures_the_run() -> None:
