@@ -18,6 +18,7 @@ request's own.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
@@ -87,6 +88,7 @@ class EngineRunResult:
     prepare_s: float
     command: str | None = None
     step_shapes: list[StepShapeRecord] = field(default_factory=list)
+    load_average: tuple[float | None, float | None] = (None, None)  # at start, at end
 
     def requests_frame(self) -> Any:
         return request_frame(self.requests)
@@ -116,6 +118,7 @@ class EngineRunResult:
             "device_name": self.device_name,
             "torch_version": torch.__version__,
             "clock": self.config.engine.clock,
+            "load_average_1m": {"start": self.load_average[0], "end": self.load_average[1]},
             "wall_s": self.wall_s,
             "input_prepare_s": self.prepare_s,
         }
@@ -149,6 +152,7 @@ def replay(
     on_progress: Callable[[int], None] | None = None,
 ) -> EngineRunResult:
     """Run every request of ``trace`` through a fresh, warmed-up engine on its clock."""
+    load_at_start = _load_average()
     engine = LLMEngine(config.engine)
     engine.warm_up()
     vocab = engine.model.config.vocab_size
@@ -239,7 +243,17 @@ def replay(
         wall_s=time.monotonic() - origin,
         prepare_s=prepare_s,
         step_shapes=shapes,
+        load_average=(load_at_start, _load_average()),
     )
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average (None where the OS has none), recorded with every
+    run: on a shared machine it is how to read the run's timings."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def _version() -> str:
