@@ -299,9 +299,11 @@ def load_profile(path: str | Path) -> Profile:
     rule = "mean"
     if version >= 2 and "decode_attention_context" in data:
         rule = reader.get(data, "decode_attention_context", str, "decode_attention_context")
-        if rule not in DECODE_CONTEXT_RULES:
+        rules = DECODE_CONTEXT_RULES if version >= 3 else ("mean", "max")
+        if rule not in rules:
             raise reader.fail(
-                "decode_attention_context", f"must be one of {DECODE_CONTEXT_RULES}, got {rule!r}"
+                "decode_attention_context",
+                f"must be one of {rules} in version {version}, got {rule!r}",
             )
     timer = "unknown"
     if version >= 3 and "timer" in data:

@@ -80,6 +80,9 @@ def test_bad_version_3_fields_name_the_field(
 def test_version_2_ignores_the_version_3_keys(tmp_path: Path) -> None:
     profile = load_profile(_write(tmp_path, _v3(format_version=2, timer="sundial")))
     assert (profile.timer, profile.decode_attention_checks) == ("unknown", ())
+    per_sequence = _v3(format_version=2, decode_attention_context="per_sequence")
+    with pytest.raises(ValueError, match="field 'decode_attention_context': must be one of"):
+        load_profile(_write(tmp_path, per_sequence))
 
 
 def _check(contexts: list[int], kernel: Any) -> dict[str, Any]:
