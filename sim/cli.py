@@ -23,7 +23,7 @@ from sim.hardware_spec import HARDWARE_PRESETS
 from sim.measured_cli import add_measured_commands
 from sim.model_spec import MODEL_PRESETS
 from sim.run import POLICY_CHOICES, RunConfig, RunResult, servesim_version, simulate
-from sim.validate import add_validate_arguments, run_validate
+from sim.validate import add_validate_arguments, measured_spelling, run_validate
 from traces import cli as traces_cli
 from traces.loaders import FORMATS, load_trace
 from traces.options import (
@@ -532,8 +532,10 @@ def add_sweep_commands(commands: argparse._SubParsersAction) -> None:  # type: i
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
-        args.argv = list(sys.argv[1:] if argv is None else argv)
+        given = list(sys.argv[1:] if argv is None else argv)
+        # `validate --measured RUN_DIR` is `measured validate RUN_DIR` (issue 16's spelling).
+        args = build_parser().parse_args(measured_spelling(given) or given)
+        args.argv = given
         return int(args.func(args))
     except (ValueError, OSError) as error:
         # Bad input (trace rows, configs, files) is reported, never a traceback.

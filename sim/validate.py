@@ -9,6 +9,7 @@ import argparse
 import importlib
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -326,9 +327,43 @@ def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
         )
 
 
+MEASURED_OPTION = "--measured"
+
+
+def measured_spelling(argv: Sequence[str]) -> list[str] | None:
+    """Issue 16's spelling, ``validate --measured RUN_DIR [run options]``, as the argv of the one
+    implementation, ``measured validate RUN_DIR [run options]``; None for any other argv. (The
+    run options are ``sim run``'s, not the engine validation's, so the argv is rewritten before
+    either parser sees it.)"""
+    if not argv or argv[0] != "validate":
+        return None
+    rest = list(argv[1:])
+    for idx, arg in enumerate(rest):
+        if arg == MEASURED_OPTION:
+            if idx + 1 == len(rest) or rest[idx + 1].startswith("-"):
+                raise ValueError(f"{MEASURED_OPTION} needs a RUN_DIR (from sim measured import)")
+            return ["measured", "validate", rest[idx + 1], *rest[:idx], *rest[idx + 2 :]]
+        if arg.startswith(MEASURED_OPTION + "="):
+            run_dir = arg.partition("=")[2]
+            return ["measured", "validate", run_dir, *rest[:idx], *rest[idx + 1 :]]
+    return None
+
+
 def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ValidateConfig()
-    parser.add_argument("trace", help="trace file (the formats `python -m sim run` reads)")
+    parser.add_argument(
+        "trace",
+        nargs="?",
+        help="trace file (the formats `python -m sim run` reads); not with --measured",
+    )
+    parser.add_argument(
+        MEASURED_OPTION,
+        metavar="RUN_DIR",
+        default=None,
+        help="instead: replay a measured run (from `python -m sim measured import`) in the "
+        "simulator and print the per-request error; the same command as `python -m sim "
+        "measured validate RUN_DIR`, taking its run options (see its --help)",
+    )
     parser.add_argument("--format", default="auto", help="trace format (default: detect)")
     parser.add_argument(
         "--policy",
@@ -413,6 +448,12 @@ def run_validate(args: argparse.Namespace) -> int:
 
     from traces.loaders import load_trace
 
+    if args.measured is not None:
+        # main() rewrites this spelling before parsing (measured_spelling); reaching here means
+        # a caller parsed it itself.
+        raise ValueError(f"{MEASURED_OPTION}: call sim.cli.main, which runs `measured validate`")
+    if args.trace is None:
+        raise ValueError(f"validate needs a TRACE (or {MEASURED_OPTION} RUN_DIR)")
     config = ValidateConfig(
         policy=args.policy,
         model=args.model,

@@ -293,6 +293,30 @@ def test_cli_import_then_validate(
     assert "measured" in html and "simulated" in html
 
 
+def test_validate_measured_is_the_same_command(
+    llmservingsim_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "measured"
+    args = ["measured", "import", str(llmservingsim_dir), "--format", "llmservingsim"]
+    assert main([*args, "--out", str(out)]) == 0
+    capsys.readouterr()
+    outputs = []
+    for argv in (
+        ["measured", "validate", str(out), "--max-batch-tokens", "32"],
+        ["validate", "--measured", str(out), "--max-batch-tokens", "32"],
+        ["validate", "--max-batch-tokens", "32", f"--measured={out}"],
+    ):
+        table = tmp_path / "errors.json"
+        assert main([*argv, "--json", str(table)]) == 0
+        outputs.append((capsys.readouterr().out, json.loads(table.read_text())["errors"]))
+    assert "budget 32" in outputs[0][0]
+    assert outputs[1] == outputs[0] and outputs[2] == outputs[0]
+    assert main(["validate", "--measured"]) == 2
+    assert "error: --measured needs a RUN_DIR" in capsys.readouterr().err
+    assert main(["validate", "--out", str(tmp_path / "v")]) == 2
+    assert "error: validate needs a TRACE (or --measured RUN_DIR)" in capsys.readouterr().err
+
+
 def test_cli_import_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["measured", "import", str(tmp_path / "nope"), "--format", "llmservingsim"]
     assert main([*args, "--out", str(tmp_path / "o")]) == 2
