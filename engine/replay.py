@@ -9,10 +9,10 @@ arrival when the engine is idle — a real measurement of each step's execution 
 queueing on a virtual timeline, which a loaded machine's waits for a core do not disturb.
 Each request runs to exactly its trace output length (EOS ignored). Prompts are deterministic
 synthetic token ids, shared wherever the trace says content is shared, so prefix-cache hits are
-real reuse of real KV: a prompt's token ids are taken from the trace when it has them; otherwise each
-prefix hash id (Mooncake ``hash_ids``, ``shared_prefix.csv``) stands for the same
-``hash_block_tokens`` ids in every request that names it, and the rest of the prompt is the
-request's own.
+real reuse of real KV: a prompt's token ids are taken from the trace when it has them;
+otherwise each prefix hash id (Mooncake ``hash_ids``, ``shared_prefix.csv``) stands for the
+same ``hash_block_tokens`` ids in every request that names it, and the rest of the prompt is
+the request's own.
 """
 
 from __future__ import annotations
