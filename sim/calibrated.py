@@ -40,8 +40,10 @@ class CalibratedCostModel:
         self._layers = fallback.model.num_layers
         self._kv_bytes_per_token_per_layer = fallback.block_bytes(1) / self._layers
         self._fixed_overhead_s = fallback.config.step_overhead_s
+        self._per_seq_overhead_s = 0.0
+        self._fitting = False
         if profile.steps:
-            self._fixed_overhead_s = self._fit_overhead()
+            self._fixed_overhead_s, self._per_seq_overhead_s = self._fit_overhead()
 
     def _table1(self, op: str) -> Table1D | None:
         table = self.profile.ops.get(op)
@@ -51,11 +53,19 @@ class CalibratedCostModel:
         table = self.profile.ops.get(op)
         return table if isinstance(table, Table2D) else None
 
-    def _fit_overhead(self) -> float:
-        """The median of (measured - sum of the other terms) over the profile's whole steps,
-        floored at zero: what the per-op tables do not see (scheduler, launches, syncs)."""
-        self._fixed_overhead_s = 0.0  # so step_time_s below prices everything but the overhead
-        residuals = []
+    def _fit_overhead(self) -> tuple[float, float]:
+        """The step overhead the per-op tables do not see (scheduler, per-sequence host work,
+        launches, syncs), fitted to the profile's whole steps as (fixed, per sequence) seconds.
+
+        Each step's residual is its measured time less every other term. Where the profile has
+        decode-only steps of at least two batch sizes, the fit is a line through their
+        residuals against the number of sequences (Theil-Sen: the median pairwise slope, then
+        the median intercept; robust to a few steps slowed by load), on decode-only steps
+        because a prefill's residual also holds the prefill tables' own error. Otherwise the
+        median residual of all steps, with no per-sequence part. Both parts floored at zero."""
+        # Priced below with no overhead at all but the measured ``prepare`` table.
+        self._fixed_overhead_s, self._per_seq_overhead_s, self._fitting = 0.0, 0.0, True
+        points = []  # (sequences, residual, decode-only)
         for step in self.profile.steps:
             contexts = step.decode_context_tokens
             if contexts is None:
@@ -70,8 +80,21 @@ class CalibratedCostModel:
                 decode_context_tokens=contexts,
                 block_size=self.profile.block_size,
             )
-            residuals.append(step.measured_s - self.step_time_s(shape))
-        return max(0.0, statistics.median(residuals))
+            residual = step.measured_s - self.step_time_s(shape)
+            points.append((shape.num_seqs, residual, not step.prefill_chunks))
+        self._fitting = False
+        decode = [(n, r) for n, r, only in points if only]
+        if len({n for n, _ in decode}) < 2:
+            return max(0.0, statistics.median(r for _, r, _ in points)), 0.0
+        slopes = [
+            (r2 - r1) / (n2 - n1)
+            for i, (n1, r1) in enumerate(decode)
+            for n2, r2 in decode[i + 1 :]
+            if n2 != n1
+        ]
+        per_seq = max(0.0, statistics.median(slopes))
+        fixed = statistics.median(r - per_seq * n for n, r in decode)
+        return max(0.0, fixed), per_seq
 
     def step_terms(self, shape: StepShape) -> tuple[float, ...]:
         """Seconds per term, in the order of roofline.TERMS."""
@@ -104,11 +127,7 @@ class CalibratedCostModel:
         if shape.num_copy_blocks and (table := self._table1("copy_blocks")) is not None:
             terms[7] = table(shape.num_copy_blocks * block_bytes)
         terms[8] = self._swap_s(shape, block_bytes, terms[8])
-        if (table := self._table1("prepare")) is not None:
-            terms[9] = self._fixed_overhead_s + table(num_seqs)
-        else:
-            per_seq = self.fallback.config.per_sequence_overhead_s
-            terms[9] = self._fixed_overhead_s + num_seqs * per_seq
+        terms[9] = self._overhead_s(num_seqs)
         return tuple(terms)
 
     def _decode_attention_s(self, grid: Table2D, contexts: tuple[int, ...]) -> float:
@@ -123,6 +142,16 @@ class CalibratedCostModel:
             counts = Counter(contexts)
             return sum(n * grid(num_decode, float(c)) for c, n in counts.items()) / num_decode
         return grid(num_decode, sum(contexts) / num_decode)
+
+    def _overhead_s(self, num_seqs: int) -> float:
+        """The fitted overhead, plus the ``prepare`` table where the profile has one (without
+        steps to fit to and without ``prepare``: the roofline's per-sequence overhead)."""
+        fitted = self._fixed_overhead_s + self._per_seq_overhead_s * num_seqs
+        if (table := self._table1("prepare")) is not None:
+            return fitted + table(num_seqs)
+        if self._per_seq_overhead_s or self._fitting:
+            return fitted
+        return fitted + num_seqs * self.fallback.config.per_sequence_overhead_s
 
     def _swap_s(self, shape: StepShape, block_bytes: int, analytic: float) -> float:
         """Swaps from the per-direction tables (version 2), else the shared ``swap`` table."""

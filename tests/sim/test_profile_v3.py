@@ -149,3 +149,47 @@ def test_auto_clock_is_cpu_time_only_where_it_measures_the_run() -> None:
     assert resolve_clock("wall", "cpu", 1) == "wall"
     with pytest.raises(ValueError, match="clock must be one of"):
         resolve_clock("sundial", "cpu", 1)
+
+
+def test_step_overhead_is_fitted_per_sequence_on_decode_only_steps(tmp_path: Path) -> None:
+    bare = make_cost_model(TINY, CPU, profile_path=_write(tmp_path, _v3()), block_size=16)
+
+    def parts(shape: StepShape) -> float:
+        return sum(bare.step_terms(shape)) - bare.step_breakdown(shape)["overhead"]
+
+    steps = []
+    for n in (1, 2, 4, 8, 8, 16):
+        contexts = [64 + 10 * i for i in range(n)]
+        shape = StepShape(decode_context_tokens=tuple(contexts))
+        measured = parts(shape) + 5e-3 + 1e-3 * n
+        if n == 2:
+            measured += 0.5  # one step slowed by load: a robust fit ignores it
+        steps.append(_step([], contexts, measured))
+    prefill = StepShape(prefill_chunks=((256, 0),))
+    # A prefill whose tables are far off must not move the overhead.
+    steps.append(_step([[256, 0]], [], parts(prefill) + 1.0))
+    fitted = make_cost_model(
+        TINY, CPU, profile_path=_write(tmp_path, _v3(steps=steps)), block_size=16
+    )
+    for n in (1, 3, 32):
+        shape = StepShape(decode_context_tokens=(100,) * n)
+        assert fitted.step_breakdown(shape)["overhead"] == pytest.approx(5e-3 + 1e-3 * n)
+    # With decode-only steps of one batch size only: the median residual as the fixed part, and
+    # the roofline's per-sequence overhead as before.
+    one_size = [s for s in steps if s["num_decode_seqs"] == 8]
+    flat = make_cost_model(
+        TINY, CPU, profile_path=_write(tmp_path, _v3(steps=one_size)), block_size=16
+    )
+    shape = StepShape(decode_context_tokens=(100,) * 3)
+    per_seq = bare.fallback.config.per_sequence_overhead_s  # type: ignore[attr-defined]
+    assert flat.step_breakdown(shape)["overhead"] == pytest.approx(5e-3 + 8e-3 + 3 * per_seq)
+
+
+def _step(chunks: list[list[int]], contexts: list[int], measured_s: float) -> dict[str, Any]:
+    return {
+        "prefill_chunks": chunks,
+        "num_decode_seqs": len(contexts),
+        "sum_decode_context_tokens": sum(contexts),
+        "decode_context_tokens": contexts,
+        "measured_s": measured_s,
+    }
