@@ -29,8 +29,6 @@ from engine.llm_engine import EngineConfig, LLMEngine, StepRecord
 from engine.model.llama import apply_rope
 from engine.sampling import SampleSpec, SamplingParams, sample
 
-MIN_FLUSH_BYTES = 8 << 20  # past a typical per-core L2 cache
-
 
 @dataclass(frozen=True, slots=True)
 class CalibrationGrid:
@@ -117,26 +115,11 @@ class Measurements:
 
 
 class _Timer:
-    """Times one op at a time. On CPU, every timed call starts with the caches as a step would
-    leave them: ``flush_bytes`` of scratch memory are rewritten first (not timed), as the rest
-    of a step (every other layer's weights and KV) passes through the caches between two runs
-    of one op. Timing an op over and over without that reads its data from a warm L2 cache,
-    which the engine never does: a long decode context read that way timed ~2x fast."""
-
-    def __init__(
-        self,
-        device: torch.device,
-        grid: CalibrationGrid,
-        clock: str = "wall",
-        flush_bytes: int = 0,
-    ) -> None:
+    def __init__(self, device: torch.device, grid: CalibrationGrid, clock: str = "wall") -> None:
         self.device, self.grid = device, grid
         self.kind = "cuda_events" if device.type == "cuda" else "wall"
         if device.type != "cuda" and clock == "cpu":
             self.kind = "thread_cpu"
-        self._scratch = None
-        if device.type != "cuda" and flush_bytes > 0:
-            self._scratch = torch.zeros(flush_bytes, dtype=torch.uint8)
 
     def median_s(self, fn: Callable[[], Any]) -> float:
         """Median seconds of ``fn`` after warm-up: CUDA events on a GPU, perf_counter on CPU.
@@ -187,8 +170,6 @@ class _Timer:
             end.record()
             end.synchronize()
             return float(start.elapsed_time(end)) / 1000.0
-        if self._scratch is not None:
-            self._scratch.add_(1)
         if self.kind == "thread_cpu":
             c0 = time.thread_time()
             fn()
@@ -243,9 +224,7 @@ def measure(
     """Time every part of ``config``'s engine over ``grid``."""
     engine = LLMEngine(config)
     device = engine.device
-    # Between two runs of one op, a step reads the whole model (weights and the KV it uses).
-    weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-    timer = _Timer(device, grid, config.clock, flush_bytes=max(MIN_FLUSH_BYTES, weight_bytes))
+    timer = _Timer(device, grid, config.clock)
     tick = on_point or (lambda _: None)
     max_len = engine.cache_config.max_model_len
     grid_ctx = tuple(c for c in grid.decode_context if c <= max_len) or (min(16, max_len),)
