@@ -44,22 +44,55 @@ def _pct(value: float | None) -> str:
     return "   -  " if value is None else f"{value:6.1f}"
 
 
-def row(trace: str, policy: str, name: str, model: dict[str, Any]) -> str:
+def run_scale(model: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The run's median predicted/measured step ratio, and the median |error| % of the steps
+    once divided by it: the error a per-run load level cannot explain (the cost model's shape
+    error). A diagnostic beside the headline error, not a replacement for it."""
+    import numpy as np
+
+    rows = model["steps"]["rows"]
+    ratios = np.array([r["predicted_s"] / r["measured_s"] for r in rows if r["measured_s"] > 0])
+    if not ratios.size:
+        return None, None
+    scale = float(np.median(ratios))
+    return scale, float(100 * np.median(np.abs(ratios / scale - 1)))
+
+
+def row(trace: str, policy: str, name: str, result: dict[str, Any]) -> str:
+    model = result["models"][name]
     metrics = model["requests"]["metrics"]
     cells = [_pct(metrics.get(m, {}).get("median_abs_pct")) for m in METRICS]
     steps = model["steps"]
     kinds = [_pct(steps["by_kind"][k]["median_abs_pct"]) for k in validation.STEP_KINDS]
     div = model["divergence"]["num_identical_steps"]
+    scale, shape = run_scale(model)
+    load = _engine_load(result)
     return (
         f"{trace:<18}{policy:<11}{name:<11}" + " ".join(cells) + " |"
         + _pct(steps["all"]["median_abs_pct"]) + _pct(steps["all"]["bias_pct"]) + " |"
-        + " ".join(kinds) + f" | {div:>4}/{model['num_engine_steps']}"
+        + " ".join(kinds) + f" | {div:>4}/{model['num_engine_steps']:<4}|"
+        + (f" {scale:5.2f}" if scale is not None else "   -  ") + _pct(shape)
+        + (f" | {load:5.1f}" if load is not None else " |   -")
     )  # fmt: skip
 
 
+def _engine_load(result: dict[str, Any]) -> float | None:
+    summary = json.loads((Path(result["engine_run"]) / "summary.json").read_text())
+    value = (summary.get("load_average_1m") or {}).get("start")
+    return float(value) if value is not None else None
+
+
+TABLE_LEGEND = (
+    "# median |error| % per request; cost model on the engine's own steps: median |error|\n"
+    "# and bias %, median |error| by batch shape; steps whose batches match the engine's;\n"
+    "# scale: median predicted/measured step ratio of the run, shape: median |error| % of the\n"
+    "# steps after dividing by it (what a per-run load level cannot explain); load: 1-minute\n"
+    "# load average when the engine run started"
+)
 HEADER = (
     f"{'trace':<18}{'policy':<11}{'model':<11}"
     + "  TTFT   TPOT    ITL    E2E | step  bias | prefill decode  mixed | same steps"
+    + " | scale shape | load"
 )
 
 
@@ -110,7 +143,7 @@ def _calibrated_rows(out: Path) -> list[dict[str, Any]]:
 def term_table(out: Path) -> list[str]:
     """Over every validation.json under ``out``: per step kind, the calibrated model's mean
     measured and predicted step and its terms (ms), pooled over runs weighted by step count;
-    then the error by decode skew, and per-term scale factors fitted to the measured steps."""
+    then the error by decode skew, and decode-only steps by batch size and by context."""
     pooled: dict[str, dict[str, float]] = {}
     counts: dict[str, int] = {}
     rows = _calibrated_rows(out)
@@ -138,26 +171,35 @@ def term_table(out: Path) -> list[str]:
             f"  {skew:<9} n={stats['n']:<6} median |error| {_pct(stats['median_abs_pct'])}%  "
             f"bias {_pct(stats['bias_pct'])}%"
         )
-    lines += term_scales(rows)
+    lines += decode_breakdown(rows)
     return lines
 
 
-def term_scales(rows: list[dict[str, Any]]) -> list[str]:
-    """Least-squares factors s_k with measured ~ sum_k s_k * term_k over every step (relative
-    error weighting): a factor far from 1 names the term that carries the error."""
-    import numpy as np
+SEQ_BUCKETS = ((1, 1), (2, 4), (5, 8), (9, 10**9))
+CONTEXT_BUCKETS = ((0, 255), (256, 1023), (1024, 10**9))
 
-    names = [k for k in rows[0]["terms"] if any(r["terms"][k] for r in rows)] if rows else []
-    if not names:
-        return []
-    measured = np.array([r["measured_s"] for r in rows])
-    terms = np.array([[r["terms"][k] for k in names] for r in rows]) / measured[:, None]
-    scales, *_ = np.linalg.lstsq(terms, np.ones(len(rows)), rcond=None)
-    fitted = terms @ scales
-    error = 100 * np.median(np.abs(fitted - 1))
-    lines = ["per-term scale that best fits the measured steps (1.00 = the profile is right):"]
-    lines.append("  " + ", ".join(f"{k} {s:.2f}" for k, s in zip(names, scales, strict=True)))
-    lines.append(f"  (median |error| of the rescaled model {error:.1f}%, {len(rows)} steps)")
+
+def decode_breakdown(rows: list[dict[str, Any]]) -> list[str]:
+    """Decode-only steps pooled over runs: error by batch size and by mean context. A bias that
+    moves with the context points at decode attention; one that moves with the batch size but
+    not the context, at the per-token and per-sequence terms."""
+    decode = [r for r in rows if r["kind"] == "decode-only"]
+    lines = ["calibrated decode-only steps, pooled: median |error| and bias % by batch size and"]
+    lines.append("  by mean context (tokens)")
+    for label, key, buckets in (
+        ("seqs", lambda r: r["num_seqs"], SEQ_BUCKETS),
+        ("context", lambda r: r["sum_context"] / max(1, r["num_seqs"]), CONTEXT_BUCKETS),
+    ):
+        for low, high in buckets:
+            picked = [r for r in decode if low <= key(r) <= high]
+            stats = validation.error_stats(
+                [r["predicted_s"] for r in picked], [r["measured_s"] for r in picked]
+            )
+            span = f"{low}+" if high >= 10**9 else f"{low}-{high}"
+            lines.append(
+                f"  {label:<8}{span:<10} n={stats['n']:<6} median |error| "
+                f"{_pct(stats['median_abs_pct'])}%  bias {_pct(stats['bias_pct'])}%"
+            )
     return lines
 
 
@@ -179,9 +221,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--terms-only", action="store_true", help="only print the term table of runs in --out"
     )
+    parser.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="only print the error table and the term table of the runs already in --out",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
-    if args.terms_only:
+    if args.terms_only or args.tables_only:
+        if args.tables_only:
+            print(f"# python benchmarks/validate_cpu.py {shlex.join(sys.argv[1:])}")
+            print(TABLE_LEGEND + "\n" + HEADER)
+            for name in args.traces.split(","):
+                for policy in args.policies.split(","):
+                    path = out / name / policy / "validation.json"
+                    if path.exists():
+                        result = json.loads(path.read_text())
+                        for model_name in ("calibrated", "roofline"):
+                            print(row(name, policy, model_name, result))
         print("\n".join(term_table(out)))
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -202,8 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"# profile {profile}")
     print(f"# first {args.requests} requests of each trace, time scale {args.time_scale}")
-    print("# median |error| % per request; cost model on the engine's own steps: median |error|")
-    print("# and bias %, median |error| by batch shape; steps whose batches match the engine's")
+    print(TABLE_LEGEND)
     print(HEADER)
     for name in args.traces.split(","):
         trace_path = ROOT / "traces" / "data" / f"{name}.csv"
@@ -217,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             result = validate(trace, config, out / name / policy, profile, command=command)
             for model_name in ("calibrated", "roofline"):
-                print(row(name, policy, model_name, result["models"][model_name]), flush=True)
+                print(row(name, policy, model_name, result), flush=True)
     if not args.no_noise:
         for line in noise(ROOT / "traces" / "data" / "example.csv", args, out, clock):
             print(line)
