@@ -223,6 +223,19 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_trace_commands(commands: Any) -> None:
+    """Register ``trace generate`` and ``trace info`` on `commands` (what `add_subparsers`
+    returned), as ``python -m sim trace``."""
+    trace = commands.add_parser("trace", help="generate or inspect traces")
+    trace_commands = trace.add_subparsers(dest="trace_command", required=True)
+    generate = trace_commands.add_parser("generate", help="write a synthetic trace as our CSV")
+    add_generate_arguments(generate)
+    generate.set_defaults(func=run_generate)
+    info = trace_commands.add_parser("info", help="summarise a trace file of any format")
+    add_info_arguments(info)
+    info.set_defaults(func=run_info)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m traces.cli", description="Generate or inspect request traces."
