@@ -12,44 +12,24 @@ from sim.deployment import ROUTERS
 from sim.hardware_spec import HARDWARE_PRESETS
 from sim.model_spec import MODEL_PRESETS
 from sim.run import POLICY_CHOICES, RunConfig
-from traces.loaders import FORMATS
-from traces.options import (
-    fraction,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
+from traces.options import non_negative_float, non_negative_int, positive_float, positive_int
+from traces.serving_options import (
+    add_out_argument,
+    add_policy_argument,
+    add_report_and_quiet_arguments,
+    add_scheduling_arguments,
+    add_slo_arguments,
+    add_trace_arguments,
+    slo_s,
 )
-from traces.rows import ON_ERROR_CHOICES
 
 DEFAULTS = RunConfig()
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) -> None:
     if with_trace:
-        parser.add_argument(
-            "trace",
-            help="trace file (servesim CSV, Vidur CSV, Azure CSV, Mooncake JSONL, BurstGPT CSV)",
-        )
-        parser.add_argument(
-            "--format",
-            default="auto",
-            choices=["auto", *sorted(FORMATS)],
-            help="trace format (default: detect from the header)",
-        )
-        parser.add_argument(
-            "--on-error",
-            default="raise",
-            choices=ON_ERROR_CHOICES,
-            help="bad trace rows: raise fails listing every one (file, line, field); skip leaves "
-            "them out and the summary counts them (default: %(default)s)",
-        )
-    parser.add_argument(
-        "--policy",
-        default=DEFAULTS.policy,
-        choices=POLICY_CHOICES,
-        help="batching policy (default: %(default)s)",
-    )
+        add_trace_arguments(parser)
+    add_policy_argument(parser, POLICY_CHOICES, DEFAULTS.policy)
     parser.add_argument(
         "--model",
         default=DEFAULTS.model,
@@ -82,93 +62,20 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
         help=f"contiguous memory only: how much each sequence reserves "
         f"(default: {DEFAULTS.reservation})",
     )
-    parser.add_argument(
-        "--block-size",
-        type=positive_int,
-        default=DEFAULTS.block_size,
-        help="KV block size in tokens (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--num-blocks",
-        type=positive_int,
-        default=None,
-        help=(
-            "KV blocks per replica, counted as vLLM's num_gpu_blocks: paged memory keeps one "
-            "as the null block (default: derived from GPU memory, as vLLM does)"
-        ),
-    )
-    parser.add_argument(
-        "--gpu-memory-utilization",
-        type=fraction,
-        default=DEFAULTS.gpu_memory_utilization,
-        help="share of GPU memory the engine may use (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--swap-space-gib",
-        type=non_negative_float,
-        default=DEFAULTS.swap_space_gib,
-        help="CPU swap space per replica in GiB (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-num-seqs",
-        type=positive_int,
-        default=DEFAULTS.max_num_seqs,
-        help="max sequences per step (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-batch-tokens",
-        type=positive_int,
-        default=DEFAULTS.max_num_batched_tokens,
-        help="token budget per step (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=DEFAULTS.batch_size,
-        help="static/dynamic batch size B (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-wait-s",
-        type=non_negative_float,
-        default=DEFAULTS.max_wait_s,
-        help="dynamic batching: start a batch once the oldest has waited this long "
-        "(default: %(default)s)",
-    )
-    parser.add_argument(
-        "--preemption",
-        choices=PREEMPTION_MODES,
-        default=DEFAULTS.preemption_mode,
-        help="preemption mode (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--prefix-caching", action="store_true", help="enable prefix caching (paged memory)"
-    )
-    parser.add_argument(
-        "--max-model-len",
-        type=positive_int,
-        default=None,
-        help="max tokens per request (default: the model's)",
-    )
+    add_scheduling_arguments(parser, DEFAULTS, PREEMPTION_MODES)
     parser.add_argument(
         "--profile",
         default=None,
         help="calibrated cost-model profile (JSON); default: analytic roofline",
     )
-    parser.add_argument(
-        "--slo-ttft", type=positive_float, default=None, help="TTFT SLO in ms for goodput"
-    )
-    parser.add_argument(
-        "--slo-tpot", type=positive_float, default=None, help="TPOT SLO in ms for goodput"
-    )
+    add_slo_arguments(parser)
     parser.add_argument(
         "--seed",
         type=non_negative_int,
         default=DEFAULTS.seed,
         help="recorded with the run (the simulation itself is deterministic)",
     )
-    parser.add_argument(
-        "--out", default=None, help="write requests.csv, steps.csv, summary.json here"
-    )
+    add_out_argument(parser)
     parser.add_argument(
         "--no-fast-forward",
         action="store_true",
@@ -224,10 +131,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
         help="--policy disagg: transfers the link carries at once; the "
         "rest queue (default: %(default)s)",
     )
-    parser.add_argument(
-        "--report", default=None, help="write a self-contained HTML report to this file"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+    add_report_and_quiet_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -262,8 +166,8 @@ def base_config_from_args(args: argparse.Namespace) -> RunConfig:
         enable_prefix_caching=args.prefix_caching,
         max_model_len=args.max_model_len,
         profile=args.profile,
-        slo_ttft_s=args.slo_ttft / 1000.0 if args.slo_ttft is not None else None,
-        slo_tpot_s=args.slo_tpot / 1000.0 if args.slo_tpot is not None else None,
+        slo_ttft_s=slo_s(args.slo_ttft),
+        slo_tpot_s=slo_s(args.slo_tpot),
         seed=args.seed,
         fast_forward=not args.no_fast_forward,
         num_replicas=args.replicas,
