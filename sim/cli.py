@@ -16,7 +16,6 @@ from sim.grid_cli import add_sweep_commands
 from sim.measured_cli import add_measured_commands
 from sim.run import servesim_version
 from sim.run_cli import add_run_command
-from sim.run_options import add_run_arguments, config_from_args
 from traces.cli import add_trace_commands
 
 
@@ -32,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_commands(commands)
     add_report_command(commands)
     add_engine_commands(commands)
-    add_measured_commands(commands, add_run_arguments, config_from_args)
+    add_measured_commands(commands)
     add_costmodel_commands(commands)
     add_trace_commands(commands)
     return parser
