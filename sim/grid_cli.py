@@ -7,7 +7,7 @@ from typing import Any
 
 
 def add_sweep_commands(commands: Any) -> None:
-    """``sweep`` and ``capacity`` live in sim/sweep.py and sim/capacity.py."""
+    """Register ``sweep`` and ``capacity`` on `commands` (what `add_subparsers` returned)."""
     from sim import capacity, sweep
 
     sweep_parser = commands.add_parser(
