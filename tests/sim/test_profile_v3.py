@@ -193,3 +193,30 @@ def _step(chunks: list[list[int]], contexts: list[int], measured_s: float) -> di
         "decode_context_tokens": contexts,
         "measured_s": measured_s,
     }
+
+
+def test_prefill_attention_is_interpolated_per_query_token(tmp_path: Path) -> None:
+    def kernel(new: float, context: float) -> float:  # causal: new x (new / 2 + context)
+        return 1e-8 * new * (new / 2 + context)
+
+    queries, contexts = [16, 256, 1024], [0, 1024]
+    ops = {
+        "prefill_attention": {
+            "num_query_tokens": queries,
+            "num_context_tokens": contexts,
+            "time_s": [[kernel(q, c) for c in contexts] for q in queries],
+        }
+    }
+    cost = make_cost_model(TINY, CPU, profile_path=_write(tmp_path, _v3(ops=ops)), block_size=16)
+
+    def priced(new: int, context: int) -> float:
+        shape = StepShape(prefill_chunks=((new, context),))
+        return cost.step_breakdown(shape)["prefill_attention"] / TINY.num_layers
+
+    for new, context in ((640, 0), (640, 512), (100, 1024), (1024, 300)):
+        assert priced(new, context) == pytest.approx(kernel(new, context))
+    # A straight line between the timed lengths would have said 36% more at 640 tokens.
+    chord = kernel(256, 0) + (640 - 256) / (1024 - 256) * (kernel(1024, 0) - kernel(256, 0))
+    assert chord == pytest.approx(1.36 * kernel(640, 0), rel=0.01)
+    assert priced(8, 0) == pytest.approx(kernel(16, 0))  # below the first length: its time
+    assert priced(2048, 0) == pytest.approx(2 * kernel(1024, 0))  # past the edge: its rate
