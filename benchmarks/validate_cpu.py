@@ -17,6 +17,7 @@ step-time error on the engine's own batches <= 3%.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shlex
@@ -121,6 +122,20 @@ def noise(trace_path: Path, args: argparse.Namespace, out: Path, clock: str) -> 
             f"p90 {_pct(stats['p90_abs_pct'])}%  bias {_pct(stats['bias_pct'])}%"
         )
     a, b = (load_step_shapes(d / STEP_SHAPES_FILE) for d in dirs)
+    for run_idx, steps in enumerate((a, b), start=1):
+        # Consecutive decode-only steps of the same batch differ by one token of context each:
+        # what is left between them is the clock's noise within a run.
+        adjacent = [
+            (x.busy_s, y.busy_s)
+            for x, y in itertools.pairwise(steps)
+            if x.kind == y.kind == "decode-only" and x.request_ids == y.request_ids
+        ]
+        stats = validation.error_stats([y for _, y in adjacent], [x for x, _ in adjacent])
+        lines.append(
+            f"  run {run_idx}: consecutive same-batch decode steps, median |diff| "
+            f"{_pct(stats['median_abs_pct'])}%  p90 {_pct(stats['p90_abs_pct'])}%  "
+            f"over {stats['n']} pairs"
+        )
     pairs = [(x, y) for x, y in zip(a, b, strict=False) if shapes_equal(x, y)]
     for name, get in (("busy (timeline)", "busy_s"), ("cpu_s", "cpu_s"), ("wall_s", "wall_s")):
         stats = validation.error_stats(
