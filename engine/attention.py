@@ -193,7 +193,9 @@ def build_metadata(
     if resolve_backend(device, backend) == "torch":
         torch_plan = (
             plan_decode(decode_tables, decode_seq_lens, block_size),
-            plan_prefill(prefill_tables, starts, prefill_seq_lens, prefill_context_lens, block_size),
+            plan_prefill(
+                prefill_tables, starts, prefill_seq_lens, prefill_context_lens, block_size
+            ),
         )
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),

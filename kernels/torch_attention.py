@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-
-# Tokens per decode split: long enough that a split's two small matmuls amortise their call,
-# short enough that padding a row's last split wastes little.
+# Tokens per decode split: long enough that a split's small matmuls amortise their call, short
+# enough that padding a row's last split wastes little.
 SPLIT_TOKENS = 128
 
 
@@ -29,14 +28,16 @@ class DecodePlan:
     0) and ``split_rows`` [num_splits] the row each split belongs to. ``last_splits``
     [num_seqs] index each row's last split (-1 for an empty row) and ``last_valid``
     [num_seqs, split_blocks * block_size] says which of its slots the row has filled; every
-    other split is full."""
+    other split is full. ``value_slots`` [num_splits, split_blocks * block_size] are the
+    splits' cache slots, a padding slot replaced by its split's first (owned) slot, so that
+    P @ V can read V straight from the cache with zero weight there."""
 
     block_ids: torch.Tensor
     split_rows: torch.Tensor
     last_splits: torch.Tensor
     last_valid: torch.Tensor
+    value_slots: torch.Tensor
     num_seqs: int
-    split_blocks: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +81,16 @@ def plan_decode(block_tables: torch.Tensor, seq_lens: list[int], block_size: int
     split_rows = torch.arange(num_seqs, device=device).repeat_interleave(num_splits)
     last_splits = torch.where(num_splits > 0, torch.cumsum(num_splits, 0) - 1, -1)
     filled = lens - (num_splits - 1).clamp_min(0) * split_tokens
-    last_valid = torch.arange(split_tokens, device=device)[None, :] < filled[:, None]
-    return DecodePlan(block_ids, split_rows, last_splits, last_valid, num_seqs, split_blocks)
+    token_idx = torch.arange(split_tokens, device=device)
+    last_valid = token_idx[None, :] < filled[:, None]
+    slots = (
+        block_ids.view(-1, split_blocks)[:, token_idx // block_size] * block_size
+        + token_idx % block_size
+    )
+    has_last = last_splits >= 0
+    last = last_splits[has_last]
+    slots[last] = torch.where(last_valid[has_last], slots[last], slots[last, :1])
+    return DecodePlan(block_ids, split_rows, last_splits, last_valid, slots, num_seqs)
 
 
 def plan_prefill(
@@ -140,12 +149,8 @@ def paged_decode_attention_torch(
     rows = plan.split_rows
     split_shape = (rows.shape[0], plan.last_valid.shape[1], num_kv_heads, head_dim)
     k = k_cache.index_select(0, plan.block_ids).view(split_shape).float()
-    v = v_cache.index_select(0, plan.block_ids).view(split_shape).float()
-    # Slots past a row's end (only in its last split) may hold anything, NaN included.
     has_last = plan.last_splits >= 0
     last = plan.last_splits[has_last]
-    last_invalid = ~plan.last_valid[has_last]
-    v[last] = v[last].masked_fill(last_invalid[:, :, None, None], 0.0)
     q_splits = q.float().view(num_seqs, num_kv_heads, group, head_dim).index_select(0, rows)
     # One bmm per kv head on strided views: permuting K to heads-first would copy it all.
     scores = torch.stack(
@@ -153,17 +158,29 @@ def paged_decode_attention_torch(
         dim=1,
     )  # [splits, kv_heads, group, split tokens]
     scores *= scale
-    scores[last] = scores[last].masked_fill(last_invalid[:, None, None, :], float("-inf"))
+    # Slots past a row's end (only in its last split) may hold anything, NaN included.
+    invalid = ~plan.last_valid[has_last][:, None, None, :]
+    scores[last] = scores[last].masked_fill(invalid, float("-inf"))
     shape = (num_seqs, num_kv_heads, group)
     split_max = scores.amax(-1)
     row_max = scores.new_full(shape, float("-inf"))
     row_max.scatter_reduce_(0, rows[:, None, None].expand_as(split_max), split_max, "amax")
     probs = torch.exp(scores - row_max.index_select(0, rows)[..., None])
     denom = scores.new_zeros(shape).index_add_(0, rows, probs.sum(-1))
-    partial = torch.stack(
-        [torch.bmm(probs[:, h], v[:, :, h]) for h in range(num_kv_heads)], dim=1
-    )  # [splits, kv_heads, group, dim]
-    out = scores.new_zeros((*shape, head_dim)).index_add_(0, rows, partial)
+    # P @ V as weighted sums of V rows read in place: one bag per (split, q head) over the
+    # table of (slot, kv head) rows, so V is never gathered.
+    heads = torch.arange(num_kv_heads, device=q.device)[None, :, None, None]
+    value_rows = (plan.value_slots[:, None, None, :] * num_kv_heads + heads).expand(probs.shape)
+    num_bags = probs.shape[0] * num_q_heads
+    offsets = torch.arange(num_bags, device=q.device) * probs.shape[3]
+    partial = F.embedding_bag(
+        value_rows.reshape(-1),
+        v_cache.view(-1, head_dim),
+        offsets,
+        mode="sum",
+        per_sample_weights=probs.reshape(-1).to(v_cache.dtype),
+    ).view(probs.shape[0], num_kv_heads, group, head_dim)
+    out = scores.new_zeros((*shape, head_dim)).index_add_(0, rows, partial.float())
     # A non-empty row's denominator is >= 1 (its max scores exp(0)); an empty row's is 0.
     out = out / denom.clamp_min(1.0)[..., None]
     return out.view(num_seqs, num_q_heads, head_dim).to(q.dtype)
