@@ -203,15 +203,18 @@ class LlamaForCausalLM(nn.Module):
     def make_kv_caches(
         self, num_blocks: int, block_size: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One zeroed (k_cache, v_cache) per layer, each [num_blocks, block_size, kv_heads, D]."""
+        """One (k_cache, v_cache) per layer, each [num_blocks, block_size, kv_heads, D], left
+        uninitialised: every attention path reads only slots a sequence has written (the
+        kernel tests poison the rest with NaN), and zeroing a CPU cache of a GiB cost seconds
+        of page faults before the first step."""
         for field, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{field} must be a positive int, got {value!r}")
         shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
         return [
             (
-                torch.zeros(shape, device=self.device, dtype=self.dtype),
-                torch.zeros(shape, device=self.device, dtype=self.dtype),
+                torch.empty(shape, device=self.device, dtype=self.dtype),
+                torch.empty(shape, device=self.device, dtype=self.dtype),
             )
             for _ in range(self.config.num_layers)
         ]
