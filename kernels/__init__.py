@@ -25,9 +25,9 @@ Optional keywords: decode ``max_seq_len``/``num_splits``/``tile_tokens``, prefil
 
 Every wrapper takes ``backend="auto" | "triton" | "torch"``: "auto" runs Triton on CUDA and,
 under ``TRITON_INTERPRET=1``, on CPU; otherwise torch (the vectorised attention, the reference
-cache ops). ``import kernels`` loads
-neither torch nor triton: names resolve on first use, and only the wrappers' modules import
-triton (the references and ``resolve_backend`` need torch alone).
+cache ops). ``import kernels`` loads neither torch nor triton: names resolve on first use, and
+only the wrappers' modules import triton (the references, the torch path and
+``resolve_backend`` need torch alone).
 """
 
 from __future__ import annotations
