@@ -14,6 +14,7 @@ Run: python benchmarks/costmodel_vs_measured.py [--vidur-dir ../shared/profiles/
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib.util
 import statistics
 import subprocess
@@ -27,6 +28,7 @@ from types import ModuleType
 from sim.cost_model import make_cost_model
 from sim.costmodel_check import Comparison, compare_mlp, run_check, summarize
 from sim.hardware_spec import HARDWARE_PRESETS, HardwareSpec, hardware_for_node
+from sim.kernel_costs import allreduce_s
 from sim.kv_capacity import vidur_num_blocks, vllm_kv_capacity
 from sim.model_spec import MODEL_PRESETS
 from sim.profile_import import vidur_profile, write_vidur_profile
@@ -89,6 +91,10 @@ def accuracy(vidur_dir: Path) -> list[Comparison]:
         for kind in ("decode_step", "prefill_step"):
             group = [c for c in bare if c.kind == kind]
             print(_line(f"{kind} without all-reduce", group))
+        mixture = run_check(vidur_dir, MODEL_PRESETS[name], hardware, allreduce_mixture=True)
+        for kind in ("decode_step", "prefill_step"):
+            group = [c for c in mixture.comparisons if c.kind == kind]
+            print(_line(f"{kind} all-reduce mixture mean", group))
         for kind in ("decode_step", "prefill_step"):
             by_tp: dict[str, list[Comparison]] = {}
             for c in comparisons:
@@ -158,6 +164,51 @@ def holdout(vidur_dir: Path) -> None:
         f"  held out (Llama-3-8B, -70B)           {_mlp_score(held, committed):8.1f} "
         f"{_mlp_score(held, hardware):8.1f}"
     )
+
+
+MODE_SPLIT_S = 45e-6  # between the two modes small all-reduces measure (~20-35 and ~55-65 us)
+SMALL_BYTES = 1 << 20
+
+
+def allreduce_modes(vidur_dir: Path) -> None:
+    """Why whole TP steps miss: small all-reduces in both network files take one of two times,
+    and the three timed repeats of one size often land in both, so no function of size (an
+    NCCL protocol switch is one: it is chosen by size) can follow them. Per node and worker
+    count, messages under 1 MiB: how many rows have a median in the low mode, how many rows'
+    repeats span both modes (min below the split, max above), each mode's median, and ours."""
+    hardware = HARDWARE_PRESETS["A100-80GB"]
+    print(f"## small all-reduces (< 1 MiB): two modes, split at {MODE_SPLIT_S * 1e6:.0f} us")
+    print(
+        f"{'node':16s} {'workers':>7s} {'rows':>5s} {'low':>5s} {'both':>5s} "
+        f"{'low us':>7s} {'high us':>7s} {'ours us':>7s}"
+    )
+    for node in ("dgx", "pairwise_nvlink"):
+        path = vidur_dir / f"network/a100_{node}/all_reduce.csv"
+        if not path.is_file():
+            continue
+        with path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        node_hw = hardware_for_node(hardware, node)
+        for workers in (2, 4, 8):
+            stats = [
+                tuple(float(r[f"time_stats.all_reduce.{k}"]) / 1e3 for k in ("min", "median", "max"))
+                for r in rows
+                if int(r["num_workers"]) == int(r["devices_per_node"]) == workers
+                and int(r["size"]) < SMALL_BYTES
+            ]
+            if not stats:
+                continue
+            low = [med for _, med, _ in stats if med < MODE_SPLIT_S]
+            high = [med for _, med, _ in stats if med >= MODE_SPLIT_S]
+            both = sum(lo < MODE_SPLIT_S <= hi for lo, _, hi in stats)
+            ours = allreduce_s(node_hw, SMALL_BYTES // 4, workers, workers)
+            low_us = statistics.median(low) * 1e6 if low else float("nan")
+            high_us = statistics.median(high) * 1e6 if high else float("nan")
+            print(
+                f"{node:16s} {workers:7d} {len(stats):5d} {len(low):5d} {both:5d} "
+                f"{low_us:7.1f} {high_us:7.1f} {ours * 1e6:7.1f}"
+            )
+    print("(ours: a 256 KiB message; 'both': rows whose three repeats fall in both modes)")
 
 
 def _load_before(module: str = "roofline") -> ModuleType:
@@ -237,6 +288,8 @@ def main() -> int:
         return 2
     print("# command: python benchmarks/costmodel_vs_measured.py")
     accuracy(args.vidur_dir)
+    print()
+    allreduce_modes(args.vidur_dir)
     print()
     holdout(args.vidur_dir)
     print()
