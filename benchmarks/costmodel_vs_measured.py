@@ -168,6 +168,7 @@ def holdout(vidur_dir: Path) -> None:
 
 MODE_SPLIT_S = 45e-6  # between the two modes small all-reduces measure (~20-35 and ~55-65 us)
 SMALL_BYTES = 1 << 20
+STATS = ("min", "median", "max")  # of the three timed repeats, in ms
 
 
 def allreduce_modes(vidur_dir: Path) -> None:
@@ -191,7 +192,7 @@ def allreduce_modes(vidur_dir: Path) -> None:
         node_hw = hardware_for_node(hardware, node)
         for workers in (2, 4, 8):
             stats = [
-                tuple(float(r[f"time_stats.all_reduce.{k}"]) / 1e3 for k in ("min", "median", "max"))
+                tuple(float(r[f"time_stats.all_reduce.{k}"]) / 1e3 for k in STATS)
                 for r in rows
                 if int(r["num_workers"]) == int(r["devices_per_node"]) == workers
                 and int(r["size"]) < SMALL_BYTES
