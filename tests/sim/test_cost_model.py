@@ -77,7 +77,8 @@ def test_breakdown_sums_to_step_time(roofline: RooflineCostModel) -> None:
     assert sum(breakdown.values()) == pytest.approx(roofline.step_time_s(shape), rel=1e-12)
     # The host's work hides under these kernels (async scheduling, the default).
     assert breakdown["overhead"] == 0.0
-    assert all(value > 0 for key, value in breakdown.items() if key not in ("allreduce", "overhead"))
+    busy = {key: value for key, value in breakdown.items() if key not in ("allreduce", "overhead")}
+    assert all(value > 0 for value in busy.values())
     sync = RooflineCostModel(LLAMA, A100, config=CostModelConfig(async_scheduling=False))
     waited = sync.step_breakdown(shape)
     assert waited["overhead"] == pytest.approx(2e-3 + 5 * 1e-5)
@@ -99,9 +100,9 @@ def test_async_scheduling_makes_a_step_the_longer_of_host_and_kernels() -> None:
     assert tiny.step_breakdown(small)["overhead"] > 0.0
     # Host work longer than any kernel time: the step costs exactly the host's time.
     slow_host = CostModelConfig(step_overhead_s=1.0)
-    assert RooflineCostModel(LLAMA, A100, config=slow_host).step_time_s(
-        decode
-    ) == pytest.approx(1.0 + 1e-5, rel=1e-12)
+    assert RooflineCostModel(LLAMA, A100, config=slow_host).step_time_s(decode) == pytest.approx(
+        1.0 + 1e-5, rel=1e-12
+    )
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
@@ -219,9 +220,7 @@ def test_config_validation_and_effect() -> None:
     quiet = RooflineCostModel(
         LLAMA, A100, config=CostModelConfig(step_overhead_s=0.0, async_scheduling=False)
     )
-    assert quiet.step_time_s(shape) < RooflineCostModel(LLAMA, A100, config=sync).step_time_s(
-        shape
-    )
+    assert quiet.step_time_s(shape) < RooflineCostModel(LLAMA, A100, config=sync).step_time_s(shape)
 
 
 def test_step_shape_validation_and_properties() -> None:
