@@ -198,7 +198,9 @@ def _cost_config(text: str) -> tuple[CostModelConfig, dict[str, float]]:
         name, _, value = item.partition("=")
         if not value:
             raise SystemExit(f"error: --what-if {item!r}: expected field=value")
-        if name in CostModelConfig.__dataclass_fields__:
+        if name == "async_scheduling":
+            changes[name] = value.lower() in ("1", "true", "yes")
+        elif name in CostModelConfig.__dataclass_fields__:
             changes[name] = float(value)
         elif name in HardwareSpec.__dataclass_fields__ and name != "name":
             hardware[name] = float(value)
