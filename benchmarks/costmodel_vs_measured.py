@@ -94,7 +94,7 @@ def accuracy(vidur_dir: Path) -> list[Comparison]:
         mixture = run_check(vidur_dir, MODEL_PRESETS[name], hardware, allreduce_mixture=True)
         for kind in ("decode_step", "prefill_step"):
             group = [c for c in mixture.comparisons if c.kind == kind]
-            print(_line(f"{kind} all-reduce mixture mean", group))
+            print(_line(f"{kind} AR mixture mean", group))
         for kind in ("decode_step", "prefill_step"):
             by_tp: dict[str, list[Comparison]] = {}
             for c in comparisons:
