@@ -213,7 +213,10 @@ _PCIE5 = 64 * _GB
 
 
 def _workstation_presets() -> list[HardwareSpec]:
-    """PCIe cards. Dense tensor figures: half the datasheet's sparse number."""
+    """PCIe cards. Dense tensor figures: half the datasheet's sparse number. SM counts (the
+    width of a wave of GEMM tiles) from NVIDIA's architecture whitepapers: GA102 in the A40 and
+    RTX A6000 84, AD102 in the L40S 142 and the RTX 4090 128, GB202 in the RTX PRO 6000 188
+    (24,064 CUDA cores at 128 a SM)."""
     return [
         # NVIDIA A40 datasheet: 149.7 TFLOPS fp16 tensor (299.4 sparse), 37.4 TFLOPS fp32,
         # 48 GB GDDR6 at 696 GB/s, NVLink bridge 112.5 GB/s both directions, PCIe gen4.
@@ -230,6 +233,7 @@ def _workstation_presets() -> list[HardwareSpec]:
             nvlink_domain_size=2,
             scale_out_bandwidth_bytes_per_s=_PCIE4,
             **_PCIE_SCALE_OUT,
+            num_sms=84,
         ),
         # NVIDIA RTX A6000 datasheet: 309.7 TFLOPS tensor sparse (154.8 dense), 38.7 TFLOPS
         # fp32, 48 GB GDDR6 at 768 GB/s, NVLink bridge 112.5 GB/s both directions, PCIe gen4.
@@ -246,6 +250,7 @@ def _workstation_presets() -> list[HardwareSpec]:
             nvlink_domain_size=2,
             scale_out_bandwidth_bytes_per_s=_PCIE4,
             **_PCIE_SCALE_OUT,
+            num_sms=84,
         ),
         # NVIDIA L40S datasheet: 362.05 TFLOPS bf16 tensor dense (733 sparse), 733 fp8 dense,
         # 91.6 TFLOPS fp32, 48 GB GDDR6 at 864 GB/s, PCIe gen4 x16, no NVLink.
@@ -262,6 +267,7 @@ def _workstation_presets() -> list[HardwareSpec]:
             nvlink_domain_size=1,
             scale_out_bandwidth_bytes_per_s=_PCIE4,
             **_PCIE_SCALE_OUT,
+            num_sms=142,
         ),
         # NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): fp16 tensor with fp32
         # accumulate (what PyTorch uses) 165.2 TFLOPS dense, fp8 with fp32 accumulate 330.3,
@@ -279,6 +285,7 @@ def _workstation_presets() -> list[HardwareSpec]:
             nvlink_domain_size=1,
             scale_out_bandwidth_bytes_per_s=_PCIE4,
             **_PCIE_SCALE_OUT,
+            num_sms=128,
         ),
         # NVIDIA RTX PRO 6000 Blackwell (Workstation Edition): 96 GB GDDR7 at 1792 GB/s,
         # 125 TFLOPS fp32, 4000 AI TOPS fp4 sparse (datasheet); per NVIDIA's RTX Blackwell
@@ -297,6 +304,7 @@ def _workstation_presets() -> list[HardwareSpec]:
             nvlink_domain_size=1,
             scale_out_bandwidth_bytes_per_s=_PCIE5,
             **_PCIE_SCALE_OUT,
+            num_sms=188,
         ),
         # The Server Edition of the same card: 1597 GB/s, the figure LLMServingSim's cluster
         # config gives for its measured RTX PRO 6000 runs; FLOP/s taken as the Workstation
@@ -314,12 +322,15 @@ def _workstation_presets() -> list[HardwareSpec]:
             nvlink_domain_size=1,
             scale_out_bandwidth_bytes_per_s=_PCIE5,
             **_PCIE_SCALE_OUT,
+            num_sms=188,
         ),
     ]
 
 
 def _datacenter_presets() -> list[HardwareSpec]:
-    """SXM/OAM parts on a switch or mesh. Dense tensor figures: half the sparse number."""
+    """SXM/OAM parts on a switch or mesh. Dense tensor figures: half the sparse number. SMs:
+    148 on a B200 (NVIDIA's Blackwell figures), 304 compute units on an MI300X (AMD data
+    sheet); the H20's count is not published, so it keeps the A100's 108 (issue 16)."""
     return [
         # NVIDIA H20 published specifications: 148 TFLOPS bf16 dense, 296 fp8, 44 TFLOPS fp32,
         # 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s both directions, PCIe gen5.
@@ -328,7 +339,16 @@ def _datacenter_presets() -> list[HardwareSpec]:
         # sparse (2.25 and 4.5 dense), fp32 75 TFLOPS, 180 GB HBM3e at 7.7 TB/s, NVLink 5
         # 1.8 TB/s both directions, PCIe gen5 128 GB/s both directions.
         HardwareSpec(
-            "B200", 2250e12, 75e12, 4500e12, 7700 * _GB, 180 * _GIB, 900 * _GB, 2e-6, _PCIE5
+            "B200",
+            2250e12,
+            75e12,
+            4500e12,
+            7700 * _GB,
+            180 * _GIB,
+            900 * _GB,
+            2e-6,
+            _PCIE5,
+            num_sms=148,
         ),
         # AMD Instinct MI300X data sheet: 1307.4 TFLOPS fp16/bf16 dense, 2614.9 fp8 dense,
         # 163.4 TFLOPS fp32 vector, 192 GB HBM3 at 5.3 TB/s; 7 Infinity Fabric links of
@@ -345,6 +365,7 @@ def _datacenter_presets() -> list[HardwareSpec]:
             _PCIE5,
             scale_out_bandwidth_bytes_per_s=_PCIE5,
             **_PCIE_SCALE_OUT,
+            num_sms=304,
         ),
     ]
 
