@@ -28,6 +28,12 @@ from engine.attention import build_metadata
 from engine.llm_engine import EngineConfig, LLMEngine, StepRecord
 from engine.model.llama import apply_rope
 from engine.sampling import SampleSpec, SamplingParams, sample
+from kernels.torch_attention import (
+    paged_decode_attention_torch,
+    paged_prefill_attention_torch,
+    plan_decode,
+    plan_prefill,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,6 +424,11 @@ class _Parts:
         tables = self._tables(b, longest)
         lens = torch.tensor(contexts, dtype=torch.int32, device=self.device)
         scale = cfg.head_dim**-0.5
+        if self.backend == "torch":
+            # As the engine runs it: the gather plan is built once per step (input preparation),
+            # each layer only attends.
+            plan = plan_decode(tables, contexts, self.block_size)
+            return lambda: paged_decode_attention_torch(q, self.k_cache, self.v_cache, plan, scale)
         return lambda: kernels.paged_decode_attention(
             q, self.k_cache, self.v_cache, tables, lens, scale,
             backend=self.backend, max_seq_len=longest,
@@ -433,6 +444,11 @@ class _Parts:
 
         start_loc, seq_lens, ctx = ints([0, query]), ints([context + query]), ints([context])
         scale = cfg.head_dim**-0.5
+        if self.backend == "torch":  # the plan once per step, as in the engine
+            chunks = plan_prefill(tables, [0, query], [context + query], [context], self.block_size)
+            return lambda: paged_prefill_attention_torch(
+                q, self.k_cache, self.v_cache, chunks, scale
+            )
         return lambda: kernels.paged_prefill_attention(
             q, self.k_cache, self.v_cache, tables, start_loc, seq_lens, ctx, scale,
             backend=self.backend, max_query_len=query,
