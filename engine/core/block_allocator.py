@@ -295,66 +295,78 @@ class BlockAllocator:
         self._num_tokens[seq_id] = num_tokens + num_new_tokens
         return copies
 
-    def append_steps(self, runs: Sequence[SeqRun], num_steps: int) -> None:
+    def append_steps(self, runs: Sequence[tuple[int, int, int]], num_steps: int) -> None:
         """Grow every sequence of ``runs`` for ``num_steps`` steps at once, taking blocks in the
         order that appending step by step (each step, sequence after sequence) would take
-        them, so the block tables come out the same. No tail may need a copy-on-write;
+        them, so the block tables come out the same. Each run is a ``SeqRun`` (a plain tuple of
+        the same fields will do: hot callers build those). No tail may need a copy-on-write;
         nothing changes if the pool runs out (``OutOfBlocksError``)."""
         bs = self.block_size
         tables, tokens, ref, fill = self._tables, self._num_tokens, self._ref, self._fill
         num_runs = len(runs)
         # Blocks started, each as step * num_runs + run index: sorted, the order of the steps.
         starts: list[int] = []
-        grows: list[tuple[int, int, int]] = []  # (tokens held, tokens after, blocks started)
+        # Sequences that grow: (sequence, its table, tokens held, tokens after, new blocks).
+        grows: list[tuple[int, list[int], int, int, int]] = []
         added = 0
         for order, (seq_id, per_step, left) in enumerate(runs):
-            held = tokens[seq_id]
-            table = tables[seq_id]
             grown = num_steps * per_step
             if grown > left:
                 grown = left
-            after = held + grown
-            new_blocks = -(-after // bs) - len(table)
+            if grown <= 0:
+                continue
+            held = tokens[seq_id]
+            table = tables[seq_id]
             if held % bs and ref[table[-1]] != 1:
                 raise ValueError(f"sequence {seq_id} shares its tail block: it needs a copy")
+            after = held + grown
+            new_blocks = (after + bs - 1) // bs - len(table)
             added += grown
-            grows.append((held, after, new_blocks))
+            grows.append((seq_id, table, held, after, new_blocks))
             if not new_blocks:
                 continue
             if per_step == 1:  # a decode: a block every bs steps
                 first = -held % bs
-                stop = (first + new_blocks * bs) * num_runs
-                starts.extend(range(first * num_runs + order, stop, bs * num_runs))
+                starts.extend(
+                    range(
+                        first * num_runs + order,
+                        (first + new_blocks * bs) * num_runs,
+                        bs * num_runs,
+                    )
+                )
                 continue
             blocks = len(table)
             for step in range(num_steps):
-                need = -(-(held + min((step + 1) * per_step, left)) // bs) - blocks
-                starts.extend([step * num_runs + order] * need)
-                blocks += need
-        if len(starts) > self.num_free_blocks:
-            raise OutOfBlocksError(f"need {len(starts)} blocks, {self.num_free_blocks} free")
-        starts.sort()
-        run_tables = [tables[run.seq_id] for run in runs]
+                need = (held + min((step + 1) * per_step, left) + bs - 1) // bs - blocks
+                if need:
+                    starts.extend([step * num_runs + order] * need)
+                    blocks += need
+        if not grows:
+            return
         free = self._free
-        if len(starts) <= len(free):
-            # No eviction: blocks come off the free stack in order.
-            for key in starts:
-                block_id = free.pop()
-                ref[block_id] = 1
-                run_tables[key % num_runs].append(block_id)
-            self.num_used_blocks += len(starts)
-        else:
-            for key in starts:
-                run_tables[key % num_runs].append(self._take_block())
-        for (seq_id, _, _), table, (held, after, new_blocks) in zip(
-            runs, run_tables, grows, strict=True
-        ):
-            if new_blocks:
-                for block_idx in range(held // bs, len(table)):
-                    fill[table[block_idx]] = min(bs, after - block_idx * bs)
-            elif after > held:
-                fill[table[-1]] += after - held
+        if starts:
+            if len(starts) > len(free) + len(self._evictable):
+                raise OutOfBlocksError(f"need {len(starts)} blocks, {self.num_free_blocks} free")
+            starts.sort()
+            if len(starts) <= len(free):
+                # No eviction: blocks come off the free stack in order.
+                for key in starts:
+                    block_id = free.pop()
+                    ref[block_id] = 1
+                    tables[runs[key % num_runs][0]].append(block_id)
+                self.num_used_blocks += len(starts)
+            else:
+                for key in starts:
+                    tables[runs[key % num_runs][0]].append(self._take_block())
+        for seq_id, table, held, after, new_blocks in grows:
             tokens[seq_id] = after
+            if new_blocks:
+                last = len(table) - 1
+                for block_idx in range(held // bs, last):
+                    fill[table[block_idx]] = bs
+                fill[table[last]] = after - last * bs
+            else:
+                fill[table[-1]] += after - held
         self.num_filled_slots += added
 
     def append_in_place(self, seq_id: int) -> bool:
