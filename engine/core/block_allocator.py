@@ -304,8 +304,11 @@ class BlockAllocator:
         bs = self.block_size
         tables, tokens, ref, fill = self._tables, self._num_tokens, self._ref, self._fill
         num_runs = len(runs)
-        # Blocks started, each as step * num_runs + run index: sorted, the order of the steps.
+        # Where blocks start, each as step * num_runs + run index: sorted, the order of the
+        # steps. A key starting more than one block (a prompt chunk) gives its count in ``many``.
         starts: list[int] = []
+        many: dict[int, int] = {}
+        num_new = 0
         # Sequences that grow: (sequence, its table, tokens held, tokens after, new blocks).
         grows: list[tuple[int, list[int], int, int, int]] = []
         added = 0
@@ -325,46 +328,57 @@ class BlockAllocator:
             grows.append((seq_id, table, held, after, new_blocks))
             if not new_blocks:
                 continue
+            num_new += new_blocks
             if per_step == 1:  # a decode: a block every bs steps
                 first = -held % bs
-                starts.extend(
-                    range(
-                        first * num_runs + order,
-                        (first + new_blocks * bs) * num_runs,
-                        bs * num_runs,
-                    )
-                )
+                stop = (first + new_blocks * bs) * num_runs
+                starts.extend(range(first * num_runs + order, stop, bs * num_runs))
                 continue
             blocks = len(table)
             for step in range(num_steps):
                 need = (held + min((step + 1) * per_step, left) + bs - 1) // bs - blocks
                 if need:
-                    starts.extend([step * num_runs + order] * need)
+                    key = step * num_runs + order
+                    starts.append(key)
+                    if need > 1:
+                        many[key] = need
                     blocks += need
-        if not grows:
+        if not num_new:
+            for seq_id, table, held, after, _ in grows:
+                tokens[seq_id] = after
+                fill[table[-1]] += after - held
+            self.num_filled_slots += added
             return
         free = self._free
-        if starts:
-            if len(starts) > len(free) + len(self._evictable):
-                raise OutOfBlocksError(f"need {len(starts)} blocks, {self.num_free_blocks} free")
-            starts.sort()
-            if len(starts) <= len(free):
-                # No eviction: blocks come off the free stack in order.
-                for key in starts:
-                    block_id = free.pop()
-                    ref[block_id] = 1
-                    tables[runs[key % num_runs][0]].append(block_id)
-                self.num_used_blocks += len(starts)
+        if num_new > len(free) + len(self._evictable):
+            raise OutOfBlocksError(f"need {num_new} blocks, {self.num_free_blocks} free")
+        if num_new <= len(free):
+            # No eviction: blocks come off the free stack in order.
+            taken = free[-num_new:]
+            del free[-num_new:]
+            taken.reverse()
+            self.num_used_blocks += num_new
+        else:
+            taken = [self._take_block() for _ in range(num_new)]
+        for block_id in taken:
+            ref[block_id] = 1
+            fill[block_id] = bs  # (the last block of each sequence is set below)
+        starts.sort()
+        idx = 0
+        for key in starts:
+            count = many.get(key, 1) if many else 1
+            table = tables[runs[key % num_runs][0]]
+            if count == 1:
+                table.append(taken[idx])
             else:
-                for key in starts:
-                    tables[runs[key % num_runs][0]].append(self._take_block())
+                table.extend(taken[idx : idx + count])
+            idx += count
         for seq_id, table, held, after, new_blocks in grows:
             tokens[seq_id] = after
             if new_blocks:
-                last = len(table) - 1
-                for block_idx in range(held // bs, last):
-                    fill[table[block_idx]] = bs
-                fill[table[last]] = after - last * bs
+                if held % bs:
+                    fill[table[held // bs]] = bs
+                fill[table[-1]] = after - (len(table) - 1) * bs
             else:
                 fill[table[-1]] += after - held
         self.num_filled_slots += added
