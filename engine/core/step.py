@@ -246,6 +246,7 @@ class Step:
         hit_tokens = len(hits) * kv.block_size
         request.num_computed_tokens = hit_tokens
         request.num_prefix_hit_tokens += hit_tokens
+        request.num_prefix_lookup_tokens += request.num_tokens
         if request.num_recomputed_tokens:
             # Hits on its own blocks after a recompute preemption are not recomputed.
             request.num_recomputed_tokens -= min(hit_tokens, request.num_recomputed_tokens)
