@@ -9,6 +9,11 @@ Definitions (all latencies from the request's own timestamps):
 - ITL: every gap between consecutive token emissions of a request, pooled over all requests.
 - E2EL: finish time − arrival time (a static batch finishes its members when it ends).
 - Goodput: finished requests per second whose TTFT and TPOT meet the given SLOs.
+- Prefix hit rate: prefix-cache hit tokens over looked-up tokens, both summed over every
+  admission of every request (as vLLM's prefix-cache stats count queries). A request admitted
+  again after a recompute preemption looks its known tokens up again, and hits on its own
+  blocks count once more in both, so the rate stays within [0, 1]: it is the share of the
+  tokens presented to the cache that the cache supplied, not a share of the trace's prompts.
 """
 
 from __future__ import annotations
@@ -85,8 +90,9 @@ def summarize(
     out["num_recomputed_tokens"] = sum(r.num_recomputed_tokens for r in requests)
     out["num_blocks_swapped_out"] = sum(r.num_blocks_swapped_out for r in requests)
     hit_tokens = sum(r.num_prefix_hit_tokens for r in requests)
+    lookup_tokens = sum(r.num_prefix_lookup_tokens for r in requests)
     out["num_prefix_hit_tokens"] = hit_tokens
-    out["prefix_hit_rate"] = hit_tokens / input_tokens if input_tokens else 0.0
+    out["prefix_hit_rate"] = hit_tokens / lookup_tokens if lookup_tokens else 0.0
     return out
 
 

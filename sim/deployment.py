@@ -278,6 +278,7 @@ def _merge(user: Request, prompt: Request, decode: Request) -> None:
         "num_blocks_swapped_out",
         "num_blocks_swapped_in",
         "num_prefix_hit_tokens",
+        "num_prefix_lookup_tokens",
         "num_cow_copies",
     ):
         total = getattr(prompt, counter) + (getattr(decode, counter) if decode is not prompt else 0)

@@ -295,32 +295,40 @@ class BlockAllocator:
         self._num_tokens[seq_id] = num_tokens + num_new_tokens
         return copies
 
-    def append_steps(self, runs: Sequence[SeqRun], num_steps: int) -> None:
+    def append_steps(self, runs: Sequence[tuple[int, int, int]], num_steps: int) -> None:
         """Grow every sequence of ``runs`` for ``num_steps`` steps at once, taking blocks in the
         order that appending step by step (each step, sequence after sequence) would take
-        them, so the block tables come out the same. No tail may need a copy-on-write;
+        them, so the block tables come out the same. Each run is a ``SeqRun`` (a plain tuple of
+        the same fields will do: hot callers build those). No tail may need a copy-on-write;
         nothing changes if the pool runs out (``OutOfBlocksError``)."""
         bs = self.block_size
         tables, tokens, ref, fill = self._tables, self._num_tokens, self._ref, self._fill
         num_runs = len(runs)
-        # Blocks started, each as step * num_runs + run index: sorted, the order of the steps.
+        # Where blocks start, each as step * num_runs + run index: sorted, the order of the
+        # steps. A key starting more than one block (a prompt chunk) gives its count in ``many``.
         starts: list[int] = []
-        grows: list[tuple[int, int, int]] = []  # (tokens held, tokens after, blocks started)
+        many: dict[int, int] = {}
+        num_new = 0
+        # Sequences that grow: (sequence, its table, tokens held, tokens after, new blocks).
+        grows: list[tuple[int, list[int], int, int, int]] = []
         added = 0
         for order, (seq_id, per_step, left) in enumerate(runs):
-            held = tokens[seq_id]
-            table = tables[seq_id]
             grown = num_steps * per_step
             if grown > left:
                 grown = left
-            after = held + grown
-            new_blocks = -(-after // bs) - len(table)
+            if grown <= 0:
+                continue
+            held = tokens[seq_id]
+            table = tables[seq_id]
             if held % bs and ref[table[-1]] != 1:
                 raise ValueError(f"sequence {seq_id} shares its tail block: it needs a copy")
+            after = held + grown
+            new_blocks = (after + bs - 1) // bs - len(table)
             added += grown
-            grows.append((held, after, new_blocks))
+            grows.append((seq_id, table, held, after, new_blocks))
             if not new_blocks:
                 continue
+            num_new += new_blocks
             if per_step == 1:  # a decode: a block every bs steps
                 first = -held % bs
                 stop = (first + new_blocks * bs) * num_runs
@@ -328,33 +336,51 @@ class BlockAllocator:
                 continue
             blocks = len(table)
             for step in range(num_steps):
-                need = -(-(held + min((step + 1) * per_step, left)) // bs) - blocks
-                starts.extend([step * num_runs + order] * need)
-                blocks += need
-        if len(starts) > self.num_free_blocks:
-            raise OutOfBlocksError(f"need {len(starts)} blocks, {self.num_free_blocks} free")
-        starts.sort()
-        run_tables = [tables[run.seq_id] for run in runs]
-        free = self._free
-        if len(starts) <= len(free):
-            # No eviction: blocks come off the free stack in order.
-            for key in starts:
-                block_id = free.pop()
-                ref[block_id] = 1
-                run_tables[key % num_runs].append(block_id)
-            self.num_used_blocks += len(starts)
-        else:
-            for key in starts:
-                run_tables[key % num_runs].append(self._take_block())
-        for (seq_id, _, _), table, (held, after, new_blocks) in zip(
-            runs, run_tables, grows, strict=True
-        ):
-            if new_blocks:
-                for block_idx in range(held // bs, len(table)):
-                    fill[table[block_idx]] = min(bs, after - block_idx * bs)
-            elif after > held:
+                need = (held + min((step + 1) * per_step, left) + bs - 1) // bs - blocks
+                if need:
+                    key = step * num_runs + order
+                    starts.append(key)
+                    if need > 1:
+                        many[key] = need
+                    blocks += need
+        if not num_new:
+            for seq_id, table, held, after, _ in grows:
+                tokens[seq_id] = after
                 fill[table[-1]] += after - held
+            self.num_filled_slots += added
+            return
+        free = self._free
+        if num_new > len(free) + len(self._evictable):
+            raise OutOfBlocksError(f"need {num_new} blocks, {self.num_free_blocks} free")
+        if num_new <= len(free):
+            # No eviction: blocks come off the free stack in order.
+            taken = free[-num_new:]
+            del free[-num_new:]
+            taken.reverse()
+            self.num_used_blocks += num_new
+        else:
+            taken = [self._take_block() for _ in range(num_new)]
+        for block_id in taken:
+            ref[block_id] = 1
+            fill[block_id] = bs  # (the last block of each sequence is set below)
+        starts.sort()
+        idx = 0
+        for key in starts:
+            count = many.get(key, 1) if many else 1
+            table = tables[runs[key % num_runs][0]]
+            if count == 1:
+                table.append(taken[idx])
+            else:
+                table.extend(taken[idx : idx + count])
+            idx += count
+        for seq_id, table, held, after, new_blocks in grows:
             tokens[seq_id] = after
+            if new_blocks:
+                if held % bs:
+                    fill[table[held // bs]] = bs
+                fill[table[-1]] = after - (len(table) - 1) * bs
+            else:
+                fill[table[-1]] += after - held
         self.num_filled_slots += added
 
     def append_in_place(self, seq_id: int) -> bool:

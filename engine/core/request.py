@@ -133,6 +133,9 @@ class Request:
     num_blocks_swapped_out: int = 0
     num_blocks_swapped_in: int = 0
     num_prefix_hit_tokens: int = 0
+    # Known tokens looked up in the prefix cache, summed over every admission (a request
+    # recomputed after preemption looks its tokens up again): the hit rate's denominator.
+    num_prefix_lookup_tokens: int = 0
     num_cow_copies: int = 0
 
     def __post_init__(self) -> None:

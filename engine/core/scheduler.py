@@ -376,6 +376,7 @@ class Scheduler:
         self.kv.admit(request, num_positions, ())
         self.waiting.popleft()
         request.num_computed_tokens = 0
+        request.num_prefix_lookup_tokens += request.num_tokens  # (looked up, as in ``Step``)
         request.status = RequestStatus.RUNNING
         bisect.insort(self.running, request, key=arrival_order)
         if request.first_scheduled_s is None:

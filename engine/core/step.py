@@ -172,34 +172,40 @@ class Step:
         self._record(request, num_positions, copies, width, seqs)
         return True
 
-    def schedule_decodes(self, requests: Sequence[Request]) -> list[Request]:
+    def schedule_decodes(
+        self, requests: Sequence[Request], in_order: bool = False
+    ) -> list[Request]:
         """``schedule(request, 1)`` for each decoding request, in order (the same decisions,
-        taken faster); returns the requests that are not decoding, in order."""
+        taken faster); returns the requests that are not decoding, in order. With
+        ``in_order``, stops at the first request that is not decoding and returns it with
+        every request after it, none of them scheduled."""
         others: list[Request] = []
         kv = self.s.kv
         scheduled, preempted = self._scheduled, self._preempted
         requests_out = self.batch.requests
         running = RequestStatus.RUNNING
-        for request in requests:
+        for idx, request in enumerate(requests):
             computed = request.num_computed_tokens
             prompt = request.num_prompt_tokens
             if computed < prompt or computed + 1 != prompt + request.num_output_tokens:
+                if in_order:
+                    return list(requests[idx:])
                 others.append(request)
                 continue
             live = request.live_seq_ids
-            idx = request.internal_idx
+            internal_idx = request.internal_idx
             if (
                 len(live) == 1
                 and request.status is running
                 and request.kv_ready
-                and idx not in scheduled
-                and idx not in preempted
+                and internal_idx not in scheduled
+                and internal_idx not in preempted
                 and self._token_budget >= 1
                 and self._seq_budget >= 1
                 and not self._range_copies
                 and kv.grow_in_place(live[0])
             ):
-                scheduled.add(idx)
+                scheduled.add(internal_idx)
                 self._token_budget -= 1
                 self._seq_budget -= 1
                 requests_out.append(ScheduledRequest(request, 1, computed, (live[0],), False))
@@ -240,6 +246,7 @@ class Step:
         hit_tokens = len(hits) * kv.block_size
         request.num_computed_tokens = hit_tokens
         request.num_prefix_hit_tokens += hit_tokens
+        request.num_prefix_lookup_tokens += request.num_tokens
         if request.num_recomputed_tokens:
             # Hits on its own blocks after a recompute preemption are not recomputed.
             request.num_recomputed_tokens -= min(hit_tokens, request.num_recomputed_tokens)

@@ -23,10 +23,9 @@ It uses only the scheduler's public methods; the rules that end a step live once
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from engine.core.batch import ScheduledBatch
-from engine.core.block_allocator import SeqRun
 from engine.core.fastforward.growth import UNBOUNDED, RepeatShape, RequestGrowth, StepTokens
 from engine.core.fastforward.memory import RunMemory, run_memory
 from engine.core.fastforward.plan import RunPlan, plan_continuation, plan_repeat
@@ -85,18 +84,15 @@ class FastForward:
         shape = plan.shape
         first_idx = s.record_step_ends(step_end_s)
         kv = s.kv
-        # Positions each request computes in the last step.
-        finals = [
-            1 if g.positions_left == UNBOUNDED else _positions_at(g, count - 1) for g in growth
-        ]
-        if s.cache_config.enable_prefix_caching:
+        caching = s.cache_config.enable_prefix_caching
+        if caching:
             # Each step grows each request and registers its full blocks as it is scheduled,
             # request after request (growth may evict cached blocks): one step at a time.
             for step in range(count):
                 for g in growth:
                     request = g.request
                     num_positions = _positions_at(g, step)
-                    _grow(kv, [RequestGrowth(request, num_positions, num_positions)], 1)
+                    _grow(kv, ((request, num_positions, num_positions),), 1)
                     end = request.num_computed_tokens + num_positions
                     # A decode's known tokens grow by the one sampled each step.
                     known = request.num_tokens + (step if g.is_decode else 0)
@@ -105,13 +101,6 @@ class FastForward:
                         request.num_computed_tokens = end
         else:
             _grow(kv, growth, count)
-            if count > 1:
-                for g, final in zip(growth, finals, strict=True):
-                    if g.positions_left == UNBOUNDED:  # a decode: one position a step
-                        g.request.num_computed_tokens += count - 1
-                    else:
-                        total = min(count * g.positions_per_step, g.positions_left)
-                        g.request.num_computed_tokens += total - final
         last_idx = first_idx + count - 1
         last_s = step_end_s[-1]
         head = None
@@ -121,12 +110,20 @@ class FastForward:
             if head is None or not s.admit_head(head, shape.admit_positions, start_s):
                 raise RuntimeError("the waiting head this run was to admit is no longer waiting")
         # The last step's rules, as ``update`` applies them; a decode samples in every step.
+        # Without prefix caching the positions of all steps but the last are computed here.
+        earlier = count - 1 if not caching else 0
         finished: list[Request] = []
-        for g, final in zip(growth, finals, strict=True):
-            if g.positions_left == UNBOUNDED:
-                s.end_step(g.request, final, None, first_idx, last_s, finished, count)
+        end_step = s.end_step
+        for request, per_step, left in growth:
+            if left == UNBOUNDED:  # a decode: one position a step
+                if earlier:
+                    request.num_computed_tokens += earlier
+                end_step(request, 1, None, first_idx, last_s, finished, count)
             else:
-                s.end_step(g.request, final, None, last_idx, last_s, finished)
+                final = max(0, min(per_step, left - (count - 1) * per_step))
+                if earlier:
+                    request.num_computed_tokens += min(count * per_step, left) - final
+                end_step(request, final, None, last_idx, last_s, finished)
         if head is not None:
             s.end_step(head, shape.admit_positions, None, last_idx, last_s, finished)
         finished.extend(s.close_steps(count, last_s))
@@ -139,16 +136,18 @@ def _positions_at(growth: RequestGrowth, step: int) -> int:
     return max(0, min(per_step, growth.positions_left - step * per_step))
 
 
-def _grow(kv: KVCacheManager, growth: Sequence[RequestGrowth], num_steps: int) -> None:
-    """Grow every request of ``growth`` as ``num_steps`` steps would, one after another: in
-    paged memory the allocator takes blocks in that order, so block tables come out the same."""
+def _grow(kv: KVCacheManager, growth: Iterable[tuple[Request, int, int]], num_steps: int) -> None:
+    """Grow every request of ``growth`` (request, positions per step, positions left) as
+    ``num_steps`` steps would, one after another: in paged memory the allocator takes blocks
+    in that order, so block tables come out the same."""
     if isinstance(kv, PagedKVManager):
-        runs = [
-            SeqRun(seq_id, g.positions_per_step, g.positions_left)
-            for g in growth
-            for seq_id in g.request.active_seq_ids
-        ]
+        runs: list[tuple[int, int, int]] = []
+        for request, per_step, left in growth:
+            if request.forked:
+                runs.extend([(seq_id, per_step, left) for seq_id in request.live_seq_ids])
+            else:
+                runs.append((request.live_seq_ids[0], per_step, left))
         kv.allocator.append_steps(runs, num_steps)
         return
-    for g in growth:  # contiguous: inside reservations, order does not matter
-        kv.grow(g.request, min(num_steps * g.positions_per_step, g.positions_left))
+    for request, per_step, left in growth:  # contiguous: inside reservations, order is free
+        kv.grow(request, min(num_steps * per_step, left))

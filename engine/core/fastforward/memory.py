@@ -11,7 +11,7 @@ from itertools import accumulate
 from typing import Protocol
 
 from engine.core.contiguous_allocator import ContiguousKVManager
-from engine.core.fastforward.growth import RepeatShape, RequestGrowth
+from engine.core.fastforward.growth import UNBOUNDED, ChunkRun, RepeatShape, RequestGrowth
 from engine.core.kv_manager import KVCacheManager, PagedKVManager
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
@@ -80,23 +80,17 @@ class PagedRunMemory:
     def growth_capacity(
         self, growth: Sequence[RequestGrowth], limit: int, shape: RepeatShape | None = None
     ) -> int:
-        alloc = self.allocator
         bs = self.block_size
-        free = alloc.num_free_blocks
+        free = self.allocator.num_free_blocks
+        if shape is None:
+            shape = self.shape_of(growth)
         # Enough room even if every sequence started a block in every step: no search.
-        bound = 0
-        if shape is not None:
-            bound = shape.decode_seqs * (-(-limit // bs) + 1)
-            for per_step, _, _, seqs in shape.chunks:
-                bound += (-(-per_step * limit // bs) + 1) * seqs
-        else:
-            for request, per_step, _ in growth:
-                bound += (-(-per_step * limit // bs) + 1) * (
-                    len(request.live_seq_ids) if request.forked else 1
-                )
+        bound = shape.decode_seqs * (-(-limit // bs) + 1)
+        for per_step, _, _, seqs in shape.chunks:
+            bound += (-(-per_step * limit // bs) + 1) * seqs
         if bound <= free:
             return limit
-        need = self._growth_need(growth) if shape is None else self._shape_need(shape)
+        need = self._shape_need(shape)
         if need(limit) <= free:
             return limit
         lo, hi = 0, limit  # need(lo) <= free < need(hi)
@@ -108,23 +102,29 @@ class PagedRunMemory:
                 hi = mid
         return lo
 
-    def _growth_need(self, growth: Sequence[RequestGrowth]) -> Callable[[int], int]:
-        """Blocks that ``k`` steps of ``growth`` take from the free pool, as a function of k."""
+    def shape_of(self, growth: Sequence[RequestGrowth]) -> RepeatShape:
+        """The aggregate shape of ``growth`` from the tokens each active sequence holds now
+        (planning gathers the same as it goes; this serves callers that have only the
+        per-request growth, so that every sum below has one implementation)."""
         alloc = self.allocator
         bs = self.block_size
-        seqs = [
-            (alloc.num_tokens(s), len(alloc.block_table(s)), per_step, left)
-            for request, per_step, left in growth
-            for s in request.active_seq_ids
-        ]
-
-        def need(k: int) -> int:
-            return sum(_blocks(t + min(g * k, left), bs) - held for t, held, g, left in seqs)
-
-        return need
+        phases = [0] * bs
+        decode_seqs = decode_tokens = 0
+        chunks: list[ChunkRun] = []
+        for request, per_step, left in growth:
+            for seq_id in request.active_seq_ids:
+                held = alloc.num_tokens(seq_id)
+                if left == UNBOUNDED:
+                    decode_seqs += 1
+                    decode_tokens += held
+                    phases[held % bs] += 1
+                else:
+                    chunks.append(ChunkRun(per_step, held, left, 1))
+        return RepeatShape(decode_seqs, decode_tokens, tuple(phases), tuple(chunks))
 
     def _shape_need(self, shape: RepeatShape) -> Callable[[int], int]:
-        """``_growth_need`` from the aggregate shape: O(1) per step count for the decodes.
+        """Blocks that ``k`` steps of ``shape`` take from the free pool, as a function of k:
+        O(1) per step count for the decodes.
 
         A decoding sequence holding t tokens starts a block in repeat i (0 = the first) when
         (t + i) is a multiple of the block size, so every bs repeats each one starts exactly
@@ -161,8 +161,7 @@ class PagedRunMemory:
     ) -> bool:
         if self.prefix_caching:
             return True  # growth may evict cached blocks and change the hits: assume it fits
-        need_of = self._growth_need(growth) if shape is None else self._shape_need(shape)
-        taken = need_of(steps)
+        taken = self._shape_need(shape or self.shape_of(growth))(steps)
         num_tokens = len(hits) * self.block_size + num_positions
         need = self.allocator.num_blocks_to_allocate(num_tokens, hits)
         return self.allocator.num_free_blocks - taken - need >= self.watermark_blocks
@@ -176,28 +175,18 @@ class PagedRunMemory:
     ) -> MemorySnapshot:
         alloc = self.allocator
         bs = self.block_size
+        if shape is None:
+            shape = self.shape_of(growth)
         chunks: list[tuple[int, int, int]] = []  # (tokens held, per step, left) of the rest
-        if shape is not None:
-            # One-position sequences by tokens held, modulo the block size.
-            by_phase = list(shape.decode_phases)
-            decodes = shape.decode_seqs
-            for per_step, held, left, seqs in shape.chunks:
-                if per_step == 1 and left > count:
-                    by_phase[held % bs] += seqs
-                    decodes += seqs
-                else:
-                    chunks.extend([(held, per_step, left)] * seqs)
-        else:
-            by_phase = [0] * bs
-            decodes = 0
-            tokens_of = alloc.num_tokens
-            for request, per_step, left in growth:
-                for seq_id in request.live_seq_ids if request.forked else request.live_seq_ids[:1]:
-                    if per_step == 1 and left > count:
-                        by_phase[tokens_of(seq_id) % bs] += 1
-                        decodes += 1
-                    else:
-                        chunks.append((tokens_of(seq_id), per_step, left))
+        # One-position sequences by tokens held, modulo the block size.
+        by_phase = list(shape.decode_phases)
+        decodes = shape.decode_seqs
+        for per_step, held, left, seqs in shape.chunks:
+            if per_step == 1 and left > count:
+                by_phase[held % bs] += seqs
+                decodes += seqs
+            else:
+                chunks.extend([(held, per_step, left)] * seqs)
         cached0 = alloc.num_cached_free_blocks
         free0 = alloc.num_free_blocks - cached0
         if not chunks:
@@ -221,7 +210,7 @@ class PagedRunMemory:
                 internal += used * bs - step_real
                 cached += (cached0 - max(0, new_blocks - free0)) * bs
                 free += max(0, free0 - new_blocks) * bs
-        if shape is not None and shape.admit_step < count:
+        if shape.admit_step < count:
             # The last step also holds the admitted head's first chunk (taken from uncached
             # free blocks: admission is folded in only without prefix caching).
             assert cached0 == 0, "admission folded into a repeat with cached-free blocks"

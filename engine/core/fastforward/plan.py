@@ -19,6 +19,10 @@ from engine.core.kv_manager import PagedKVManager
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 
+# A decode's ``RequestGrowth`` is built once per request per planned run: ``tuple.__new__``
+# directly skips the named tuple's Python-level ``__new__`` (measurable in the hot loop).
+new_growth = tuple.__new__
+
 
 @dataclass(frozen=True, slots=True)
 class RunPlan:
@@ -97,7 +101,7 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
             remaining = request.max_output_tokens - outputs
             if remaining < limit:
                 limit = remaining
-            grown.append(RequestGrowth(request, 1, UNBOUNDED))
+            grown.append(new_growth(RequestGrowth, (request, 1, UNBOUNDED)))
             computed = request.num_computed_tokens
             phases[computed % bs] += width
             decode_seqs += width
@@ -139,7 +143,8 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
     budget = policy.token_budget()
     if budget is None or (seq_budget is not None and len(s.running) > seq_budget):
         return None
-    if _head_may_join(s, budget):
+    head_fits = bool(s.waiting) and _head_fits(s)
+    if head_fits and _head_may_join(s, budget):
         return None
     running = RequestStatus.RUNNING
     limit = UNBOUNDED
@@ -169,7 +174,7 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
             remaining = request.max_output_tokens - outputs
             if remaining < limit:
                 limit = remaining
-            grown.append(RequestGrowth(request, 1, UNBOUNDED))
+            grown.append(new_growth(RequestGrowth, (request, 1, UNBOUNDED)))
             phases[computed % bs] += 1
             decode_tokens += computed
             requests.append(ScheduledRequest(request, 1, computed - 1, (live[0],), False))
@@ -195,7 +200,7 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
         requests.append(
             ScheduledRequest(prompt, chunk, computed - chunk, (prompt.live_seq_ids[0],), True)
         )
-    elif s.waiting and _head_fits(s):
+    elif head_fits:
         return None  # decodes alone would leave budget to the head
     batch = ScheduledBatch(
         step_idx=s.step_idx - 1,
@@ -219,12 +224,10 @@ def _head_fits(s: Scheduler) -> bool:
 
 
 def _head_may_join(s: Scheduler, budget: int) -> bool:
-    """Whether the waiting head may join the next step, so that only the policy can build
-    it: when it fits and no prompt chunk filling the budget keeps it out. The latest runner
-    is that prompt if there is one; if its next chunk is its last, the head most likely
-    joins that step: a step the policy schedules as cheaply as this would."""
-    if not s.waiting or not _head_fits(s):
-        return False
+    """Whether the waiting head, which fits (``_head_fits``), may join the next step, so that
+    only the policy can build it: when no prompt chunk filling the budget keeps it out. The
+    latest runner is that prompt if there is one; if its next chunk is its last, the head
+    most likely joins that step: a step the policy schedules as cheaply as this would."""
     last = s.running[-1]
     return last.num_computed_tokens >= last.num_prompt_tokens or (
         last.num_pending_positions <= budget - (len(s.running) - 1)

@@ -42,9 +42,13 @@ class StepContext(Protocol):
         (budget, memory, or it was preempted). May preempt later-arrived running requests."""
         ...
 
-    def schedule_decodes(self, requests: Sequence[Request]) -> list[Request]:
+    def schedule_decodes(
+        self, requests: Sequence[Request], in_order: bool = False
+    ) -> list[Request]:
         """``schedule(request, 1)`` for each decoding request in order (faster); returns the
-        requests that are not decoding (prompts, recomputes), in order."""
+        requests that are not decoding (prompts, recomputes), in order. With ``in_order``
+        it stops at the first request that is not decoding and returns it and all after it
+        (unscheduled), so a policy that keeps the running order can go on from there."""
         ...
 
     def add_padding(self, num_tokens: int) -> None: ...
