@@ -19,7 +19,7 @@ from records.run_dir import load_run
 from records.step_shapes import STEP_SHAPES_FILE, StepShapeRecord, load_step_shapes, record_of
 from sim import validation
 from sim.calibrate import CLOCK_CHOICES, CLOCK_HELP, resolve_clock
-from sim.cost_model import CostModel, make_cost_model
+from sim.cost_model import CostModel, CostModelConfig, make_cost_model
 from sim.executor import CostModelExecutor
 from sim.hardware_spec import get_hardware_preset
 from sim.profile import load_profile
@@ -158,6 +158,8 @@ def sim_config(engine_dir: Path, config: ValidateConfig, profile: str | None) ->
             max_model_len=c.get("max_model_len"),
             profile=profile,
             fast_forward=False,
+            # servesim's engine prepares each step only after the last one ends: no overlap.
+            async_scheduling=False,
         )
     except KeyError as error:
         raise ValueError(
@@ -167,7 +169,12 @@ def sim_config(engine_dir: Path, config: ValidateConfig, profile: str | None) ->
 
 def _cost_models(run: RunConfig) -> dict[str, CostModel]:
     model, hardware = load_model(run.model), get_hardware_preset(run.hardware)
-    models = {"roofline": make_cost_model(model, hardware, run.tp, block_size=run.block_size)}
+    cost_config = CostModelConfig(async_scheduling=run.async_scheduling)
+    models = {
+        "roofline": make_cost_model(
+            model, hardware, run.tp, config=cost_config, block_size=run.block_size
+        )
+    }
     if run.profile is not None:
         models["calibrated"] = make_cost_model(
             model, hardware, run.tp, run.profile, block_size=run.block_size

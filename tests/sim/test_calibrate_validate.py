@@ -74,6 +74,8 @@ def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Pa
     result = json.loads((out / "validation.json").read_text())
     engine = pd.read_csv(out / "engine" / "requests.csv")
     assert set(result["models"]) == {"calibrated", "roofline"}
+    # The engine prepares a step only after the last one ends: the simulation must not overlap.
+    assert result["sim_config"]["async_scheduling"] is False
     for model in result["models"].values():
         rows = model["requests"]["rows"]
         assert len(rows) == 20
