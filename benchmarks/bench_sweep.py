@@ -1,12 +1,14 @@
 """Sweep throughput: 64 configurations (policy × max_num_seqs × token budget × replicas) of the
-Azure LLM code trace (../shared/traces, 8,819 requests; skipped when absent), each sweep run as
-``python -m sim sweep`` in a fresh subprocess under every executor and worker count asked for.
+Azure LLM code trace (../shared/traces, 8,819 requests; skipped when absent), each sweep run by
+``run_sweep`` in a fresh subprocess under every executor and worker count asked for.
 
-Prints per sweep: wall time, CPU time of the sweep's processes, points per minute per core, and
-parallel efficiency against the first (one-worker) sweep: T1 / (N × TN) on wall time (target
-≥ 90%; it needs N idle cores), and C1 / CN on CPU time (what parallel running itself costs:
-worker start-up, pickling, writing; other tenants do not change it). Every sweep.csv must be
-byte-identical to the first: the script fails otherwise.
+Prints per sweep: wall time (Ray's start-up included), CPU seconds (the driver process plus every
+point's CPU measured in its worker, so Ray's workers count too; worker start-up and Ray's own
+daemons do not), points per minute per core, and parallel efficiency against the first
+(one-worker) sweep: T1 / (N × TN) on wall time (target ≥ 90%; it needs N idle cores), and
+C1 / CN on CPU time (what running in parallel itself costs: pickling, sending frames back,
+writing; other tenants of the machine change it little). Every sweep.csv must be byte-identical
+to the first: the script fails otherwise.
 Run: python benchmarks/bench_sweep.py [--count 64] [--jobs 1,2] [--ray]
 (results committed in benchmarks/results/sweep.txt)
 """
@@ -15,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -49,17 +51,36 @@ def spec_text(count: int) -> str:
     return "\n".join(lines)
 
 
-def run_sweep(spec: Path, out: Path, jobs: int, ray: bool) -> tuple[float, float]:
-    """Wall and worker CPU seconds of one ``python -m sim sweep`` subprocess."""
-    argv = [sys.executable, "-m", "sim", "sweep", str(spec), "--out", str(out), "--quiet"]
-    argv += ["--ray"] if ray else ["-j", str(jobs)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    subprocess.run(argv, check=True, cwd=ROOT)
-    wall_s = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall_s, cpu_s
+def run_sweep(spec: Path, out: Path, jobs: int, ray: bool) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (driver + points) and points' CPU seconds of one sweep, run in
+    a fresh ``--child`` subprocess."""
+    argv = [sys.executable, __file__, "--child", str(spec), str(out), str(jobs)]
+    argv += ["--ray"] if ray else []
+    done = subprocess.run(argv, check=True, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    measured = json.loads(done.stdout.splitlines()[-1])
+    return measured["wall_s"], measured["cpu_s"], measured["points_cpu_s"]
+
+
+def child(spec: str, out: str, jobs: int, ray: bool) -> int:
+    """One sweep in this process; prints its timings as one JSON line."""
+    sys.path.insert(0, str(ROOT))
+    from sim.sweep import PointOutput
+    from sim.sweep import run_sweep as sweep
+
+    points_cpu_s: list[float] = []
+
+    def arrived(output: PointOutput) -> None:
+        points_cpu_s.append(float(output.extra.get("cpu_s", 0.0)))
+
+    wall_start, cpu_start = time.perf_counter(), time.process_time()
+    outcome = sweep(spec, out, jobs=jobs, use_ray=ray, on_output=arrived)
+    wall_s, driver_cpu_s = time.perf_counter() - wall_start, time.process_time() - cpu_start
+    if any(row["status"] != "ok" for row in outcome.rows):
+        raise SystemExit(f"{out}: some points failed")
+    # With one worker the points ran in this process: their CPU is already the driver's.
+    cpu_s = driver_cpu_s + (sum(points_cpu_s) if ray or jobs > 1 else 0.0)
+    print(json.dumps({"wall_s": wall_s, "cpu_s": cpu_s, "points_cpu_s": sum(points_cpu_s)}))
+    return 0
 
 
 def main() -> int:
@@ -67,7 +88,10 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=64, help="configurations (default 64)")
     parser.add_argument("--jobs", default="1,2", help="local worker counts (default 1,2)")
     parser.add_argument("--ray", action="store_true", help="also run under a local Ray")
+    parser.add_argument("--child", nargs=3, metavar=("SPEC", "OUT", "JOBS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        return child(args.child[0], args.child[1], int(args.child[2]), args.ray)
     if not TRACE.is_file():
         print(f"skipped: {TRACE} is absent")
         return 0
@@ -78,7 +102,7 @@ def main() -> int:
     )
     runs = [("local", int(j)) for j in args.jobs.split(",")]
     if args.ray:
-        runs.append(("ray", os.cpu_count() or 1))
+        runs.append(("ray", max(job for _, job in runs)))  # a local instance with that many CPUs
     reference: bytes | None = None
     base_wall: float | None = None
     base_cpu: float | None = None
@@ -86,12 +110,13 @@ def main() -> int:
         spec = Path(tmp) / "spec.toml"
         spec.write_text(spec_text(args.count))
         print(
-            f"{'executor':>8} {'workers':>7} {'wall s':>8} {'cpu s':>8} {'pts/min/core':>12} "
-            f"{'wall eff.':>10} {'cpu eff.':>10}"
+            f"{'executor':>8} {'workers':>7} {'wall s':>8} {'cpu s':>8} {'pts cpu s':>9} "
+            f"{'pts/min/core':>12} {'wall eff.':>9} {'cpu eff.':>8} {'load':>9}"
         )
         for executor, jobs in runs:
             out = Path(tmp) / f"{executor}-{jobs}"
-            wall_s, cpu_s = run_sweep(spec, out, jobs, executor == "ray")
+            load_start = os.getloadavg()[0]
+            wall_s, cpu_s, points_cpu_s = run_sweep(spec, out, jobs, executor == "ray")
             csv = (out / "sweep.csv").read_bytes()
             if reference is None:
                 reference = csv
@@ -100,9 +125,12 @@ def main() -> int:
             base_wall = base_wall if base_wall is not None else wall_s * jobs
             base_cpu = base_cpu if base_cpu is not None else cpu_s
             per_core = args.count / (wall_s / 60.0) / jobs
+            load = f"{load_start:.1f}-{os.getloadavg()[0]:.1f}"
             print(
-                f"{executor:>8} {jobs:>7} {wall_s:8.1f} {cpu_s:8.1f} {per_core:12.2f} "
-                f"{base_wall / (jobs * wall_s):>10.0%} {base_cpu / cpu_s:>10.0%}"
+                f"{executor:>8} {jobs:>7} {wall_s:8.1f} {cpu_s:8.1f} {points_cpu_s:9.1f} "
+                f"{per_core:12.2f} {base_wall / (jobs * wall_s):>9.0%} {base_cpu / cpu_s:>8.0%} "
+                f"{load:>9}",
+                flush=True,
             )
     print("sweep.csv byte-identical across all executors: yes")
     print(f"load average at end {os.getloadavg()[0]:.1f}")
