@@ -10,6 +10,10 @@ C1 / CN on CPU time (what running in parallel itself costs: pickling, sending fr
 writing; other tenants of the machine change it little). Every sweep.csv must be byte-identical
 to the first: the script fails otherwise.
 Run: python benchmarks/bench_sweep.py [--count 64] [--jobs 1,2] [--ray]
+
+``--capacity`` times ``capacity --sweep`` over 12 Llama-2-70B configurations instead (the
+question Vidur-Search answers; see docs/sweep.md for what compares and what does not).
+Run: python benchmarks/bench_sweep.py --capacity [--jobs 2] [--rate-tol 0.05]
 (results committed in benchmarks/results/sweep.txt)
 """
 
@@ -20,6 +24,7 @@ import itertools
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -83,11 +88,61 @@ def child(spec: str, out: str, jobs: int, ray: bool) -> int:
     return 0
 
 
+# Capacity of every configuration (``capacity --sweep``): the question Vidur-Search answers for
+# LLaMA2-70B, on a grid of the same kind (TP degree × batching policy × batch cap) on A100-80GB.
+CAPACITY_GRID = {
+    "tp": [4, 8],
+    "policy": ["continuous", "chunked"],
+    "max-num-seqs": [64, 128, 256],
+}
+CAPACITY_RUN = {"model": "Llama-2-70B", "hardware": "A100-80GB", "max-model-len": 8192}
+CAPACITY_SLOS = ["--slo-ttft", "2000", "--slo-tpot", "200", "--goodput", "0.9"]
+
+
+def capacity_spec_text() -> str:
+    lines = [f'[trace]\npath = "{TRACE}"\n', "[run]"]
+    lines += [f"{k} = {v!r}".replace("'", '"') for k, v in CAPACITY_RUN.items()]
+    lines += ["", "[grid]"]
+    lines += [f"{k} = {v!r}".replace("'", '"') for k, v in CAPACITY_GRID.items()]
+    return "\n".join(lines) + "\n"
+
+
+def run_capacity(jobs: int, rate_tol: float) -> int:
+    """Time ``capacity --sweep`` over CAPACITY_GRID in a subprocess: wall and CPU seconds (the
+    command and its worker processes), configurations, probes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "capacity.toml"
+        spec.write_text(capacity_spec_text())
+        argv = [sys.executable, "-m", "sim", "capacity", "--sweep", str(spec), *CAPACITY_SLOS]
+        argv += ["--rate-tol", str(rate_tol), "-j", str(jobs), "--out", str(Path(tmp) / "out")]
+        print("$ " + " ".join(argv[1:]).replace(str(Path(tmp)), "TMP"))
+        load_start = os.getloadavg()[0]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall_start = time.perf_counter()
+        done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        wall_s = time.perf_counter() - wall_start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        print(done.stdout, end="")
+        configs = len(list(itertools.product(*CAPACITY_GRID.values())))
+        print(
+            f"capacity of {configs} configurations: {wall_s:.1f} s wall, {cpu_s:.1f} s CPU "
+            f"(-j {jobs}; load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end)"
+        )
+        return done.returncode
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=64, help="configurations (default 64)")
     parser.add_argument("--jobs", default="1,2", help="local worker counts (default 1,2)")
     parser.add_argument("--ray", action="store_true", help="also run under a local Ray")
+    parser.add_argument(
+        "--capacity",
+        action="store_true",
+        help="instead: time capacity --sweep over a Llama-2-70B grid (see CAPACITY_GRID)",
+    )
+    parser.add_argument("--rate-tol", type=float, default=0.05, help="with --capacity")
     parser.add_argument("--child", nargs=3, metavar=("SPEC", "OUT", "JOBS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -95,6 +150,8 @@ def main() -> int:
     if not TRACE.is_file():
         print(f"skipped: {TRACE} is absent")
         return 0
+    if args.capacity:
+        return run_capacity(max(int(j) for j in args.jobs.split(",")), args.rate_tol)
     load = os.getloadavg()
     print(
         f"{args.count} configurations of {TRACE.name}; {platform.processor() or 'cpu'}, "
