@@ -11,16 +11,36 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.llm_engine import POLICIES, PREEMPTION_MODES, EngineConfig
-from traces.options import (
-    fraction,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
+from traces.options import non_negative_float, non_negative_int
+from traces.serving_options import (
+    add_out_argument,
+    add_policy_argument,
+    add_report_and_quiet_arguments,
+    add_scheduling_arguments,
+    add_slo_arguments,
+    add_trace_arguments,
+    slo_s,
 )
-from traces.rows import ON_ERROR_CHOICES
 
 DEFAULTS = EngineConfig()
+
+# The engine words some shared options for itself (one replica, a real cache and clock).
+_TRACE_HELP = {
+    "trace": "trace file (the formats `python -m sim run` reads)",
+    "--format": "trace format (default: detect)",
+    "--on-error": "bad trace rows: raise fails listing every one (file, line, field); skip "
+    "leaves them out (default: %(default)s)",
+}
+_SCHEDULING_HELP = {
+    "--num-blocks": "KV blocks (default: from memory; on CUDA as vLLM does)",
+    "--gpu-memory-utilization": "share of GPU memory for the engine (default: %(default)s)",
+    "--swap-space-gib": "host swap space for --preemption swap (default: %(default)s)",
+    "--max-num-seqs": "max requests per step (default: %(default)s)",
+    "--batch-size": "static/dynamic batch size (default: %(default)s)",
+    "--max-wait-s": "dynamic batching wait (default: %(default)s)",
+    "--prefix-caching": "enable prefix caching",
+    "--max-model-len": "max prompt + output tokens (default: the model's)",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,21 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         "each request generates exactly its trace output length. Writes the simulator's run "
         "records with measured step times.",
     )
-    run.add_argument("trace", help="trace file (the formats `python -m sim run` reads)")
-    run.add_argument("--format", default="auto", help="trace format (default: detect)")
-    run.add_argument(
-        "--on-error",
-        default="raise",
-        choices=ON_ERROR_CHOICES,
-        help="bad trace rows: raise fails listing every one (file, line, field); skip leaves "
-        "them out (default: %(default)s)",
-    )
-    run.add_argument(
-        "--policy",
-        default=DEFAULTS.policy,
-        choices=POLICIES,
-        help="batching policy (default: %(default)s)",
-    )
+    add_trace_arguments(run, _TRACE_HELP, check_format=False)
+    add_policy_argument(run, POLICIES, DEFAULTS.policy)
     run.add_argument(
         "--model",
         default=DEFAULTS.model,
@@ -76,67 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "triton", "torch"],
         help="kernels: Triton on CUDA (auto), or the torch references",
     )
-    run.add_argument(
-        "--block-size",
-        type=positive_int,
-        default=DEFAULTS.block_size,
-        help="KV block size in tokens (default: %(default)s)",
-    )
-    run.add_argument(
-        "--num-blocks",
-        type=positive_int,
-        default=None,
-        help="KV blocks (default: from memory; on CUDA as vLLM does)",
-    )
-    run.add_argument(
-        "--gpu-memory-utilization",
-        type=fraction,
-        default=DEFAULTS.gpu_memory_utilization,
-        help="share of GPU memory for the engine (default: %(default)s)",
-    )
-    run.add_argument(
-        "--swap-space-gib",
-        type=non_negative_float,
-        default=DEFAULTS.swap_space_gib,
-        help="host swap space for --preemption swap (default: %(default)s)",
-    )
-    run.add_argument(
-        "--max-num-seqs",
-        type=positive_int,
-        default=DEFAULTS.max_num_seqs,
-        help="max requests per step (default: %(default)s)",
-    )
-    run.add_argument(
-        "--max-batch-tokens",
-        type=positive_int,
-        default=DEFAULTS.max_num_batched_tokens,
-        help="token budget per step (default: %(default)s)",
-    )
-    run.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=DEFAULTS.batch_size,
-        help="static/dynamic batch size (default: %(default)s)",
-    )
-    run.add_argument(
-        "--max-wait-s",
-        type=non_negative_float,
-        default=DEFAULTS.max_wait_s,
-        help="dynamic batching wait (default: %(default)s)",
-    )
-    run.add_argument(
-        "--preemption",
-        default=DEFAULTS.preemption_mode,
-        choices=PREEMPTION_MODES,
-        help="preemption mode (default: %(default)s)",
-    )
-    run.add_argument("--prefix-caching", action="store_true", help="enable prefix caching")
-    run.add_argument(
-        "--max-model-len",
-        type=positive_int,
-        default=None,
-        help="max prompt + output tokens (default: the model's)",
-    )
+    add_scheduling_arguments(run, DEFAULTS, PREEMPTION_MODES, _SCHEDULING_HELP)
     run.add_argument(
         "--time-scale",
         type=non_negative_float,
@@ -156,21 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch threads on CPU, 0 = torch's default (default: %(default)s)",
     )
     run.add_argument("--seed", type=int, default=DEFAULTS.seed, help="weights and sampling seed")
-    run.add_argument(
-        "--slo-ttft",
-        type=positive_float,
-        default=None,
-        help="TTFT SLO in ms for goodput",
-    )
-    run.add_argument(
-        "--slo-tpot",
-        type=positive_float,
-        default=None,
-        help="TPOT SLO in ms for goodput",
-    )
-    run.add_argument("--out", default=None, help="write requests.csv, steps.csv, summary.json here")
-    run.add_argument("--report", default=None, help="write a self-contained HTML report here")
-    run.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+    add_slo_arguments(run)
+    add_out_argument(run)
+    add_report_and_quiet_arguments(run, {"--report": "write a self-contained HTML report here"})
     run.set_defaults(func=run_command)
     return parser
 
@@ -214,8 +149,8 @@ def run_command(args: argparse.Namespace) -> int:
         engine=config_from_args(args),
         time_scale=args.time_scale,
         temperature=args.temperature,
-        slo_ttft_s=args.slo_ttft / 1000 if args.slo_ttft else None,
-        slo_tpot_s=args.slo_tpot / 1000 if args.slo_tpot else None,
+        slo_ttft_s=slo_s(args.slo_ttft),
+        slo_tpot_s=slo_s(args.slo_tpot),
     )
     bar = tqdm(total=len(trace), unit="req", disable=args.quiet or not sys.stderr.isatty())
 

@@ -6,9 +6,20 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from records.run_dir import load_run
 from reports.html import write_report
+
+
+def add_report_command(commands: Any) -> None:
+    """Register ``report`` on `commands` (what `add_subparsers` returned), as
+    ``python -m sim report``."""
+    report = commands.add_parser(
+        "report", help="render saved runs (--out folders) as one HTML report"
+    )
+    add_report_arguments(report)
+    report.set_defaults(func=run_report)
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:

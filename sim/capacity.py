@@ -243,7 +243,7 @@ CAPACITY_DESTS = frozenset(
 
 
 def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
-    from sim.cli import add_run_arguments
+    from sim.run_options import add_run_arguments
 
     add_run_arguments(parser)
     for action in parser._actions:

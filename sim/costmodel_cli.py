@@ -1,5 +1,5 @@
 """The `costmodel` and `profile` sub-commands of `python -m sim`, kept apart from the run
-options in cli.py: `costmodel check` holds the roofline to measured op times."""
+options in run_options.py: `costmodel check` holds the roofline to measured op times."""
 
 from __future__ import annotations
 

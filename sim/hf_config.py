@@ -3,12 +3,11 @@ Qwen3, OPT, and the mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from engine.model.config_json import read_config_json
 from sim.model_spec import ModelSpec
-from traces.text_files import read_text
 
 _DTYPE_BYTES = {
     "float32": 4,
@@ -28,16 +27,6 @@ def _require(config: dict[str, Any], key: str, path: Path, field: str) -> Any:
     if key not in config:
         raise ValueError(f"{path}: missing key {key!r} (needed for ModelSpec.{field})")
     return config[key]
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        config = json.loads(read_text(path, "model config"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: cannot read a JSON config ({error})") from error
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: expected a JSON object at the top level")
-    return config
 
 
 def _dtype_bytes(config: dict[str, Any], path: Path) -> int:
@@ -99,10 +88,7 @@ def model_spec_from_hf_config(
     `model_type == "opt"` or an `ffn_dim` key. `head_dim` is taken when given (Qwen3's is not
     hidden / heads). `dtype_bytes` overrides the config's dtype. Errors name the file and key.
     """
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    config = _read(path)
+    path, config = read_config_json(path)
     model_type = str(config.get("model_type", ""))
     is_opt = model_type == "opt" or "ffn_dim" in config
     hidden = _require(config, "hidden_size", path, "hidden_size")

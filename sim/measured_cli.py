@@ -15,13 +15,14 @@ from reports.html import write_report
 from sim.cost_model import CostModelConfig
 from sim.measured import HARDWARE_FILE, IMPORTERS, TRACE_FILE, write_measured_run
 from sim.run import RunConfig, RunResult, simulate
+from sim.run_options import add_run_arguments, config_from_args
 from traces.loaders import load_trace
 
 _DEFAULTS = RunConfig()
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
 
 
-def add_measured_commands(commands: Any, add_run_arguments: Any, config_from_args: Any) -> None:
+def add_measured_commands(commands: Any) -> None:
     """Register ``measured import`` and ``measured validate`` on the ``python -m sim`` subparsers
     (``python -m sim validate`` is the validation against the real engine)."""
     measured = commands.add_parser("measured", help="measured runs of a real engine as inputs")
@@ -62,7 +63,7 @@ def add_measured_commands(commands: Any, add_run_arguments: Any, config_from_arg
     validate.add_argument("measured", metavar="RUN_DIR", help="run directory from measured import")
     validate.add_argument("--json", default=None, help="also write the error table as JSON here")
     add_run_arguments(validate, with_trace=False)
-    validate.set_defaults(func=validate_command, config_from_args=config_from_args)
+    validate.set_defaults(func=validate_command)
 
 
 def import_command(args: argparse.Namespace) -> int:
@@ -99,7 +100,7 @@ def validate_run(
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    config = replay_config(args.measured, args.config_from_args(args))
+    config = replay_config(args.measured, config_from_args(args))
     comparison, result = validate_run(args.measured, config)
     measured = load_run(args.measured).summary
     if not args.quiet:

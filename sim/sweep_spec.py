@@ -36,7 +36,7 @@ class _RaisingParser(argparse.ArgumentParser):
 
 
 def _run_parser() -> _RaisingParser:
-    from sim.cli import add_run_arguments  # sim.cli imports this module's users
+    from sim.run_options import add_run_arguments
 
     parser = _RaisingParser(prog="run", add_help=False)
     add_run_arguments(parser)
@@ -127,7 +127,7 @@ def point_argv(options: Mapping[str, OptionValue]) -> list[str]:
 
 def point_config(options: Mapping[str, OptionValue]) -> RunConfig:
     """The `RunConfig` that ``run`` would build from these options (``rate`` left out)."""
-    from sim.cli import config_from_args
+    from sim.run_options import config_from_args
 
     return config_from_args(_run_parser().parse_args(["TRACE", *point_argv(options)]))
 

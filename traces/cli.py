@@ -223,23 +223,35 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_generate_and_info(commands: Any, info_help: str) -> None:
+    generate = commands.add_parser("generate", help="write a synthetic trace as our CSV")
+    add_generate_arguments(generate)
+    generate.set_defaults(func=run_generate)
+    info = commands.add_parser("info", help=info_help)
+    add_info_arguments(info)
+    info.set_defaults(func=run_info)
+
+
+def add_trace_commands(commands: Any) -> None:
+    """Register ``trace generate`` and ``trace info`` on `commands` (what `add_subparsers`
+    returned), as ``python -m sim trace``."""
+    trace = commands.add_parser("trace", help="generate or inspect traces")
+    trace_commands = trace.add_subparsers(dest="trace_command", required=True)
+    _add_generate_and_info(trace_commands, "summarise a trace file of any format")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m traces.cli", description="Generate or inspect request traces."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    generate = commands.add_parser("generate", help="write a synthetic trace as our CSV")
-    add_generate_arguments(generate)
-    generate.set_defaults(run=run_generate)
-    info = commands.add_parser("info", help="summarise a trace file of any supported format")
-    add_info_arguments(info)
-    info.set_defaults(run=run_info)
+    _add_generate_and_info(commands, "summarise a trace file of any supported format")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code: int = args.run(args)
+    code: int = args.func(args)
     return code
 
 

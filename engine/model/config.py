@@ -13,6 +13,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from engine.model.config_json import read_config_json
+
 # HF `architectures` entries and `model_type` values we can run, by our family name.
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -260,16 +262,8 @@ def model_config_from_hf(
         source = name or "config"
         raw = config
     else:
-        path = Path(config)
-        if path.is_dir():
-            path = path / "config.json"
+        path, raw = read_config_json(config)
         source = str(path)
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{path}: cannot read a JSON config ({error})") from error
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: expected a JSON object at the top level")
         name = name or path.parent.name
     fields = _Fields(raw, source)
     architecture = _architecture(fields)

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-import sim.cli
 import sim.run
+import sim.run_cli
 from sim.cli import main
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
@@ -245,7 +245,7 @@ def test_ctrl_c_exits_130_without_a_traceback(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sim.cli, "simulate", interrupted)
+    monkeypatch.setattr(sim.run_cli, "simulate", interrupted)
     assert main(["run", str(EXAMPLE), "--quiet"]) == 130
     err = capsys.readouterr().err
     assert err == "interrupted\n"

@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 
 from records.sweep_table import load_sweep_csv, option_columns
-from sim.cli import build_parser, config_from_args, main
+from sim.cli import build_parser, main
 from sim.run import simulate
+from sim.run_options import config_from_args
 from sim.sweep import PointTask, check_ray_address, execute, open_workers, run_sweep
 from sim.sweep_spec import load_spec, point_config, scale_trace
 from traces.loaders import load_trace
