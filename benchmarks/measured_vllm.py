@@ -9,7 +9,9 @@ carries the error.
 
 ``--what-if FIELD=VALUE[,FIELD=VALUE]`` adds a replay with those CostModelConfig or HardwareSpec
 fields changed (the kernel efficiencies are HardwareSpec fields): a diagnosis of which term
-carries the error, not a calibrated result.
+carries the error, not a calibrated result. Reverting one change at a time this way shows its
+effect: ``async_scheduling=0`` (the host's work added to every step, as before vLLM 0.14), or
+the preset's PCIe link in place of the one the run's config.json states.
 
 Run from the repository root:
 PYTHONPATH=. python benchmarks/measured_vllm.py [--runs DIR] [--profile RUN=PROFILE.json ...]
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from records.compare import Comparison
 from records.run_dir import load_run
@@ -101,6 +104,36 @@ def _breakdown(config: RunConfig, result: RunResult) -> list[str]:
     return lines
 
 
+def _phases(run_dir: Path, measured: pd.DataFrame, result: RunResult) -> list[str]:
+    """Two views apart from queueing: the first request, alone on the GPU (its TTFT is one
+    prefill, chunked by the budget), and the saturated phase (>= max_num_seqs - 1 running, all
+    decoding in every step), whose measured step is the running count over the generated
+    tokens per second of the run's timeseries.csv."""
+    sim = result.requests_frame().set_index("request_id")
+    first = measured.sort_values("arrival_s").iloc[0]
+    lines = [
+        f"    first request alone ({int(first['prompt_tokens'])} prompt tokens): TTFT "
+        f"{first['ttft_ms']:.1f} ms measured, {sim.loc[first['request_id'], 'ttft_ms']:.1f} "
+        "simulated"
+    ]
+    series_path = run_dir / "timeseries.csv"
+    if series_path.exists():
+        series = pd.read_csv(series_path)
+        cap = series["running"].max()
+        full = series[series["running"] >= cap - 1]
+        steps = result.steps.to_frame()
+        busy = steps[steps["num_running"] >= cap - 1]
+        if len(full) and busy["num_steps"].sum():
+            measured_ms = 1e3 * full["running"].mean() / full["gen_throughput"].mean()
+            sim_ms = 1e3 * busy["duration_s"].sum() / busy["num_steps"].sum()
+            error = sim_ms / measured_ms - 1
+            lines.append(
+                f"    saturated ({len(full)} s at >= {cap - 1:.0f} running): mean step "
+                f"{measured_ms:.1f} ms measured, {sim_ms:.1f} simulated ({error:+.1%})"
+            )
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=RUNS, help="LLMServingSim runs folder")
@@ -151,6 +184,8 @@ def main() -> int:
                 wconfig = _with_hardware(config, hardware_changes, Path(tmp) / "hardware.json")
                 comparison, wresult = validate_run(out, wconfig, cost_config)
                 print(_row("what-if", comparison, measured, wresult, judge=False) + f" | {label}")
+            print("  per step, apart from queueing (analytic):")
+            print("\n".join(_phases(run_dir, load_run(out).requests, result)))
             print("  roofline terms (ms):")
             print("\n".join(_breakdown(config, result)))
     return 0
@@ -163,7 +198,9 @@ def _cost_config(text: str) -> tuple[CostModelConfig, dict[str, float]]:
         name, _, value = item.partition("=")
         if not value:
             raise SystemExit(f"error: --what-if {item!r}: expected field=value")
-        if name in CostModelConfig.__dataclass_fields__:
+        if name == "async_scheduling":
+            changes[name] = value.lower() in ("1", "true", "yes")
+        elif name in CostModelConfig.__dataclass_fields__:
             changes[name] = float(value)
         elif name in HardwareSpec.__dataclass_fields__ and name != "name":
             hardware[name] = float(value)

@@ -4,7 +4,8 @@ The model runner builds one ``AttentionMetadata`` per step and passes it to ever
 is module-global. A step's token rows are ordered *decodes first* (one row per decoding
 sequence), then the prefill chunks, packed. ``attend`` writes the step's K/V into the paged
 cache by slot mapping and then runs paged decode attention on the decode rows and paged prefill
-attention on the rest.
+attention on the rest. On the torch backend the gather plans (block ids, masks) are built here,
+once per step, and every layer reuses them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from kernels.contracts import resolve_backend
+from kernels.torch_attention import (
+    DecodePlan,
+    PrefillChunk,
+    paged_decode_attention_torch,
+    paged_prefill_attention_torch,
+    plan_decode,
+    plan_prefill,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +36,8 @@ class AttentionMetadata:
     The remaining rows are prefill chunks: chunk ``j`` is rows
     ``num_decode_tokens + prefill_query_start_loc[j] ..`` ``+ prefill_query_start_loc[j + 1]``,
     with ``prefill_context_lens[j]`` tokens already cached before it and
-    ``prefill_seq_lens[j]`` after it.
+    ``prefill_seq_lens[j]`` after it. ``torch_plan`` holds the torch backend's gather plans
+    (None on Triton).
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64
@@ -40,6 +51,7 @@ class AttentionMetadata:
     prefill_context_lens: torch.Tensor  # [num_prefills] int32
     max_prefill_query_len: int
     backend: str = "auto"
+    torch_plan: tuple[DecodePlan, list[PrefillChunk]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -60,6 +72,8 @@ def attend(
     scale: float,
 ) -> torch.Tensor:
     """Store the step's k, v [T, kv_heads, D], then attend with q [T, q_heads, D]."""
+    if meta.torch_plan is not None:
+        return _attend_torch(q, k, v, k_cache, v_cache, meta, scale)
     kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
     num_decode = meta.num_decode_tokens
     if meta.num_prefills == 0:
@@ -70,6 +84,30 @@ def attend(
     out[:num_decode] = _decode(q[:num_decode], k_cache, v_cache, meta, scale)
     out[num_decode:] = _prefill(q[num_decode:], k_cache, v_cache, meta, scale)
     return out
+
+
+def _attend_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """The torch backend on the step's plans, skipping the wrappers' per-call checks (the
+    metadata was checked when it was built)."""
+    assert meta.torch_plan is not None
+    decode_plan, chunks = meta.torch_plan
+    # The slot mapping of a step has no -1 padding, so a flat index_copy_ stores the K/V.
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, meta.slot_mapping, v)
+    num_decode = meta.num_decode_tokens
+    decoded = paged_decode_attention_torch(q[:num_decode], k_cache, v_cache, decode_plan, scale)
+    if not chunks:
+        return decoded
+    prefilled = paged_prefill_attention_torch(q[num_decode:], k_cache, v_cache, chunks, scale)
+    return torch.cat((decoded, prefilled)) if num_decode else prefilled
 
 
 def _decode(
@@ -147,16 +185,29 @@ def build_metadata(
     def ints(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
 
+    decode_tables = table_tensor(decode_block_tables)
+    prefill_tables = table_tensor(prefill_block_tables)
+    prefill_seq_lens = [c + n for c, n in prefill_chunks]
+    prefill_context_lens = [c for c, _ in prefill_chunks]
+    torch_plan = None
+    if resolve_backend(device, backend) == "torch":
+        torch_plan = (
+            plan_decode(decode_tables, decode_seq_lens, block_size),
+            plan_prefill(
+                prefill_tables, starts, prefill_seq_lens, prefill_context_lens, block_size
+            ),
+        )
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         num_decode_tokens=len(decode_seq_lens),
-        decode_block_tables=table_tensor(decode_block_tables),
+        decode_block_tables=decode_tables,
         decode_seq_lens=ints(decode_seq_lens),
         max_decode_seq_len=max(decode_seq_lens, default=0),
-        prefill_block_tables=table_tensor(prefill_block_tables),
+        prefill_block_tables=prefill_tables,
         prefill_query_start_loc=ints(starts),
-        prefill_seq_lens=ints([c + n for c, n in prefill_chunks]),
-        prefill_context_lens=ints([c for c, _ in prefill_chunks]),
+        prefill_seq_lens=ints(prefill_seq_lens),
+        prefill_context_lens=ints(prefill_context_lens),
         max_prefill_query_len=max((n for _, n in prefill_chunks), default=0),
         backend=backend,
+        torch_plan=torch_plan,
     )

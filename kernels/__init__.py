@@ -13,7 +13,10 @@ Entry points (each wrapper checks shapes, dtypes, strides and devices, then laun
 - ``paged_prefill_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
   context_lens, scale)``
 - ``store_kv(k, v, k_cache, v_cache, slot_mapping)`` and ``copy_blocks(k_cache, v_cache, pairs)``
-- ``<name>_ref``: the torch references; ``resolve_backend(device, backend)``.
+- ``<name>_ref``: the torch references (slow, the tests' oracle); ``resolve_backend(device,
+  backend)``.
+- ``kernels.torch_attention``: the vectorised torch attention that ``backend="torch"`` runs,
+  with ``plan_decode``/``plan_prefill`` to build its gather plans once per step.
 
 Attention metadata is built once per step and passed explicitly; nothing is module-global.
 Prefill reads the chunk's own K/V from the cache, so a step runs store_kv before attention.
@@ -21,9 +24,10 @@ Optional keywords: decode ``max_seq_len``/``num_splits``/``tile_tokens``, prefil
 ``max_query_len`` (else one device sync) and ``tiles``. GPU sweep: ``python -m kernels.bench``.
 
 Every wrapper takes ``backend="auto" | "triton" | "torch"``: "auto" runs Triton on CUDA and,
-under ``TRITON_INTERPRET=1``, on CPU; otherwise the torch reference. ``import kernels`` loads
-neither torch nor triton: names resolve on first use, and only the wrappers' modules import
-triton (the references and ``resolve_backend`` need torch alone).
+under ``TRITON_INTERPRET=1``, on CPU; otherwise torch (the vectorised attention, the reference
+cache ops). ``import kernels`` loads neither torch nor triton: names resolve on first use, and
+only the wrappers' modules import triton (the references, the torch path and
+``resolve_backend`` need torch alone).
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ _HOMES = {
     "copy_blocks_ref": "kernels.reference",
     "dense_attention": "kernels.reference",
     "gather_kv": "kernels.reference",
+    "paged_decode_attention_torch": "kernels.torch_attention",
+    "paged_prefill_attention_torch": "kernels.torch_attention",
+    "plan_decode": "kernels.torch_attention",
+    "plan_prefill": "kernels.torch_attention",
     "resolve_backend": "kernels.contracts",
     "CacheShape": "kernels.contracts",
 }

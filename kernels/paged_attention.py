@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from kernels import contracts
-from kernels.reference import paged_decode_attention_ref
+from kernels.torch_attention import paged_decode_attention_torch, plan_decode
 
 LOG2_E = 1.4426950408889634
 # tl.dot needs M >= 16, so the GQA group (the M dim of the decode dot) is padded up to it.
@@ -211,7 +211,8 @@ def paged_decode_attention(
     contracts.check_index("seq_lens", seq_lens, (num_seqs,), q.device)
     contracts.check_index("block_tables", block_tables, (num_seqs, None), q.device)
     if contracts.resolve_backend(q.device, backend) == "torch":
-        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        plan = plan_decode(block_tables, seq_lens.tolist(), cache.block_size)
+        return paged_decode_attention_torch(q, k_cache, v_cache, plan, scale)
 
     block_tables = block_tables.contiguous()
     seq_lens = seq_lens.contiguous()

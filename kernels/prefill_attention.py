@@ -11,7 +11,7 @@ import triton.language as tl
 
 from kernels import contracts
 from kernels.paged_attention import LOG2_E, _gather_kv_tile, _online_softmax_step
-from kernels.reference import paged_prefill_attention_ref
+from kernels.torch_attention import paged_prefill_attention_torch, plan_prefill
 
 
 @triton.jit
@@ -135,9 +135,14 @@ def paged_prefill_attention(
     contracts.check_index("query_start_loc", query_start_loc, (num_seqs + 1,), q.device)
     contracts.check_index("block_tables", block_tables, (num_seqs, None), q.device)
     if contracts.resolve_backend(q.device, backend) == "torch":
-        return paged_prefill_attention_ref(
-            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, context_lens, scale
+        chunks = plan_prefill(
+            block_tables,
+            query_start_loc.tolist(),
+            seq_lens.tolist(),
+            context_lens.tolist(),
+            cache.block_size,
         )
+        return paged_prefill_attention_torch(q, k_cache, v_cache, chunks, scale)
 
     tile_queries, tile_tokens, num_warps = prefill_tiles(cache.head_dim, q.device)
     if tiles is not None:

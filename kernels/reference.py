@@ -1,7 +1,7 @@
 """Pure-torch references for the kernels: gather a sequence's blocks, attend densely in fp32.
 
-Slow (a Python loop over sequences) and obviously right; the tests hold the kernels to these,
-and `backend="torch"` runs them where Triton cannot.
+Slow (a Python loop over sequences) and obviously right; the tests hold the Triton kernels and
+the vectorised torch path (`kernels.torch_attention`, what `backend="torch"` runs) to these.
 """
 
 from __future__ import annotations

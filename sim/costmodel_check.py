@@ -130,23 +130,33 @@ class AllReduceTable:
     """Measured all-reduce times of one node type at `tp` workers in one node, by message size:
     the median of the `NEIGHBOURS` measured sizes nearest it (neighbouring small sizes differ by
     up to 2x in the raw medians, run-to-run noise a single point would pass into the step);
-    None outside the measured range."""
+    None outside the measured range.
+
+    `mixture=True` takes the mean of the `MIXTURE_NEIGHBOURS` nearest instead. Small messages
+    take one of two times (about 20-35 or 55-65 us on A100, even among the repeats of one size:
+    `benchmarks/costmodel_vs_measured.py` counts them), so the median of a few neighbours is
+    whichever mode that stretch of the sweep happened to be in, while a long run of steps pays
+    the mixture's mean; this is that mean, a second yardstick for whole steps."""
 
     NEIGHBOURS = 5
+    MIXTURE_NEIGHBOURS = 15
 
-    def __init__(self, rows: list[AllReduceRow], tp: int) -> None:
+    def __init__(self, rows: list[AllReduceRow], tp: int, mixture: bool = False) -> None:
         points = sorted(
             (r.size_bytes, r.time_s) for r in rows if r.num_workers == r.devices_per_node == tp
         )
         self.sizes = [size for size, _ in points]
         self.times = [time for _, time in points]
+        self.mixture = mixture
 
     def __call__(self, size: float) -> float | None:
         if not self.sizes or not self.sizes[0] <= size <= self.sizes[-1]:
             return None
+        count = self.MIXTURE_NEIGHBOURS if self.mixture else self.NEIGHBOURS
         i = bisect_left(self.sizes, size)
-        low = max(0, min(i - self.NEIGHBOURS // 2, len(self.sizes) - self.NEIGHBOURS))
-        return statistics.median(self.times[low : low + self.NEIGHBOURS])
+        low = max(0, min(i - count // 2, len(self.sizes) - count))
+        window = self.times[low : low + count]
+        return statistics.fmean(window) if self.mixture else statistics.median(window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,10 +246,13 @@ def run_check(
     tp: int | None = None,
     gpu: str | None = None,
     node: str | None = None,
+    allreduce_mixture: bool = False,
 ) -> CheckResult:
     """Compare every file present in `vidur_dir` that fits `model` (all TP degrees, or `tp`).
     Whole steps use the all-reduce of `node` (default: `dgx` if present, else the only one;
-    `none`: steps without all-reduce, to see the compute model apart from the network)."""
+    `none`: steps without all-reduce, to see the compute model apart from the network), its
+    measured side the local median or, with `allreduce_mixture`, the local mean
+    (`AllReduceTable`)."""
     found = find_vidur_files(vidur_dir, model, gpu)
     files: dict[str, str] = {}
     comparisons: list[Comparison] = []
@@ -273,7 +286,9 @@ def run_check(
         inputs = StepInputs(
             tp=t,
             mlp={row.num_tokens: row for row in mlp_rows if row.tp == t},
-            allreduce=AllReduceTable(allreduce_rows[node], t) if node else None,
+            allreduce=(
+                AllReduceTable(allreduce_rows[node], t, allreduce_mixture) if node else None
+            ),
             attention={
                 (
                     row.is_prefill,

@@ -47,7 +47,11 @@ class HardwareSpec:
     gemm_flops_efficiency: float = 0.75  # share of per-SM peak a full wave of tiles reaches
     gemm_latency_s: float = 5e-6  # fixed cost of one GEMM: launch, pipeline fill, split-K reduce
     memory_bandwidth_efficiency: float = 0.8  # weight reads, vectorised elementwise (add), copies
-    elementwise_bandwidth_efficiency: float = 0.5  # one-block-per-token norm, rotary, activation
+    elementwise_bandwidth_efficiency: float = 0.5  # one-block-per-token norm, activation
+    # Rotary (neox style: element i of a head with i + head_dim/2, unvectorised loads) streams
+    # slower than the other row kernels. Fit to the attn_rope rows of the four A100 mlp.csv
+    # (median error 9.8%; 0.5 gave 19%): the rows from 1K tokens up alone would give 0.44.
+    rotary_bandwidth_efficiency: float = 0.4
     attention_flops_efficiency: float = 0.37  # FlashAttention prefill, per (query, key) pair
     attention_bandwidth_efficiency: float = 0.75  # paged decode attention reading K and V
     attention_latency_s: float = 15e-6  # fixed cost of one attention call (split-KV reduce, setup)
@@ -68,6 +72,12 @@ class HardwareSpec:
     # of bridged pairs or PCIe-only cards; between nodes, the network. 10 GB/s fits Vidur's
     # multi-node DGX rows (an HDR NIC per GPU would be 25 GB/s).
     scale_out_bandwidth_bytes_per_s: float = 10e9
+    # One ring step over that scale-out link, and the share of its bandwidth a ring reaches.
+    # Defaults: the network between DGX nodes, fit to Vidur's multi-node rows (NCCL pipelines
+    # small messages there, so a step costs about an NVLink hop). PCIe links set their own (see
+    # `_PCIE_HOP_S` and `_PCIE_BUS_EFFICIENCY`).
+    scale_out_latency_s: float = 1e-6
+    scale_out_bus_efficiency: float = 0.6
 
     def __post_init__(self) -> None:
         for field in (
@@ -91,9 +101,11 @@ class HardwareSpec:
             "gemm_flops_efficiency",
             "memory_bandwidth_efficiency",
             "elementwise_bandwidth_efficiency",
+            "rotary_bandwidth_efficiency",
             "attention_flops_efficiency",
             "attention_bandwidth_efficiency",
             "interconnect_bus_efficiency",
+            "scale_out_bus_efficiency",
         ):
             value = getattr(self, field)
             if not 0 < value <= 1:
@@ -104,6 +116,7 @@ class HardwareSpec:
             "dram_latency_s",
             "attention_latency_s",
             "allreduce_call_latency_s",
+            "scale_out_latency_s",
         ):
             value = getattr(self, field)
             if not value >= 0:
@@ -178,10 +191,17 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
     return {spec.name: spec for spec in presets}
 
 
-# PCIe without NVLink: gen4/gen5 x16 carry 32/64 GB/s one way (the PCI-SIG rates). The 8 us
-# a hop through the root complex is an assumption (a few times the NVLink hop), not a measured
-# or datasheet figure; a hardware file can set its own.
-_PCIE_HOP_S = 8e-6
+# PCIe without NVLink: gen4/gen5 x16 carry 32/64 GB/s one way (the PCI-SIG rates). A ring step
+# through the root complex (4 us) and the share of the PCIe rate a ring reaches (0.75) are fits
+# to Vidur's a100_pairwise_nvlink all_reduce.csv, 4 GPUs (two NVLink pairs joined by PCIe
+# gen4): 55-65 us for messages under 128 KB (35 us per call + 6 steps), and 23.6 GB/s of bus
+# bandwidth for 16-380 MB. Gen5 cards keep them (no gen5 measurement here).
+_PCIE_HOP_S = 4e-6
+_PCIE_BUS_EFFICIENCY = 0.75
+_PCIE_SCALE_OUT: dict[str, Any] = {
+    "scale_out_latency_s": _PCIE_HOP_S,
+    "scale_out_bus_efficiency": _PCIE_BUS_EFFICIENCY,
+}
 # How the GPUs of one node are wired is `nvlink_domain_size` (the GPUs that all reach each
 # other over the interconnect) and `scale_out_bandwidth_bytes_per_s` (the link a larger group
 # falls back to): an NVSwitch board is one domain of 8; an NVLink bridge joins pairs (2), a
@@ -193,7 +213,10 @@ _PCIE5 = 64 * _GB
 
 
 def _workstation_presets() -> list[HardwareSpec]:
-    """PCIe cards. Dense tensor figures: half the datasheet's sparse number."""
+    """PCIe cards. Dense tensor figures: half the datasheet's sparse number. SM counts (the
+    width of a wave of GEMM tiles) from NVIDIA's architecture whitepapers: GA102 in the A40 and
+    RTX A6000 84, AD102 in the L40S 142 and the RTX 4090 128, GB202 in the RTX PRO 6000 188
+    (24,064 CUDA cores at 128 a SM)."""
     return [
         # NVIDIA A40 datasheet: 149.7 TFLOPS fp16 tensor (299.4 sparse), 37.4 TFLOPS fp32,
         # 48 GB GDDR6 at 696 GB/s, NVLink bridge 112.5 GB/s both directions, PCIe gen4.
@@ -209,6 +232,8 @@ def _workstation_presets() -> list[HardwareSpec]:
             _PCIE4,
             nvlink_domain_size=2,
             scale_out_bandwidth_bytes_per_s=_PCIE4,
+            **_PCIE_SCALE_OUT,
+            num_sms=84,
         ),
         # NVIDIA RTX A6000 datasheet: 309.7 TFLOPS tensor sparse (154.8 dense), 38.7 TFLOPS
         # fp32, 48 GB GDDR6 at 768 GB/s, NVLink bridge 112.5 GB/s both directions, PCIe gen4.
@@ -224,6 +249,8 @@ def _workstation_presets() -> list[HardwareSpec]:
             _PCIE4,
             nvlink_domain_size=2,
             scale_out_bandwidth_bytes_per_s=_PCIE4,
+            **_PCIE_SCALE_OUT,
+            num_sms=84,
         ),
         # NVIDIA L40S datasheet: 362.05 TFLOPS bf16 tensor dense (733 sparse), 733 fp8 dense,
         # 91.6 TFLOPS fp32, 48 GB GDDR6 at 864 GB/s, PCIe gen4 x16, no NVLink.
@@ -239,6 +266,8 @@ def _workstation_presets() -> list[HardwareSpec]:
             _PCIE4,
             nvlink_domain_size=1,
             scale_out_bandwidth_bytes_per_s=_PCIE4,
+            **_PCIE_SCALE_OUT,
+            num_sms=142,
         ),
         # NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): fp16 tensor with fp32
         # accumulate (what PyTorch uses) 165.2 TFLOPS dense, fp8 with fp32 accumulate 330.3,
@@ -255,6 +284,8 @@ def _workstation_presets() -> list[HardwareSpec]:
             _PCIE4,
             nvlink_domain_size=1,
             scale_out_bandwidth_bytes_per_s=_PCIE4,
+            **_PCIE_SCALE_OUT,
+            num_sms=128,
         ),
         # NVIDIA RTX PRO 6000 Blackwell (Workstation Edition): 96 GB GDDR7 at 1792 GB/s,
         # 125 TFLOPS fp32, 4000 AI TOPS fp4 sparse (datasheet); per NVIDIA's RTX Blackwell
@@ -272,6 +303,8 @@ def _workstation_presets() -> list[HardwareSpec]:
             _PCIE5,
             nvlink_domain_size=1,
             scale_out_bandwidth_bytes_per_s=_PCIE5,
+            **_PCIE_SCALE_OUT,
+            num_sms=188,
         ),
         # The Server Edition of the same card: 1597 GB/s, the figure LLMServingSim's cluster
         # config gives for its measured RTX PRO 6000 runs; FLOP/s taken as the Workstation
@@ -288,12 +321,16 @@ def _workstation_presets() -> list[HardwareSpec]:
             _PCIE5,
             nvlink_domain_size=1,
             scale_out_bandwidth_bytes_per_s=_PCIE5,
+            **_PCIE_SCALE_OUT,
+            num_sms=188,
         ),
     ]
 
 
 def _datacenter_presets() -> list[HardwareSpec]:
-    """SXM/OAM parts on a switch or mesh. Dense tensor figures: half the sparse number."""
+    """SXM/OAM parts on a switch or mesh. Dense tensor figures: half the sparse number. SMs:
+    148 on a B200 (NVIDIA's Blackwell figures), 304 compute units on an MI300X (AMD data
+    sheet); the H20's count is not published, so it keeps the A100's 108 (issue 16)."""
     return [
         # NVIDIA H20 published specifications: 148 TFLOPS bf16 dense, 296 fp8, 44 TFLOPS fp32,
         # 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s both directions, PCIe gen5.
@@ -302,7 +339,16 @@ def _datacenter_presets() -> list[HardwareSpec]:
         # sparse (2.25 and 4.5 dense), fp32 75 TFLOPS, 180 GB HBM3e at 7.7 TB/s, NVLink 5
         # 1.8 TB/s both directions, PCIe gen5 128 GB/s both directions.
         HardwareSpec(
-            "B200", 2250e12, 75e12, 4500e12, 7700 * _GB, 180 * _GIB, 900 * _GB, 2e-6, _PCIE5
+            "B200",
+            2250e12,
+            75e12,
+            4500e12,
+            7700 * _GB,
+            180 * _GIB,
+            900 * _GB,
+            2e-6,
+            _PCIE5,
+            num_sms=148,
         ),
         # AMD Instinct MI300X data sheet: 1307.4 TFLOPS fp16/bf16 dense, 2614.9 fp8 dense,
         # 163.4 TFLOPS fp32 vector, 192 GB HBM3 at 5.3 TB/s; 7 Infinity Fabric links of
@@ -318,6 +364,8 @@ def _datacenter_presets() -> list[HardwareSpec]:
             2e-6,
             _PCIE5,
             scale_out_bandwidth_bytes_per_s=_PCIE5,
+            **_PCIE_SCALE_OUT,
+            num_sms=304,
         ),
     ]
 
@@ -330,7 +378,12 @@ NODE_TYPES: dict[str, dict[str, float]] = {
     "dgx": {},
     # NVLink bridges join GPUs in pairs; a ring over more crosses PCIe (gen4 x16: 32 GB/s per
     # direction), as in Vidur's `a100_pairwise_nvlink` measurements.
-    "pairwise_nvlink": {"nvlink_domain_size": 2, "scale_out_bandwidth_bytes_per_s": 32e9},
+    "pairwise_nvlink": {
+        "nvlink_domain_size": 2,
+        "scale_out_bandwidth_bytes_per_s": 32e9,
+        "scale_out_latency_s": _PCIE_HOP_S,
+        "scale_out_bus_efficiency": _PCIE_BUS_EFFICIENCY,
+    },
 }
 """How the GPUs of one node are wired, by the names Vidur's network profiles use."""
 

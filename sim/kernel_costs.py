@@ -47,20 +47,25 @@ def streaming_s(hw: HardwareSpec, num_bytes: float) -> float:
     return max(num_bytes / bandwidth, hw.kernel_launch_floor_s)
 
 
-def row_kernel_s(hw: HardwareSpec, num_bytes: float, row_elements: int) -> float:
+def row_kernel_s(
+    hw: HardwareSpec, num_bytes: float, row_elements: int, bandwidth_efficiency: float | None = None
+) -> float:
     """A one-block-per-token kernel (RMSNorm, rotary, SiLU-and-mul) moving `num_bytes`.
 
     Few tokens leave most SMs idle, and each block's threads walk their row
     `row_block_threads` elements at a time, a dependent HBM round trip per step: a floor that
     grows with the row's width. Many tokens make it bandwidth-bound, at the lower efficiency
-    such kernels reach (no vectorised loads, a reduction or a table per row).
+    such kernels reach (no vectorised loads, a reduction or a table per row):
+    `elementwise_bandwidth_efficiency` unless the kernel has its own (`bandwidth_efficiency`).
     """
     if num_bytes <= 0:
         return 0.0
     walk = hw.kernel_launch_floor_s + math.ceil(row_elements / hw.row_block_threads) * (
         hw.dram_latency_s
     )
-    bandwidth = hw.hbm_bandwidth_bytes_per_s * hw.elementwise_bandwidth_efficiency
+    if bandwidth_efficiency is None:
+        bandwidth_efficiency = hw.elementwise_bandwidth_efficiency
+    bandwidth = hw.hbm_bandwidth_bytes_per_s * bandwidth_efficiency
     return max(num_bytes / bandwidth, walk)
 
 
@@ -82,18 +87,26 @@ def allreduce_s(
     then all-gather). beta: each rank sends and receives 2(p-1)/p of the message at the bus
     bandwidth of the ring's slowest link: NVLink while every rank is in one NVLink domain (the
     smaller of `nvlink_domain_size` and `devices_per_node`), otherwise the scale-out link
-    (PCIe between NVLink pairs, or the network between nodes).
+    (PCIe between NVLink pairs, or the network between nodes), whose hop latency and bus
+    efficiency are its own: every ring step waits for the slowest edge.
     """
     if num_workers <= 1 or num_bytes <= 0:
         return 0.0
     domain = hw.nvlink_domain_size
     if devices_per_node is not None:
         domain = min(domain, devices_per_node)
-    link = (
-        hw.interconnect_bandwidth_bytes_per_s
-        if num_workers <= domain
-        else hw.scale_out_bandwidth_bytes_per_s
-    )
+    if num_workers <= domain:
+        link, hop, bus = (
+            hw.interconnect_bandwidth_bytes_per_s,
+            hw.interconnect_latency_s,
+            hw.interconnect_bus_efficiency,
+        )
+    else:
+        link, hop, bus = (
+            hw.scale_out_bandwidth_bytes_per_s,
+            hw.scale_out_latency_s,
+            hw.scale_out_bus_efficiency,
+        )
     steps = 2 * (num_workers - 1)
-    latency = hw.allreduce_call_latency_s + steps * hw.interconnect_latency_s
-    return latency + steps / num_workers * num_bytes / (link * hw.interconnect_bus_efficiency)
+    latency = hw.allreduce_call_latency_s + steps * hop
+    return latency + steps / num_workers * num_bytes / (link * bus)

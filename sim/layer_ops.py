@@ -92,7 +92,12 @@ class LayerOps:
             return gemm_s(self.hardware, num_tokens, n, k, self.model.dtype_bytes)
         if op in self._row_kernels:
             num_bytes, row = self._row_kernels[op]
-            return row_kernel_s(self.hardware, num_tokens * num_bytes, row) if num_bytes else 0.0
+            if not num_bytes:
+                return 0.0
+            # Rotary pairs element i of each head with element i + head_dim / 2: two strided,
+            # unvectorised loads per pair, so it streams below the other row kernels.
+            efficiency = self.hardware.rotary_bandwidth_efficiency if op == "attn_rope" else None
+            return row_kernel_s(self.hardware, num_tokens * num_bytes, row, efficiency)
         if op in self._streaming_bytes_per_token:
             return streaming_s(self.hardware, num_tokens * self._streaming_bytes_per_token[op])
         raise ValueError(f"unknown layer op {op!r}")

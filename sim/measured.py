@@ -272,12 +272,45 @@ def _llmservingsim_hardware(run_dir: Path, replay: dict[str, Any]) -> dict[str, 
     base = _hardware_preset(name)
     if base is None:
         return None
-    return {
+    table: dict[str, Any] = {
         "base": base,
         "name": f"{name} ({size_gb:g} GB, {bandwidth_gbps:g} GB/s per its config.json)",
         "hbm_bandwidth_bytes_per_s": bandwidth_gbps * 1e9,
         "hbm_capacity_bytes": int(size_gb * (1 << 30)),
     }
+    table.update(_llmservingsim_link(config, path))
+    return table
+
+
+def _llmservingsim_link(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The GPU-to-GPU link a cluster config states, as HardwareSpec fields, or nothing.
+
+    LLMServingSim's `link_bw` (GiB/s) and `link_latency` (ns, per ring hop) are what its
+    hardware profiler measured on that machine and fitted as a single-chunk ring: an effective
+    bandwidth and hop latency, so the bus efficiency is 1. They describe every link of a
+    single-node config, within the NVLink domain or beyond it."""
+    if "link_bw" not in config and "link_latency" not in config:
+        return {}
+    try:
+        bandwidth = float(config["link_bw"]) * (1 << 30)
+        latency = float(config["link_latency"]) * 1e-9
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(
+            f"{path}: link_bw (GiB/s) and link_latency (ns) must both be numbers ({error})"
+        ) from None
+    if not (bandwidth > 0 and latency >= 0):
+        raise ValueError(
+            f"{path}: link_bw must be > 0 and link_latency >= 0, got "
+            f"{config['link_bw']!r} and {config['link_latency']!r}"
+        )
+    if config.get("num_nodes", 1) != 1:
+        return {}  # a multi-node config's link is the network's, not the GPUs' within a node
+    fields: dict[str, Any] = {}
+    for prefix in ("interconnect", "scale_out"):
+        fields[f"{prefix}_bandwidth_bytes_per_s"] = bandwidth
+        fields[f"{prefix}_latency_s"] = latency
+        fields[f"{prefix}_bus_efficiency"] = 1.0
+    return fields
 
 
 def import_llmservingsim(run_dir: str | Path, workload: str | Path | None = None) -> MeasuredRun:

@@ -46,6 +46,10 @@ class CostModelConfig:
     step_overhead_s: float = 2e-3
     # Per-sequence host work (block tables, sampling params) grows with the batch.
     per_sequence_overhead_s: float = 1e-5
+    # vLLM overlaps that host work with the GPU's previous step by default since 0.14.0
+    # ("async scheduling", its release notes): a step then lasts the longer of the two, not
+    # their sum. False prices older engines (and ours), where the GPU waits for the host.
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.host_link_efficiency <= 1:
@@ -238,7 +242,7 @@ class RooflineCostModel:
             return _NO_WORK
         shared = self._by_size.get((num_tokens, num_seqs)) or self._size_terms(num_tokens, num_seqs)
         linear, store_kv, elementwise, lm_head, allreduce, overhead = shared
-        return (
+        device = (
             linear,
             self.prefill_attention_s(chunks, block_size) if chunks else 0.0,
             self.decode_attention_s(num_decode, sum_context, kv_read_tokens),
@@ -248,8 +252,16 @@ class RooflineCostModel:
             allreduce,
             self.copy_blocks_s(copies, block_size) if copies else 0.0,
             self.swap_s(swaps, block_size) if swaps else 0.0,
-            overhead,
         )
+        return (*device, self.host_wait_s(overhead, sum(device)))
+
+    def host_wait_s(self, host_s: float, device_s: float) -> float:
+        """What the host's `host_s` of work adds to a step whose kernels take `device_s`: all
+        of it when the GPU waits for the host, only what exceeds the kernels when the host
+        prepares the next step while they run (`CostModelConfig.async_scheduling`)."""
+        if self.config.async_scheduling:
+            return max(0.0, host_s - device_s)
+        return host_s
 
     def _size_terms(self, num_tokens: int, num_seqs: int) -> tuple[float, ...]:
         """The terms that depend on a step's token and sequence counts alone: (linear, KV
@@ -295,15 +307,16 @@ class RooflineCostModel:
         num_seqs = num_decode_seqs + len(prefill_chunks)
         # The rest, in the order `_terms` lists them (copies and swaps are 0.0 here; adding
         # 0.0 changes nothing, so they are left out).
-        linear, *after = self._size_terms(num_tokens, num_seqs)
+        linear, *after, overhead = self._size_terms(num_tokens, num_seqs)
         prefill, decode = self.prefill_attention_s, self.decode_attention_s
+        host_wait = self.host_wait_s
 
         def step(chunks: tuple[tuple[int, int], ...], sum_context: int, sum_blocks: int) -> float:
             total = linear + (prefill(chunks, block_size) if chunks else 0.0)
             total += decode(num_decode_seqs, sum_context, sum_blocks * block_size)
             for term in after:
                 total += term
-            return total
+            return total + host_wait(overhead, total)
 
         return step
 
@@ -325,14 +338,16 @@ class RooflineCostModel:
             num_decode_seqs * self._attention_q_bytes_per_token
             + (sum_context_blocks * block_size) * self._kv_bytes_per_token
         )
-        linear, *after = self._size_terms(num_tokens, num_seqs)
+        linear, *after, overhead = self._size_terms(num_tokens, num_seqs)
         total: np.ndarray = (linear + 0.0) + (
             self._attention_latency_s
             + np.maximum(compute, bytes_moved / self._attention_bytes_per_s)
         )
         for term in after:
             total += term
-        return total
+        if self.config.async_scheduling:
+            return total + np.maximum(0.0, overhead - total)
+        return total + overhead
 
     def aggregate_step_time_s(
         self,

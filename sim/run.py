@@ -69,6 +69,9 @@ class RunConfig:
     seed: int = 0
     # Skip over runs of identical decode steps in one go (results are identical).
     fast_forward: bool = True
+    # Price each step as max(GPU work, host work) as vLLM >= 0.14 does by default; False adds
+    # them, as older vLLM and servesim's own engine do (see `CostModelConfig.async_scheduling`).
+    async_scheduling: bool = True
     # Deployment: colocated replicas behind a router, or (policy "disagg") two pools.
     num_replicas: int = 1
     router: str = "round_robin"
@@ -188,7 +191,8 @@ def simulate(
 ) -> RunResult:
     """Run ``trace`` through the deployment ``config`` describes. ``wrap_executor``, if given,
     wraps each replica's executor (validation records the batches it prices this way);
-    ``cost_config`` replaces the roofline's default efficiencies (for what-if studies)."""
+    ``cost_config`` replaces the roofline's default efficiencies (for what-if studies), its
+    own ``async_scheduling`` included; without it, ``config.async_scheduling`` chooses."""
     model = load_model(config.model)
     hardware = load_hardware(config.hardware)
     kv_bytes_per_block = model.kv_bytes_per_block(config.block_size, config.tp)
@@ -230,6 +234,8 @@ def simulate(
         batch_size=config.batch_size,
         max_wait_s=config.max_wait_s,
     )
+    if cost_config is None:
+        cost_config = CostModelConfig(async_scheduling=config.async_scheduling)
     cost_model = make_cost_model(
         model, hardware, config.tp, config.profile, cost_config, block_size=config.block_size
     )

@@ -81,6 +81,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
         action="store_true",
         help="simulate every decode step one by one (slower; results are identical)",
     )
+    parser.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="add the host's per-step work to the GPU's instead of overlapping them (vLLM "
+        "before 0.14, and servesim's own engine); by default a step lasts the longer of the two",
+    )
     deployment = parser.add_argument_group("deployment")
     deployment.add_argument(
         "--replicas",
@@ -170,6 +176,7 @@ def base_config_from_args(args: argparse.Namespace) -> RunConfig:
         slo_tpot_s=slo_s(args.slo_tpot),
         seed=args.seed,
         fast_forward=not args.no_fast_forward,
+        async_scheduling=not args.no_async_scheduling,
         num_replicas=args.replicas,
         router=args.router,
         num_prefill=args.prefill_replicas,

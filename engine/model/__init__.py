@@ -13,13 +13,13 @@ Interface (what the model runner calls)::
 - ``weights="auto"`` loads the directory's safetensors (ValueError if there are none, or if a
   tensor is missing, unexpected or mis-shaped); ``"random"`` draws seeded normal(0, 0.02)
   weights, for timing runs and for bundled configs, which have no checkpoint.
-- ``make_kv_caches``: one zeroed ``(k_cache, v_cache)`` per layer, each
+- ``make_kv_caches``: one uninitialised ``(k_cache, v_cache)`` per layer, each
   ``[num_blocks, block_size, num_kv_heads, head_dim]`` in the model's dtype.
 - ``forward``: ``input_ids`` and ``positions`` are the step's ``[T]`` int64 rows, decodes first
   then prefill chunks, matching ``meta`` (`engine.attention.AttentionMetadata`, whose
-  ``backend`` picks Triton or the torch references). The step's K/V go into ``kv_caches`` at
-  ``meta.slot_mapping``; the final norm and LM head run only on the rows ``logits_indices``,
-  giving ``[len(logits_indices), vocab_size]`` fp32 logits.
+  ``backend`` picks Triton or the vectorised torch path of ``kernels.torch_attention``). The
+  step's K/V go into ``kv_caches`` at ``meta.slot_mapping``; the final norm and LM head run
+  only on the rows ``logits_indices``, giving ``[len(logits_indices), vocab_size]`` fp32 logits.
 
 Names resolve on first use, so ``engine.model.config`` can be read without importing torch.
 """

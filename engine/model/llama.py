@@ -109,13 +109,16 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = apply_rope(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        num_heads, num_kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)
+        # q and k sit side by side in qkv, so one rotation covers both.
+        qk_heads = num_heads + num_kv_heads
+        qk = qkv[:, : qk_heads * head_dim].view(num_tokens, qk_heads, head_dim)
+        qk = apply_rope(qk, cos, sin)
+        q, k = qk[:, :num_heads], qk[:, num_heads:]
+        v = qkv[:, qk_heads * head_dim :].view(num_tokens, num_kv_heads, head_dim)
         out = attend(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, q_size))
+        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, num_heads * head_dim))
         return projected
 
 
@@ -159,7 +162,8 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """The decoder over one step's flattened rows (decodes first, then prefill chunks)."""
 
-    inv_freq: torch.Tensor
+    cos_table: torch.Tensor
+    sin_table: torch.Tensor
 
     def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
@@ -178,8 +182,12 @@ class LlamaForCausalLM(nn.Module):
                 torch.empty(config.vocab_size, config.hidden_size, device=device, dtype=dtype)
             )
         )
+        # cos/sin of every position the model allows, built once: a step only indexes them.
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
-        self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.int64)
+        angles = positions.float()[:, None] * inv_freq[None, :]
+        self.register_buffer("cos_table", angles.cos().to(device, dtype), persistent=False)
+        self.register_buffer("sin_table", angles.sin().to(device, dtype), persistent=False)
 
     @property
     def device(self) -> torch.device:
@@ -195,15 +203,18 @@ class LlamaForCausalLM(nn.Module):
     def make_kv_caches(
         self, num_blocks: int, block_size: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One zeroed (k_cache, v_cache) per layer, each [num_blocks, block_size, kv_heads, D]."""
+        """One (k_cache, v_cache) per layer, each [num_blocks, block_size, kv_heads, D], left
+        uninitialised: every attention path reads only slots a sequence has written (the
+        kernel tests poison the rest with NaN), and zeroing a CPU cache of a GiB cost seconds
+        of page faults before the first step."""
         for field, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{field} must be a positive int, got {value!r}")
         shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
         return [
             (
-                torch.zeros(shape, device=self.device, dtype=self.dtype),
-                torch.zeros(shape, device=self.device, dtype=self.dtype),
+                torch.empty(shape, device=self.device, dtype=self.dtype),
+                torch.empty(shape, device=self.device, dtype=self.dtype),
             )
             for _ in range(self.config.num_layers)
         ]
@@ -256,8 +267,7 @@ class LlamaForCausalLM(nn.Module):
         ``kv_caches`` (one pair per layer) at ``meta.slot_mapping``.
         """
         self._check_inputs(input_ids, positions, kv_caches, meta, logits_indices)
-        angles = positions.float()[:, None] * self.inv_freq[None, :]
-        cos, sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+        cos, sin = self.cos_table[positions], self.sin_table[positions]
         x = F.embedding(input_ids, self.embed_tokens)
         for layer, kv_cache in zip(self.decoder_layers(), kv_caches, strict=True):
             x = layer(x, cos, sin, kv_cache, meta)

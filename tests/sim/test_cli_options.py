@@ -177,3 +177,17 @@ def test_swap_without_swap_space_is_refused(
     argv[-1] = "0.000001"  # less than one KV block
     assert _call(argv) == 2
     assert "holds no KV block" in capsys.readouterr().err
+
+
+def test_no_async_scheduling_adds_host_work_to_every_step(trace: Path, tmp_path: Path) -> None:
+    summaries = {}
+    for name, extra in (("async", []), ("sync", ["--no-async-scheduling"])):
+        out = tmp_path / name
+        assert _call(["run", str(trace), *RUN_BASE, "--out", str(out), *extra]) == 0
+        summaries[name] = json.loads((out / "summary.json").read_text())
+    assert summaries["async"]["config"]["async_scheduling"] is True
+    assert summaries["sync"]["config"]["async_scheduling"] is False
+    # The 2 ms host overhead hides under decode kernels only when overlapped.
+    async_tpot = summaries["async"]["summary"]["median_tpot_ms"]
+    sync_tpot = summaries["sync"]["summary"]["median_tpot_ms"]
+    assert sync_tpot > async_tpot + 1.0

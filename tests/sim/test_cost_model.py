@@ -75,7 +75,51 @@ def test_breakdown_sums_to_step_time(roofline: RooflineCostModel) -> None:
     breakdown = roofline.step_breakdown(shape)
     assert tuple(breakdown) == TERMS
     assert sum(breakdown.values()) == pytest.approx(roofline.step_time_s(shape), rel=1e-12)
-    assert all(value > 0 for key, value in breakdown.items() if key != "allreduce")
+    # The host's work hides under these kernels (async scheduling, the default).
+    assert breakdown["overhead"] == 0.0
+    busy = {key: value for key, value in breakdown.items() if key not in ("allreduce", "overhead")}
+    assert all(value > 0 for value in busy.values())
+    sync = RooflineCostModel(LLAMA, A100, config=CostModelConfig(async_scheduling=False))
+    waited = sync.step_breakdown(shape)
+    assert waited["overhead"] == pytest.approx(2e-3 + 5 * 1e-5)
+    assert sum(waited.values()) == pytest.approx(sync.step_time_s(shape), rel=1e-12)
+
+
+def test_async_scheduling_makes_a_step_the_longer_of_host_and_kernels() -> None:
+    sync = RooflineCostModel(LLAMA, A100, config=CostModelConfig(async_scheduling=False))
+    overlapped = RooflineCostModel(LLAMA, A100)
+    host_s = 2e-3 + 1e-5  # one sequence
+    # A batch-1 decode: ~8 ms of weight reads hide the 2 ms of host work.
+    decode = StepShape(decode_context_tokens=(1024,))
+    kernels_s = sync.step_time_s(decode) - host_s
+    assert overlapped.step_time_s(decode) == pytest.approx(kernels_s, rel=1e-12)
+    # A tiny step on a tiny model: the host is the longer, and the step lasts what it does.
+    small = StepShape(decode_context_tokens=(1,))
+    tiny = RooflineCostModel(MODEL_PRESETS["tiny-llama"], A100)
+    assert tiny.step_time_s(small) == pytest.approx(host_s, rel=1e-12)
+    assert tiny.step_breakdown(small)["overhead"] > 0.0
+    # Host work longer than any kernel time: the step costs exactly the host's time.
+    slow_host = CostModelConfig(step_overhead_s=1.0)
+    assert RooflineCostModel(LLAMA, A100, config=slow_host).step_time_s(decode) == pytest.approx(
+        1.0 + 1e-5, rel=1e-12
+    )
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_fast_paths_match_step_time_either_way(async_scheduling: bool) -> None:
+    config = CostModelConfig(async_scheduling=async_scheduling, step_overhead_s=0.02)
+    model = RooflineCostModel(LLAMA, A100, config=config)
+    for contexts in ((7,), tuple(range(100, 100 + 64 * 13, 13))):
+        blocks = sum(math.ceil(c / 16) for c in contexts)
+        shape = StepShape(decode_context_tokens=contexts)
+        exact = model.step_time_s(shape)
+        assert model.decode_step_time_s(len(contexts), sum(contexts), blocks) == exact
+        step = model.repeat_stepper((), len(contexts))
+        assert step((), sum(contexts), blocks) == exact
+        many = model.decode_repeat_durations(
+            len(contexts), np.array([sum(contexts)]), np.array([blocks])
+        )
+        assert many[0] == exact
 
 
 def test_empty_step_costs_nothing(roofline: RooflineCostModel) -> None:
@@ -172,8 +216,11 @@ def test_config_validation_and_effect() -> None:
     with pytest.raises(ValueError, match=r"CostModelConfig\.step_overhead_s"):
         CostModelConfig(step_overhead_s=-1.0)
     shape = StepShape(decode_context_tokens=(1,))
-    quiet = RooflineCostModel(LLAMA, A100, config=CostModelConfig(step_overhead_s=0.0))
-    assert quiet.step_time_s(shape) < RooflineCostModel(LLAMA, A100).step_time_s(shape)
+    sync = CostModelConfig(async_scheduling=False)
+    quiet = RooflineCostModel(
+        LLAMA, A100, config=CostModelConfig(step_overhead_s=0.0, async_scheduling=False)
+    )
+    assert quiet.step_time_s(shape) < RooflineCostModel(LLAMA, A100, config=sync).step_time_s(shape)
 
 
 def test_step_shape_validation_and_properties() -> None:

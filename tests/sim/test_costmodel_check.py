@@ -12,12 +12,18 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
-from sim.costmodel_check import run_check
+from sim.costmodel_check import AllReduceTable, run_check
 from sim.hardware_spec import HARDWARE_PRESETS, hardware_for_node
 from sim.kernel_costs import allreduce_s, gemm_s, row_kernel_s
 from sim.layer_ops import LayerOps
 from sim.model_spec import MODEL_PRESETS
-from sim.vidur_profiles import MLP_OPS, VidurFileError, read_allreduce_csv, read_mlp_csv
+from sim.vidur_profiles import (
+    MLP_OPS,
+    AllReduceRow,
+    VidurFileError,
+    read_allreduce_csv,
+    read_mlp_csv,
+)
 
 A100 = HARDWARE_PRESETS["A100-80GB"]
 LLAMA = MODEL_PRESETS["Llama-2-7B"]
@@ -201,8 +207,52 @@ def test_bad_tp_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_pairwise_node_changes_only_the_wiring() -> None:
     # The NVLink pair node type changes only the wiring, nothing a single GPU does.
     pairs = hardware_for_node(A100, "pairwise_nvlink")
-    assert replace(pairs, nvlink_domain_size=8, scale_out_bandwidth_bytes_per_s=10e9) == A100
+    network = {
+        "nvlink_domain_size": 8,
+        "scale_out_bandwidth_bytes_per_s": 10e9,
+        "scale_out_latency_s": A100.scale_out_latency_s,
+        "scale_out_bus_efficiency": A100.scale_out_bus_efficiency,
+    }
+    assert replace(pairs, **network) == A100
     assert math.isclose(A100.scale_out_bandwidth_bytes_per_s, 10e9)
+
+
+def test_allreduce_over_pcie_uses_its_own_hop_and_bus_efficiency() -> None:
+    # Two NVLink pairs joined by PCIe gen4, 4 ranks: 6 ring steps, each waiting for a PCIe hop.
+    pairs = hardware_for_node(A100, "pairwise_nvlink")
+    hop, bus = pairs.scale_out_latency_s, pairs.scale_out_bus_efficiency
+    assert (hop, bus) == (4e-6, 0.75)
+    alpha = 35e-6 + 6 * 4e-6
+    assert allreduce_s(pairs, 1024, 4) == pytest.approx(alpha + 6 / 4 * 1024 / (32e9 * 0.75))
+    big = 256 * 2**20  # bandwidth-bound: 24 of 32 GB/s (Vidur's PCIe rows measure 23.6)
+    assert allreduce_s(pairs, big, 4) == pytest.approx(6 / 4 * big / 24e9, rel=0.01)
+    # Within a pair nothing changed: NVLink's hop and bus efficiency.
+    assert allreduce_s(pairs, big, 2) == allreduce_s(A100, big, 2)
+
+
+def test_rotary_streams_at_its_own_efficiency() -> None:
+    ops = LayerOps(LLAMA, A100)
+    num_tokens = 8192  # far above the row floor: bandwidth-bound
+    # Rotary reads and writes Q and K: 2 x (4096 + 4096) values of 2 bytes per token.
+    num_bytes = num_tokens * 2 * (4096 + 4096) * 2
+    expected = num_bytes / (A100.hbm_bandwidth_bytes_per_s * A100.rotary_bandwidth_efficiency)
+    assert ops.op_s("attn_rope", num_tokens) == pytest.approx(expected)
+    slower = replace(A100, rotary_bandwidth_efficiency=A100.rotary_bandwidth_efficiency / 2)
+    assert LayerOps(LLAMA, slower).op_s("attn_rope", num_tokens) == pytest.approx(2 * expected)
+    # The other row kernels keep the elementwise efficiency.
+    assert LayerOps(LLAMA, slower).op_s("mlp_act", num_tokens) == ops.op_s("mlp_act", num_tokens)
+    with pytest.raises(ValueError, match=r"HardwareSpec\.rotary_bandwidth_efficiency"):
+        replace(A100, rotary_bandwidth_efficiency=0.0)
+
+
+def test_allreduce_table_mixture_is_the_local_mean() -> None:
+    times = [1.0, 3.0] * 10  # two modes, alternating size by size
+    rows = [AllReduceRow(10 * i, 2, 2, t) for i, t in enumerate(times)]
+    median = AllReduceTable(rows, 2)
+    mixture = AllReduceTable(rows, 2, mixture=True)
+    assert median(100) in (1.0, 3.0)  # 5 neighbours alternate: the majority mode
+    assert mixture(100) == pytest.approx(2.0, abs=0.15)  # 15 neighbours: 7 or 8 of each
+    assert mixture(1000) is None
 
 
 VIDUR = Path(__file__).resolve().parents[3] / "shared/profiles/vidur"

@@ -129,10 +129,13 @@ def test_nvlink_bridge_joins_pairs_only() -> None:
     llama = MODEL_PRESETS["Llama-2-7B"]
     pair, quad = RooflineCostModel(llama, a40, tp=2), RooflineCostModel(llama, a40, tp=4)
     call, hop, bus = a40.allreduce_call_latency_s, 2e-6, a40.interconnect_bus_efficiency
-    # 1 MiB over 2 ranks on the bridge vs 4 ranks over PCIe gen4 (32 GB/s): alpha-beta ring.
+    # 1 MiB over 2 ranks on the bridge vs 4 ranks over PCIe gen4 (32 GB/s): alpha-beta ring,
+    # the PCIe ring with PCIe's own hop latency and bus efficiency.
     assert pair.allreduce_call_s(2**20) == pytest.approx(call + 2 * hop + 2**20 / (56.25e9 * bus))
+    pcie_hop, pcie_bus = a40.scale_out_latency_s, a40.scale_out_bus_efficiency
+    assert (pcie_hop, pcie_bus) == (4e-6, 0.75)
     assert quad.allreduce_call_s(2**20) == pytest.approx(
-        call + 6 * hop + 6 / 4 * 2**20 / (32e9 * bus)
+        call + 6 * pcie_hop + 6 / 4 * 2**20 / (32e9 * pcie_bus)
     )
 
 

@@ -129,6 +129,22 @@ def test_llmservingsim_import_by_hand(llmservingsim_dir: Path) -> None:
     assert run.hardware is not None and run.hardware["base"] == "RTX-PRO-6000"
 
 
+def test_llmservingsim_link_becomes_the_gpu_to_gpu_link(llmservingsim_dir: Path) -> None:
+    # LLMServingSim's measured link: GiB/s and ns per ring hop, already effective (bus 1).
+    path = llmservingsim_dir / "config.json"
+    cluster = json.loads(path.read_text())
+    path.write_text(json.dumps({"num_nodes": 1, "link_bw": 16, "link_latency": 20000, **cluster}))
+    hardware = import_llmservingsim(llmservingsim_dir).hardware
+    assert hardware is not None
+    for prefix in ("interconnect", "scale_out"):
+        assert hardware[f"{prefix}_bandwidth_bytes_per_s"] == 16 * 2**30
+        assert hardware[f"{prefix}_latency_s"] == pytest.approx(20e-6)
+        assert hardware[f"{prefix}_bus_efficiency"] == 1.0
+    path.write_text(json.dumps({"link_bw": "fast", "link_latency": 20000, **cluster}))
+    with pytest.raises(ValueError, match=r"config\.json: link_bw \(GiB/s\)"):
+        import_llmservingsim(llmservingsim_dir)
+
+
 def test_llmservingsim_written_run_reads_back(llmservingsim_dir: Path, tmp_path: Path) -> None:
     out = write_measured_run(import_llmservingsim(llmservingsim_dir), tmp_path / "out")
     records = load_run(out)
