@@ -6,13 +6,23 @@ through the sweep executors. The ``capacity`` command lives here too."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from records.sweep_table import write_sweep_csv
-from sim.sweep import PointOutput, PointTask, _write_point, execute, resolve_jobs
+from sim.sweep import (
+    PointOutput,
+    PointTask,
+    Workers,
+    _write_point,
+    execute,
+    open_workers,
+    resolve_jobs,
+    resumed_output,
+)
 from sim.sweep_spec import NOT_SWEPT, RATE, OptionValue, TraceSource, load_spec
 
 DEFAULT_GOODPUT = 0.9
@@ -54,6 +64,10 @@ class CapacityResult:
 
 
 Runner = Callable[[list[float]], list[PointOutput]]
+# A search is a generator: it yields the rates it wants probed, is sent their rows (in the same
+# order) and returns its result, so that many searches can share one batch of probes per round.
+Search = Generator[list[float], list[dict[str, Any]], CapacityResult]
+Asks = Generator[list[float], list[dict[str, Any]], list[bool]]
 
 
 def passes(row: Mapping[str, Any], goodput: float) -> bool:
@@ -62,30 +76,31 @@ def passes(row: Mapping[str, Any], goodput: float) -> bool:
     return row.get("status") == "ok" and attained is not None and float(attained) >= goodput
 
 
-def _probe(run: Runner, rates: list[float], result: CapacityResult, goodput: float) -> list[bool]:
-    outputs = run(rates)
-    for output in outputs:
-        if output.row.get("status") != "ok":
-            raise ValueError(f"probe at {output.row.get(RATE)} req/s failed: {output.row['error']}")
-        result.probes.append(output.row)
-    return [passes(o.row, goodput) for o in outputs]
+def _probe(rates: list[float], result: CapacityResult, goodput: float) -> Asks:
+    rows = yield rates
+    for row in rows:
+        if row.get("status") != "ok":
+            raise ValueError(f"probe at {row.get(RATE)} req/s failed: {row.get('error')}")
+        result.probes.append(row)
+    return [passes(row, goodput) for row in rows]
 
 
-def _bracket(run: Runner, start: float, width: int, result: CapacityResult, goodput: float) -> None:
-    first = _probe(run, [start], result, goodput)[0]
+def _bracket(start: float, width: int, result: CapacityResult, goodput: float) -> Asks:
+    first = (yield from _probe([start], result, goodput))[0]
     factor = 2.0 if first else 0.5
     result.low_rate, result.high_rate = (start, None) if first else (None, start)
     for step in range(1, MAX_DOUBLINGS + 1, width):
         rates = [start * factor**k for k in range(step, min(step + width, MAX_DOUBLINGS + 1))]
-        for rate, ok in zip(rates, _probe(run, rates, result, goodput), strict=True):
+        oks = yield from _probe(rates, result, goodput)
+        for rate, ok in zip(rates, oks, strict=True):
             if ok and first:
                 result.low_rate = rate
             elif not ok and first:
                 result.high_rate = rate
-                return
+                return []
             elif ok:  # going down: the first pass closes the bracket
                 result.low_rate = rate
-                return
+                return []
             else:
                 result.high_rate = rate
     limit = start * factor**MAX_DOUBLINGS
@@ -95,13 +110,14 @@ def _bracket(run: Runner, start: float, width: int, result: CapacityResult, good
     )
 
 
-def find_capacity(
-    run: Runner, start: float, settings: SearchSettings, width: int
-) -> CapacityResult:
-    """Bracket then bisect; ``run`` simulates a list of rates and returns their outputs."""
+def search(start: float, settings: SearchSettings, width: int) -> Search:
+    """Bracket then bisect, ``width`` probes per round (doublings, or rates splitting the
+    bracket geometrically)."""
+    if width < 1:
+        raise ValueError(f"width must be >= 1 probe per round, got {width}")
     result = CapacityResult()
     try:
-        _bracket(run, start, width, result, settings.goodput)
+        yield from _bracket(start, width, result, settings.goodput)
         while True:
             low, high = result.low_rate, result.high_rate
             assert low is not None and high is not None
@@ -109,7 +125,8 @@ def find_capacity(
                 return result
             # Geometric split: the bracket spans up to a factor of two.
             rates = [low * (high / low) ** (j / (width + 1)) for j in range(1, width + 1)]
-            for rate, ok in zip(rates, _probe(run, rates, result, settings.goodput), strict=True):
+            oks = yield from _probe(rates, result, settings.goodput)
+            for rate, ok in zip(rates, oks, strict=True):
                 if ok:
                     result.low_rate = rate
                 else:
@@ -120,37 +137,91 @@ def find_capacity(
         return result
 
 
-def _runner(
-    source: TraceSource,
-    options: Mapping[str, OptionValue],
-    config_index: int,
-    jobs: int,
-    ray_address: str | None,
-    use_ray: bool,
-    out: Path | None,
-) -> Runner:
-    counter = [0]
+Prober = Callable[[list[tuple[int, float]]], list[dict[str, Any]]]
 
-    def run(rates: list[float]) -> list[PointOutput]:
-        tasks = []
-        for rate in rates:
-            point = {**options, RATE: rate}
-            items = tuple(sorted(point.items()))
-            tasks.append(PointTask(counter[0], items, source))
-            counter[0] += 1
+
+def run_searches(searches: Sequence[Search], probe: Prober) -> list[CapacityResult]:
+    """Drive every search to its end; each round sends all their asks to ``probe`` at once as
+    (search index, rate) pairs, so that C searches keep C × width workers busy."""
+    results: dict[int, CapacityResult] = {}
+    asks: dict[int, list[float]] = {}
+
+    def advance(idx: int, rows: list[dict[str, Any]] | None) -> None:
+        try:
+            asks[idx] = searches[idx].send(rows)  # type: ignore[arg-type]  # None starts it
+        except StopIteration as stop:
+            results[idx] = stop.value
+
+    for idx in range(len(searches)):
+        advance(idx, None)
+    while asks:
+        current = dict(asks)
+        asks.clear()
+        rows = iter(probe([(idx, rate) for idx, rates in current.items() for rate in rates]))
+        for idx, rates in current.items():
+            advance(idx, [next(rows) for _ in rates])
+    return [results[idx] for idx in range(len(searches))]
+
+
+def find_capacity(
+    run: Runner, start: float, settings: SearchSettings, width: int
+) -> CapacityResult:
+    """One search; ``run`` simulates a list of rates and returns their outputs."""
+
+    def probe(batch: list[tuple[int, float]]) -> list[dict[str, Any]]:
+        return [output.row for output in run([rate for _, rate in batch])]
+
+    return run_searches([search(start, settings, width)], probe)[0]
+
+
+class ProbeRunner:
+    """Runs probes as sweep points on ``workers``, each at most once: a probe whose options
+    (configuration plus rate) were already run in this search, or whose folder under ``out``
+    holds a complete run with those options, is read back instead of run again."""
+
+    def __init__(
+        self,
+        source: TraceSource,
+        configs: Sequence[Mapping[str, OptionValue]],
+        workers: Workers,
+        out: Path | None,
+    ) -> None:
+        self.source, self.configs, self.workers, self.out = source, configs, workers, out
+        self.cache: dict[str, dict[str, Any]] = {}
+        self.num_run = self.num_reused = 0
+
+    def __call__(self, batch: list[tuple[int, float]]) -> list[dict[str, Any]]:
+        keys: list[str] = []
+        todo: dict[str, PointTask] = {}
+        for config_idx, rate in batch:
+            options = {**self.configs[config_idx], RATE: rate}
+            task = PointTask(
+                len(self.cache) + len(todo), tuple(sorted(options.items())), self.source
+            )
+            key = json.dumps(task.identity, sort_keys=True)
+            keys.append(key)
+            if key in self.cache or key in todo:
+                self.num_reused += 1
+                continue
+            resumed = resumed_output(task, self.out) if self.out is not None else None
+            if resumed is not None:
+                self.cache[key] = resumed.row
+                self.num_reused += 1
+            else:
+                todo[key] = task
+        out = self.out
         outputs = execute(
-            tasks,
-            jobs,
-            ray_address,
-            use_ray,
+            list(todo.values()),
+            self.workers,
             keep_files=out is not None,
             on_output=(lambda o: _write_point(out, o)) if out is not None else None,
         )
-        for output in outputs:
-            output.row["config"] = config_index
-        return outputs
-
-    return run
+        self.num_run += len(outputs)
+        self.cache.update(zip(todo, (o.row for o in outputs), strict=True))
+        rows = []
+        for (config_idx, _), key in zip(batch, keys, strict=True):
+            rows.append({**self.cache[key], "config": config_idx})
+        return rows
 
 
 def _cli_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -242,17 +313,22 @@ def capacity_command(args: argparse.Namespace) -> int:
     if not start > 0:
         raise ValueError("the trace has no arrival spread: give --start-rate")
     out = Path(args.out) if args.out else None
-    jobs = resolve_jobs(args.jobs)
-    width = jobs  # probes per round: one per worker
+    use_ray = args.ray is not None
+    with open_workers(resolve_jobs(args.jobs), use_ray, args.ray or None) as workers:
+        # Probes per round and search: the workers shared out among the configurations.
+        width = max(1, workers.num_workers // len(configs))
+        runner = ProbeRunner(source, configs, workers, out)
+        searches = [search(start, settings, width) for _ in configs]
+        results = run_searches(searches, runner)
     rows: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
-    for idx, options in enumerate(configs):
-        run = _runner(source, options, idx, jobs, args.ray or None, args.ray is not None, out)
-        result = find_capacity(run, start, settings, width)
+    for idx, (options, result) in enumerate(zip(configs, results, strict=True)):
         probes.extend(result.probes)
         rows.append(_config_row(idx, options, result, settings))
         if not args.quiet:
             print(_describe(idx, options, result, settings, len(configs) > 1))
+    if not args.quiet:
+        print(f"{runner.num_run} probes run, {runner.num_reused} reused (same options)")
     if out is not None:
         names = sorted({k for c in configs for k in c})
         write_sweep_csv(out / "capacity_probes.csv", ["config", *names, RATE], probes)

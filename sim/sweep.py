@@ -9,10 +9,13 @@ import hashlib
 import json
 import os
 import shlex
+import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +59,8 @@ class PointTask:
 
 @dataclass
 class PointOutput:
-    """What a worker sends back: the sweep.csv row and, on success, the run's files."""
+    """What a worker sends back: the sweep.csv row, on success the run's files, and facts about
+    the run itself that are not results (``extra``: ``cpu_s``)."""
 
     index: int
     row: dict[str, Any]
@@ -107,7 +111,16 @@ def _trace(source: TraceSource, rate: float | None) -> Any:
 
 
 def run_point(task: PointTask, keep_files: bool = True) -> PointOutput:
-    """Simulate one point; any failure becomes the row's error, never an exception."""
+    """Simulate one point; any failure becomes the row's error, never an exception. The
+    worker's CPU seconds for it go in ``extra["cpu_s"]`` (never in a row: rows are compared
+    byte for byte)."""
+    cpu_start_s = time.process_time()
+    output = _run_point(task, keep_files)
+    output.extra["cpu_s"] = time.process_time() - cpu_start_s
+    return output
+
+
+def _run_point(task: PointTask, keep_files: bool) -> PointOutput:
     from sim.run import simulate
 
     options = dict(task.options)
@@ -170,13 +183,26 @@ def resumed_output(task: PointTask, out: Path) -> PointOutput | None:
     return PointOutput(task.index, row)
 
 
-def _local(tasks: Sequence[PointTask], jobs: int, keep: bool) -> Iterator[PointOutput]:
-    if jobs == 1:
+class Workers:
+    """Where points run: ``num_workers`` at a time, in this process (one worker), in local
+    processes or on Ray. Opened once by ``open_workers`` and reused for every batch, so that a
+    capacity search's rounds pay for start-up (a process pool, a Ray instance) once."""
+
+    num_workers: int = 1
+
+    def run(self, tasks: Sequence[PointTask], keep: bool) -> Iterator[PointOutput]:
         for task in tasks:
             yield run_point(task, keep)
-        return
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_point, task, keep): task for task in tasks}
+
+
+class LocalWorkers(Workers):
+    """``jobs`` local worker processes; each keeps the latest trace it read between points."""
+
+    def __init__(self, pool: ProcessPoolExecutor, jobs: int) -> None:
+        self.pool, self.num_workers = pool, jobs
+
+    def run(self, tasks: Sequence[PointTask], keep: bool) -> Iterator[PointOutput]:
+        futures = {self.pool.submit(run_point, task, keep): task for task in tasks}
         for future in as_completed(futures):
             try:
                 yield future.result()
@@ -184,24 +210,79 @@ def _local(tasks: Sequence[PointTask], jobs: int, keep: bool) -> Iterator[PointO
                 yield lost_point(futures[future], error)
 
 
-def _ray(tasks: Sequence[PointTask], address: str | None, keep: bool) -> Iterator[PointOutput]:
+class RayWorkers(Workers):
+    """Points as Ray tasks (one CPU each); results come back to the driver as objects."""
+
+    def __init__(self, ray: Any) -> None:
+        self.ray = ray
+        self.remote = ray.remote(num_cpus=1)(run_point)
+        self.num_workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    def run(self, tasks: Sequence[PointTask], keep: bool) -> Iterator[PointOutput]:
+        pending = [self.remote.remote(task, keep) for task in tasks]
+        tasks_by_ref = dict(zip(pending, tasks, strict=True))
+        while pending:
+            done, pending = self.ray.wait(pending, num_returns=1)
+            try:
+                yield self.ray.get(done[0])
+            except Exception as error:  # a worker or node died: record it
+                yield lost_point(tasks_by_ref[done[0]], error)
+
+
+LOCAL_RAY = "local"  # ``--ray`` with no address: always a fresh local instance, never a joined one
+
+
+@contextmanager
+def open_workers(
+    jobs: int | None = None, use_ray: bool = False, ray_address: str | None = None
+) -> Iterator[Workers]:
+    """Workers for ``execute``: ``jobs`` local processes (None or 1: this process), or Ray at
+    ``ray_address`` (None: start a local instance, with ``jobs`` CPUs when given; ``auto``:
+    join the running cluster). A Ray session this opened is shut down on exit."""
+    if use_ray:
+        yield from _ray_workers(jobs, ray_address or LOCAL_RAY)
+    elif jobs is None or jobs == 1:
+        yield Workers()
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            yield LocalWorkers(pool, jobs)
+
+
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def check_ray_address(address: str) -> None:
+    """Fail fast on a HOST:PORT nobody listens at: ``ray.init`` retries such an address for
+    many minutes before giving up. ``local``, ``auto`` and ``ray://`` (client) addresses are
+    left to Ray."""
+    if address in (LOCAL_RAY, "auto") or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"--ray {address!r}: give HOST:PORT, 'auto', or nothing")
+    try:
+        socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        raise ValueError(f"--ray {address!r}: no Ray cluster answers there ({error})") from error
+
+
+def _ray_workers(jobs: int | None, address: str) -> Iterator[Workers]:
     try:
         import ray
     except ImportError as error:
         raise ValueError("--ray needs the ray extra: pip install -e '.[ray]'") from error
+    check_ray_address(address)
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        # num_cpus only applies to an instance this starts; a cluster has its own.
+        cpus = jobs if address == LOCAL_RAY else None
+        try:
+            ray.init(address=address, num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        except Exception as error:  # no cluster at that address, or it would not start
+            where = "start a local instance" if address == LOCAL_RAY else f"join {address!r}"
+            raise ValueError(f"--ray: could not {where}: {error}") from error
     try:
-        remote = ray.remote(run_point)
-        pending = [remote.remote(task, keep) for task in tasks]
-        tasks_by_ref = dict(zip(pending, tasks, strict=True))
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            try:
-                yield ray.get(done[0])
-            except Exception as error:  # a worker or node died: record it
-                yield lost_point(tasks_by_ref[done[0]], error)
+        yield RayWorkers(ray)
     finally:
         if started:
             ray.shutdown()
@@ -209,15 +290,13 @@ def _ray(tasks: Sequence[PointTask], address: str | None, keep: bool) -> Iterato
 
 def execute(
     tasks: Sequence[PointTask],
-    jobs: int = 1,
-    ray_address: str | None = None,
-    use_ray: bool = False,
+    workers: Workers | None = None,
     keep_files: bool = True,
     progress: bool = False,
     on_output: Callable[[PointOutput], None] | None = None,
 ) -> list[PointOutput]:
-    """Run every task (local processes, or Ray when ``use_ray``); outputs in task order."""
-    stream = _ray(tasks, ray_address, keep_files) if use_ray else _local(tasks, jobs, keep_files)
+    """Run every task on ``workers`` (default: in this process); outputs in task order."""
+    stream = (workers or Workers()).run(tasks, keep_files)
     bar = tqdm(total=len(tasks), unit="point", disable=not (progress and sys.stderr.isatty()))
     outputs: list[PointOutput] = []
     for output in stream:
@@ -236,6 +315,12 @@ def _write_point(out: Path, output: PointOutput) -> None:
         output.files = None  # the driver keeps rows only
 
 
+def _arrived(root: Path, output: PointOutput, hook: Callable[[PointOutput], None] | None) -> None:
+    if hook is not None:
+        hook(output)
+    _write_point(root, output)
+
+
 @dataclass(frozen=True, slots=True)
 class SweepOutcome:
     rows: list[dict[str, Any]]
@@ -247,12 +332,15 @@ class SweepOutcome:
 def run_sweep(
     spec_path: str | Path,
     out: str | Path,
-    jobs: int = 1,
+    jobs: int | None = None,
     use_ray: bool = False,
     ray_address: str | None = None,
     progress: bool = False,
+    on_output: Callable[[PointOutput], None] | None = None,
 ) -> SweepOutcome:
-    """Run every point of the spec not already complete under ``out``; write ``sweep.csv``."""
+    """Run every point of the spec not already complete under ``out``; write ``sweep.csv``.
+    ``jobs``, ``use_ray`` and ``ray_address`` choose the workers, as ``open_workers``;
+    ``on_output`` sees each point that ran as it arrives (before its files are written)."""
     spec = load_spec(spec_path)
     root = Path(out)
     if root.exists() and not root.is_dir():
@@ -263,15 +351,16 @@ def run_sweep(
     resumed = [o for o in (resumed_output(t, root) for t in tasks) if o is not None]
     done = {o.index for o in resumed}
     todo = [t for t in tasks if t.index not in done]
-    ran = execute(
-        todo,
-        jobs,
-        ray_address,
-        use_ray,
-        keep_files=True,
-        progress=progress,
-        on_output=lambda output: _write_point(root, output),
-    )
+    ran: list[PointOutput] = []
+    if todo:  # a finished sweep starts no workers (no Ray instance for nothing)
+        with open_workers(jobs, use_ray, ray_address) as workers:
+            ran = execute(
+                todo,
+                workers,
+                keep_files=True,
+                progress=progress,
+                on_output=lambda output: _arrived(root, output, on_output),
+            )
     rows = [o.row for o in sorted([*resumed, *ran], key=lambda o: o.index)]
     path = write_sweep_csv(root / "sweep.csv", spec.option_names, rows)
     return SweepOutcome(rows, spec.option_names, len(resumed), path)
@@ -282,8 +371,9 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
         "-j",
         "--jobs",
         type=int,
-        default=1,
-        help="local worker processes (default: 1; 0 means one per CPU core)",
+        default=None,
+        help="worker processes (default: 1, in this process; 0 means one per CPU core). With "
+        "--ray it caps the CPUs of the local Ray instance it starts (default: every core)",
     )
     parser.add_argument(
         "--ray",
@@ -291,12 +381,15 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
         const="",
         default=None,
         metavar="ADDRESS",
-        help="run points on Ray instead: no ADDRESS starts a local cluster, 'auto' joins a "
-        "running one (needs pip install -e '.[ray]')",
+        help="run points on Ray instead: no ADDRESS starts a local instance, 'auto' joins the "
+        "running cluster, HOST:PORT joins that one (needs pip install -e '.[ray]')",
     )
 
 
-def resolve_jobs(jobs: int) -> int:
+def resolve_jobs(jobs: int | None) -> int | None:
+    """``--jobs`` checked: 0 becomes the number of CPU cores; None (not given) stays None."""
+    if jobs is None:
+        return None
     if jobs < 0:
         raise ValueError(f"--jobs must be >= 0, got {jobs}")
     return jobs or (os.cpu_count() or 1)

@@ -3,14 +3,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from records.sweep_table import load_sweep_csv
-from sim.capacity import SearchSettings, find_capacity, passes
+from sim.capacity import (
+    ProbeRunner,
+    SearchSettings,
+    find_capacity,
+    passes,
+    run_searches,
+    search,
+)
 from sim.cli import main
-from sim.sweep import PointOutput
+from sim.sweep import PointOutput, PointTask, Workers
+from sim.sweep_spec import TraceSource
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "traces" / "data" / "example.csv"
 
@@ -43,6 +53,55 @@ def test_search_brackets_then_bisects_to_the_tolerance(start: float, width: int)
     assert (high - low) / low <= 0.01
     assert all(len(c) <= width for c in calls)
     assert len(result.probes) == sum(len(c) for c in calls)
+
+
+def test_searches_share_rounds_and_each_finds_its_own_threshold() -> None:
+    thresholds = [0.8, 7.5, 300.0]
+    settings = SearchSettings(goodput=0.9, rel_tol=0.01)
+    alone = []
+    for threshold in thresholds:
+        calls: list[list[float]] = []
+        alone.append((find_capacity(threshold_runner(threshold, calls), 5.0, settings, 1), calls))
+    batches: list[list[tuple[int, float]]] = []
+
+    def probe(batch: list[tuple[int, float]]) -> list[dict[str, Any]]:
+        batches.append(batch)
+        ok = [rate < thresholds[idx] for idx, rate in batch]
+        return [{"status": "ok", "slo_attainment": 1.0 if o else 0.5} for o in ok]
+
+    together = run_searches([search(5.0, settings, 1) for _ in thresholds], probe)
+    for result, (single, calls) in zip(together, alone, strict=True):
+        assert (result.low_rate, result.high_rate) == (single.low_rate, single.high_rate)
+        assert len(result.probes) == len(calls)
+    # One batch per round: as many rounds as the longest search needs, not their sum.
+    assert len(batches) == max(len(calls) for _, calls in alone)
+    assert len(batches[0]) == 3
+
+
+class CountingWorkers(Workers):
+    """Workers that record every point they are asked to run and fake its row."""
+
+    def __init__(self) -> None:
+        self.ran: list[dict[str, Any]] = []
+
+    def run(self, tasks: Sequence[PointTask], keep: bool) -> Iterator[PointOutput]:
+        for task in tasks:
+            self.ran.append(dict(task.options))
+            row = {"point": task.index, "status": "ok", **dict(task.options)}
+            yield PointOutput(task.index, {**row, "slo_attainment": 1.0})
+
+
+def test_a_probe_with_the_same_options_runs_once() -> None:
+    source = TraceSource(path=str(EXAMPLE))
+    configs = [{"max_num_seqs": 8}, {"max_num_seqs": 16}, {"max_num_seqs": 8}]
+    workers = CountingWorkers()
+    runner = ProbeRunner(source, configs, workers, out=None)
+    rows = runner([(0, 2.0), (1, 2.0), (2, 2.0), (0, 2.0)])
+    assert [r["config"] for r in rows] == [0, 1, 2, 0]
+    assert [r["max_num_seqs"] for r in rows] == [8, 16, 8, 8]
+    assert workers.ran == [{"max_num_seqs": 8, "rate": 2.0}, {"max_num_seqs": 16, "rate": 2.0}]
+    runner([(2, 2.0), (1, 4.0)])
+    assert len(workers.ran) == 3 and (runner.num_run, runner.num_reused) == (3, 3)
 
 
 def test_no_bracket_is_an_error_not_a_capacity() -> None:
@@ -119,3 +178,41 @@ def test_bad_capacity_input_is_an_error(
     assert main(["capacity", str(EXAMPLE), *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+def test_a_second_search_in_the_same_out_reuses_every_probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cap"
+    argv = ["capacity", str(EXAMPLE), "--slo-ttft", "200", "--slo-tpot", "30"]
+    argv += ["--rate-tol", "0.1", "--out", str(out)]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    num_probes = len(load_sweep_csv(out / "capacity_probes.csv"))
+    assert f"{num_probes} probes run, 0 reused" in first
+    saved = (out / "capacity.csv").read_bytes(), (out / "capacity_probes.csv").read_bytes()
+    assert main(argv) == 0
+    second = capsys.readouterr().out
+    assert f"0 probes run, {num_probes} reused" in second
+    assert first.splitlines()[0] == second.splitlines()[0]
+    assert (
+        (out / "capacity.csv").read_bytes(),
+        (out / "capacity_probes.csv").read_bytes(),
+    ) == saved
+    # A tighter tolerance continues from the same probes and only adds the finer ones.
+    assert main([*argv[:-4], "--rate-tol", "0.02", "--out", str(out)]) == 0
+    third = capsys.readouterr().out
+    assert f"{num_probes} reused" in third
+
+
+def test_capacity_on_ray_matches_local_processes(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[trace]\npath = "{EXAMPLE}"\n[grid]\nmax-num-seqs = [4, 64]\n')
+    argv = ["capacity", "--sweep", str(spec), "--slo-ttft", "300", "--slo-tpot", "40"]
+    argv += ["--rate-tol", "0.1", "-j", "2", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "local")]) == 0
+    assert main([*argv, "--ray", "--out", str(tmp_path / "ray")]) == 0
+    for name in ("capacity.csv", "capacity_probes.csv"):
+        local, ray = (tmp_path / "local" / name), (tmp_path / "ray" / name)
+        assert ray.read_bytes() == local.read_bytes(), name

@@ -4,6 +4,7 @@ byte-identical sweep.csv from every executor."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +14,7 @@ from records.sweep_table import load_sweep_csv, option_columns
 from sim.cli import build_parser, main
 from sim.run import simulate
 from sim.run_options import config_from_args
-from sim.sweep import run_sweep
+from sim.sweep import PointTask, check_ray_address, execute, open_workers, run_sweep
 from sim.sweep_spec import load_spec, point_config, scale_trace
 from traces.loaders import load_trace
 
@@ -175,21 +176,48 @@ rates = [2.0, 50.0]
 
 def test_ray_writes_the_same_bytes(swept: Path, tmp_path: Path) -> None:
     pytest.importorskip("ray")
-    outcome = run_sweep(swept / "spec.toml", tmp_path / "ray", use_ray=True)
-    assert outcome.csv_path.read_bytes() == (swept / "out" / "sweep.csv").read_bytes()
-    for row in outcome.rows:
-        assert (tmp_path / "ray" / row["run_dir"] / "summary.json").is_file()
+    out = tmp_path / "ray"
+    # No ADDRESS: a fresh local instance (two CPUs), shut down when the sweep ends.
+    assert main(["sweep", str(swept / "spec.toml"), "--out", str(out), "--ray", "-j", "2"]) == 0
+    assert (out / "sweep.csv").read_bytes() == (swept / "out" / "sweep.csv").read_bytes()
+    for row in load_sweep_csv(out / "sweep.csv").itertuples():
+        for name in ("requests.csv", "steps.csv", "summary.json"):
+            local = swept / "out" / str(row.run_dir) / name
+            assert (out / str(row.run_dir) / name).read_bytes() == local.read_bytes(), name
+    import ray
+
+    assert not ray.is_initialized()
 
 
 def test_ray_without_the_extra_is_a_clear_error(
-    swept: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    swept: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("ray is installed")
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets without the extra
     argv = ["sweep", str(swept / "spec.toml"), "--out", str(tmp_path / "o"), "--ray", "--quiet"]
     assert main(argv) == 2
     assert "pip install -e '.[ray]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("127.0.0.1:1", "no Ray cluster answers there"),  # port 1: nobody listens
+        ("somewhere", "give HOST:PORT, 'auto', or nothing"),
+    ],
+)
+def test_a_ray_address_nobody_answers_at_fails_fast(address: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_ray_address(address)
+
+
+def test_workers_are_opened_once_for_many_batches(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path))
+    tasks = [PointTask(i, tuple(p.items()), spec.source) for i, p in enumerate(spec.points)]
+    with open_workers(2) as workers:
+        assert workers.num_workers == 2
+        first = execute(tasks[:2], workers, keep_files=False)
+        second = execute(tasks[2:], workers, keep_files=False)
+    rows = [o.row for o in [*first, *second]]
+    assert [row["point"] for row in rows] == [0, 1, 2, 3, 4]
+    assert all(row["status"] == "ok" for row in rows)
+    assert all(o.extra["cpu_s"] > 0 for o in [*first, *second])
