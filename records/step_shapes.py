@@ -92,10 +92,11 @@ class StepShapeRecord:
         }
 
 
-def batch_shape(
+def batch_sequences(
     batch: ScheduledBatch,
-) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...], tuple[int, ...]]:
-    """(request ids, prefill chunks, decode contexts) of ``batch``, one entry per sequence."""
+) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """(prefill chunks as (tokens, context), decode contexts) of ``batch``, one entry per
+    sequence: what pricing a step needs of its requests."""
     chunks: list[tuple[int, int]] = []
     contexts: list[int] = []
     for scheduled in batch.requests:
@@ -104,8 +105,15 @@ def batch_shape(
             chunks.extend([(scheduled.num_positions, scheduled.num_computed_tokens)] * width)
         else:
             contexts.extend([scheduled.num_computed_tokens + 1] * width)
+    return tuple(chunks), tuple(contexts)
+
+
+def batch_shape(
+    batch: ScheduledBatch,
+) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """(request ids, prefill chunks, decode contexts) of ``batch``, one entry per sequence."""
     ids = tuple(s.request.request_id for s in batch.requests)
-    return ids, tuple(chunks), tuple(contexts)
+    return (ids, *batch_sequences(batch))
 
 
 def record_of(

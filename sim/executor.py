@@ -10,24 +10,18 @@ import numpy as np
 
 from engine.core.batch import ScheduledBatch, StepResult
 from engine.core.fastforward import RepeatShape
+from records.step_shapes import batch_sequences
 from sim.cost_model import CostModel, StepShape
 
 
 def step_shape(batch: ScheduledBatch, block_size: int) -> StepShape:
     """What the cost model needs to know about ``batch``."""
-    prefill: list[tuple[int, int]] = []
-    decode: list[int] = []
-    for scheduled in batch.requests:
-        width = len(scheduled.seq_ids)
-        if scheduled.is_prefill:
-            prefill.extend([(scheduled.num_positions, scheduled.num_computed_tokens)] * width)
-        else:
-            decode.extend([scheduled.num_computed_tokens + 1] * width)
+    prefill, decode = batch_sequences(batch)
     # Contiguous prompt copies move slots, priced as the blocks they would fill.
     range_blocks = sum(-(-n // block_size) for _, _, n in batch.range_copies)
     return StepShape(
-        prefill_chunks=tuple(prefill),
-        decode_context_tokens=tuple(decode),
+        prefill_chunks=prefill,
+        decode_context_tokens=decode,
         num_padding_tokens=batch.num_padding_tokens,
         num_copy_blocks=len(batch.copies) + range_blocks,
         num_swap_out_blocks=len(batch.swap_out),
