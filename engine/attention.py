@@ -19,6 +19,7 @@ from kernels.contracts import resolve_backend
 from kernels.torch_attention import (
     DecodePlan,
     PrefillChunk,
+    RowDecodePlan,
     paged_decode_attention_torch,
     paged_prefill_attention_torch,
     plan_decode,
@@ -51,7 +52,7 @@ class AttentionMetadata:
     prefill_context_lens: torch.Tensor  # [num_prefills] int32
     max_prefill_query_len: int
     backend: str = "auto"
-    torch_plan: tuple[DecodePlan, list[PrefillChunk]] | None = None
+    torch_plan: tuple[DecodePlan | RowDecodePlan, list[PrefillChunk]] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -1,6 +1,8 @@
 """Paged attention in vectorised torch, the CPU fast path: all of a step's decodes at once (split
 over their cached tokens, merged per row), each prefill chunk in one
-``scaled_dot_product_attention``, the gather indices and masks planned once per step.
+``scaled_dot_product_attention``, the gather indices and masks planned once per step. A step
+with only a few decodes (``ROW_PATH_MAX_SEQS``) runs each row on its own instead: at that size
+the split-and-merge's fixed cost of some twenty ops per layer outweighs a loop.
 
 ``kernels.reference`` stays the slow, obviously-right oracle; the tests hold this path to it.
 Slots a sequence does not own (past its length, or named by table padding) are never read into
@@ -18,6 +20,10 @@ import torch.nn.functional as F
 # Tokens per decode split: long enough that a split's small matmuls amortise their call, short
 # enough that padding a row's last split wastes little.
 SPLIT_TOKENS = 128
+# Decode rows up to which one SDPA per row beats the split-and-merge (thread CPU time, one torch
+# thread, tiny-llama's 8 query and 2 KV heads of 32 at contexts 100-1,500: 1 row 47-335 us
+# against 512-1,066, 8 rows 502-2,315 against 880-2,518; benchmarks/bench_engine.py).
+ROW_PATH_MAX_SEQS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +47,19 @@ class DecodePlan:
 
 
 @dataclass(frozen=True, slots=True)
+class RowDecodePlan:
+    """A few decode rows, each attended on its own: row ``i`` reads the first
+    ``seq_lens[i]`` slots of the blocks ``block_ids[i]``."""
+
+    block_ids: tuple[torch.Tensor, ...]
+    seq_lens: tuple[int, ...]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+
+@dataclass(frozen=True, slots=True)
 class PrefillChunk:
     """One query chunk: rows ``query_start .. query_end`` of q attend to the first
     ``seq_len`` tokens of the blocks ``block_ids``; ``mask`` [query_len, seq_len] is the
@@ -54,8 +73,14 @@ class PrefillChunk:
     mask: torch.Tensor | None
 
 
-def plan_decode(block_tables: torch.Tensor, seq_lens: list[int], block_size: int) -> DecodePlan:
-    """The decode gather plan for block_tables [num_seqs, max_blocks] and each row's length."""
+def plan_decode(
+    block_tables: torch.Tensor,
+    seq_lens: list[int],
+    block_size: int,
+    max_row_seqs: int = ROW_PATH_MAX_SEQS,
+) -> DecodePlan | RowDecodePlan:
+    """The decode gather plan for block_tables [num_seqs, max_blocks] and each row's length:
+    one row at a time for 1 to ``max_row_seqs`` rows, else split and merged."""
     num_seqs = len(seq_lens)
     if block_tables.shape[0] != num_seqs:
         raise ValueError(f"block_tables has {block_tables.shape[0]} rows, seq_lens {num_seqs}")
@@ -64,6 +89,12 @@ def plan_decode(block_tables: torch.Tensor, seq_lens: list[int], block_size: int
         raise ValueError(
             f"a sequence of {max_len} tokens needs {-(-max_len // block_size)} blocks, but "
             f"block_tables has {block_tables.shape[1]} columns"
+        )
+    if 0 < num_seqs <= max_row_seqs:
+        tables = block_tables.long()
+        return RowDecodePlan(
+            tuple(tables[i, : -(-n // block_size)] for i, n in enumerate(seq_lens)),
+            tuple(seq_lens),
         )
     split_blocks = max(1, SPLIT_TOKENS // block_size)
     split_tokens = split_blocks * block_size
@@ -132,18 +163,20 @@ def paged_decode_attention_torch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    plan: DecodePlan,
+    plan: DecodePlan | RowDecodePlan,
     scale: float,
 ) -> torch.Tensor:
     """q [num_seqs, num_q_heads, head_dim] over each row's cached tokens, computed in fp32.
 
     Flash-decoding in torch: scores and P @ V of every split in batched matmuls, then each
     row's softmax across its splits by segment max and sums, so the work follows the tokens
-    cached, not the longest row times the batch.
+    cached, not the longest row times the batch. A ``RowDecodePlan`` runs row by row.
     """
     num_seqs, num_q_heads, head_dim = q.shape
     if num_seqs != plan.num_seqs:
         raise ValueError(f"q has {num_seqs} rows but the decode plan {plan.num_seqs}")
+    if isinstance(plan, RowDecodePlan):
+        return _decode_rows(q, k_cache, v_cache, plan, scale)
     num_kv_heads = k_cache.shape[2]
     group = num_q_heads // num_kv_heads
     rows = plan.split_rows
@@ -184,6 +217,34 @@ def paged_decode_attention_torch(
     # A non-empty row's denominator is >= 1 (its max scores exp(0)); an empty row's is 0.
     out = out / denom.clamp_min(1.0)[..., None]
     return out.view(num_seqs, num_q_heads, head_dim).to(q.dtype)
+
+
+def _decode_rows(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: RowDecodePlan,
+    scale: float,
+) -> torch.Tensor:
+    """Each row's one query against its first ``seq_len`` gathered slots (the rest of its
+    last block is sliced off unread): scores, softmax and P @ V per KV head in two batched
+    matmuls over strided views (a quarter faster than SDPA's GQA path at these sizes); an
+    empty row comes back zero."""
+    num_seqs, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    kv_shape = (-1, num_kv_heads, head_dim)
+    grouped = q.float().view(num_seqs, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
+    out = torch.zeros_like(q)
+    for row, (block_ids, seq_len) in enumerate(zip(plan.block_ids, plan.seq_lens, strict=True)):
+        if not seq_len:
+            continue
+        k = k_cache.index_select(0, block_ids).view(kv_shape)[:seq_len].float()
+        v = v_cache.index_select(0, block_ids).view(kv_shape)[:seq_len].float()
+        scores = torch.bmm(grouped[row], k.permute(1, 2, 0))  # [kv heads, group, seq_len]
+        scores *= scale
+        attended = torch.bmm(torch.softmax(scores, -1), v.transpose(0, 1))
+        out[row] = attended.view(num_q_heads, head_dim).to(q.dtype)
+    return out
 
 
 def paged_prefill_attention_torch(

@@ -18,6 +18,7 @@ from kernels.reference import (  # noqa: E402
 )
 from kernels.torch_attention import (  # noqa: E402
     SPLIT_TOKENS,
+    RowDecodePlan,
     paged_decode_attention_torch,
     paged_prefill_attention_torch,
     plan_decode,
@@ -35,17 +36,23 @@ CPU = torch.device("cpu")
 DECODE_LENS = [1, 5, 16, 33, SPLIT_TOKENS, SPLIT_TOKENS + 1, 3 * SPLIT_TOKENS + 7]
 
 
+# 0: every batch split and merged; 64: every batch row by row.
+BOTH_DECODE_PATHS = pytest.mark.parametrize("max_row_seqs", [0, 64], ids=["split", "rows"])
+
+
+@BOTH_DECODE_PATHS
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_decode_matches_reference_and_sdpa(group, dtype, block_size):
+def test_decode_matches_reference_and_sdpa(group, dtype, block_size, max_row_seqs):
     dtype = getattr(torch, dtype)
     case = make_paged_case(
         DECODE_LENS, block_size=block_size, num_kv_heads=2, head_dim=32, dtype=dtype, device=CPU
     )
     q = random_queries(len(DECODE_LENS), 2 * group, 32, dtype, CPU)
     scale = 1 / math.sqrt(32)
-    plan = plan_decode(case.block_tables, DECODE_LENS, block_size)
+    plan = plan_decode(case.block_tables, DECODE_LENS, block_size, max_row_seqs)
+    assert isinstance(plan, RowDecodePlan) == bool(max_row_seqs)
     out = paged_decode_attention_torch(q, case.k_cache, case.v_cache, plan, scale)
     ref = paged_decode_attention_ref(
         q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, scale
@@ -56,14 +63,14 @@ def test_decode_matches_reference_and_sdpa(group, dtype, block_size):
         assert_close(out[seq_idx], sdpa_attention(q[seq_idx : seq_idx + 1], k, v, scale)[0], dtype)
 
 
-def test_decode_of_an_empty_row_and_an_empty_batch():
+@BOTH_DECODE_PATHS
+def test_decode_of_an_empty_row_and_an_empty_batch(max_row_seqs):
     case = make_paged_case(
         [0, 20], block_size=8, num_kv_heads=1, head_dim=16, dtype=torch.float32, device=CPU
     )
     q = random_queries(2, 2, 16, torch.float32, CPU)
-    out = paged_decode_attention_torch(
-        q, case.k_cache, case.v_cache, plan_decode(case.block_tables, [0, 20], 8), 0.25
-    )
+    plan = plan_decode(case.block_tables, [0, 20], 8, max_row_seqs)
+    out = paged_decode_attention_torch(q, case.k_cache, case.v_cache, plan, 0.25)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     assert_close(
         out[1], sdpa_attention(q[1:2], case.keys[1], case.values[1], 0.25)[0], torch.float32
