@@ -61,7 +61,7 @@ class CalibrationGrid:
     # cost model's terms are fitted jointly to these steps (docs/profile_format.md).
     step_seqs: tuple[int, ...] = (1, 2, 4, 8, 16)
     step_context: tuple[int, ...] = (64, 256, 1024)
-    step_decodes: int = 4
+    step_decodes: int = 16
 
     def __post_init__(self) -> None:
         for name in (
