@@ -184,7 +184,8 @@ class CalibratedCostModel:
         if not any(analytic):
             return analytic
         num_decode = len(shape.decode_context_tokens)
-        num_tokens = shape.num_batched_tokens + shape.num_padding_tokens
+        padding = shape.num_padding_tokens if self.fallback.config.price_padding else 0
+        num_tokens = shape.num_batched_tokens + padding
         num_seqs = num_decode + len(shape.prefill_chunks)
         layers = self._layers
         terms = list(analytic)

@@ -80,6 +80,8 @@ def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Pa
     assert set(result["models"]) == {"calibrated", "roofline"}
     # The engine prepares a step only after the last one ends: the simulation must not overlap.
     assert result["sim_config"]["async_scheduling"] is False
+    # The engine packs a batch's real rows: no padding is priced.
+    assert result["cost_config"]["price_padding"] is False
     for model in result["models"].values():
         rows = model["requests"]["rows"]
         assert len(rows) == 20

@@ -139,3 +139,19 @@ def test_bad_step_fit_names_the_field(tmp_path: Path) -> None:
         load_profile(_profile(tmp_path, [], step_fit="guess"))
     with pytest.raises(ValueError, match=r"field 'step_fit': expected str"):
         load_profile(_profile(tmp_path, [], step_fit=3))
+
+
+def test_padding_is_priced_only_where_the_engine_computes_it(tmp_path: Path) -> None:
+    from sim.roofline import CostModelConfig
+
+    padded = StepShape(prefill_chunks=((100, 0), (20, 0)), num_padding_tokens=80)
+    packed = StepShape(prefill_chunks=((100, 0), (20, 0)))
+    steps = [_step(s, _truth(_table_terms(tmp_path, s), s.num_seqs)) for s in SHAPES]
+    path = _profile(tmp_path, steps)
+    for profile in (None, path):
+        default = make_cost_model(TINY, CPU, profile_path=profile)
+        assert default.step_time_s(padded) > default.step_time_s(packed)
+        no_padding = CostModelConfig(price_padding=False)
+        engine_like = make_cost_model(TINY, CPU, profile_path=profile, config=no_padding)
+        assert engine_like.step_time_s(padded) == engine_like.step_time_s(packed)
+        assert engine_like.step_time_s(packed) == default.step_time_s(packed)
