@@ -55,6 +55,13 @@ class CalibrationGrid:
     warmup: int = 2
     max_point_s: float = 1.5  # past this, a point stops at min_repeats
     check_requests: int = 12  # requests of the whole-step check run
+    # The step grid: whole engine steps (engine.step, every code path of a real step) for
+    # num_seqs requests of a prompt of context tokens, each prefilled at the engine's own
+    # token budget and then decoded ``step_decodes`` steps. Synthetic prompts, no trace: the
+    # cost model's terms are fitted jointly to these steps (docs/profile_format.md).
+    step_seqs: tuple[int, ...] = (1, 2, 4, 8, 16)
+    step_context: tuple[int, ...] = (64, 256, 1024)
+    step_decodes: int = 16
 
     def __post_init__(self) -> None:
         for name in (
@@ -65,6 +72,8 @@ class CalibrationGrid:
             "prefill_context",
             "lm_seqs",
             "num_blocks",
+            "step_seqs",
+            "step_context",
         ):
             values = getattr(self, name)
             if not values or any(b <= a for a, b in pairwise(values)):
@@ -77,7 +86,7 @@ class CalibrationGrid:
                     "CalibrationGrid.decode_skew: each entry is (num_seqs >= 2, short, long) "
                     f"with 1 <= short < long, got {skew!r}"
                 )
-        for name in ("repeats", "min_repeats", "check_requests"):
+        for name in ("repeats", "min_repeats", "check_requests", "step_decodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"CalibrationGrid.{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0:
@@ -97,6 +106,9 @@ SMALL_GRID = CalibrationGrid(
     min_repeats=1,
     warmup=1,
     check_requests=3,
+    step_seqs=(1, 2),
+    step_context=(16, 64),
+    step_decodes=2,
 )
 """A grid small enough for tests (seconds on CPU)."""
 
@@ -219,6 +231,7 @@ def point_count(grid: CalibrationGrid) -> int:
         + 3 * len(grid.num_blocks)
         + len(grid.decode_seqs)
         + 1
+        + len(grid.step_seqs) * len(grid.step_context)
     )
 
 
@@ -315,6 +328,7 @@ def measure(
     del parts, engine
     out.steps = check_steps(config, grid)
     tick("whole steps")
+    out.steps += grid_steps(config, grid, on_point=tick)
     return out
 
 
@@ -543,27 +557,66 @@ def check_steps(config: EngineConfig, grid: CalibrationGrid) -> list[dict[str, A
         params = SamplingParams(max_tokens=outputs, ignore_eos=True)
         engine.add_request(f"c{i}", ids, params, arrival_s=0.0, now_s=0.0)
     engine.scheduler.mark_arrivals_done()
+    return [_step_entry(record) for record in _run_to_end(engine)]
+
+
+def grid_steps(
+    config: EngineConfig,
+    grid: CalibrationGrid,
+    on_point: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Whole steps of a real, warmed-up engine over the step grid: for each (num_seqs,
+    context) of ``grid.step_seqs`` x ``grid.step_context``, that many requests of a
+    ``context``-token synthetic prompt, prefilled under chunked prefill at the engine's own
+    token budget, then decoded ``grid.step_decodes`` steps. Each step's shape and busy time on
+    the engine's clock, as ``check_steps``. These are the steps the calibrated model fits its
+    terms to (``sim.calibrated``), so they cover decode batches and prefill chunks alike."""
+    from dataclasses import replace
+
+    tick = on_point or (lambda _: None)
+    engine = LLMEngine(
+        replace(config, policy="chunked", preemption_mode="recompute", swap_space_gib=0.0)
+    )
+    engine.warm_up()
+    max_len = engine.cache_config.max_model_len
+    rng = torch.Generator().manual_seed(2)
+    vocab = engine.model.config.vocab_size
+    steps: list[dict[str, Any]] = []
+    for num_seqs in grid.step_seqs:
+        for context in grid.step_context:
+            prompt = min(context, max_len - grid.step_decodes - 1)
+            for i in range(num_seqs):
+                ids = torch.randint(0, vocab, (prompt,), generator=rng).tolist()
+                params = SamplingParams(max_tokens=grid.step_decodes + 1, ignore_eos=True)
+                engine.add_request(f"g{num_seqs}x{context}.{i}", ids, params, 0.0, now_s=0.0)
+            steps += [_step_entry(record) for record in _run_to_end(engine)]
+            tick(f"whole steps {num_seqs}x{context}")
+    return steps
+
+
+def _run_to_end(engine: LLMEngine) -> list[StepRecord]:
+    """Step ``engine`` until every request has finished; the records of its executed steps."""
     records: list[StepRecord] = []
     while engine.has_unfinished():
         output = engine.step()
         if output.record is not None:
             records.append(output.record)
-    steps = []
-    for record in records:
-        chunks, contexts = [], []
-        for scheduled in record.batch.requests:
-            width = len(scheduled.seq_ids)
-            if scheduled.is_prefill:
-                chunks += [[scheduled.num_positions, scheduled.num_computed_tokens]] * width
-            else:
-                contexts += [scheduled.num_computed_tokens + 1] * width
-        steps.append(
-            {
-                "prefill_chunks": chunks,
-                "num_decode_seqs": len(contexts),
-                "sum_decode_context_tokens": sum(contexts),
-                "decode_context_tokens": contexts,
-                "measured_s": record.busy_s,
-            }
-        )
-    return steps
+    return records
+
+
+def _step_entry(record: StepRecord) -> dict[str, Any]:
+    """One executed step as the profile's ``steps`` entry (docs/profile_format.md)."""
+    chunks, contexts = [], []
+    for scheduled in record.batch.requests:
+        width = len(scheduled.seq_ids)
+        if scheduled.is_prefill:
+            chunks += [[scheduled.num_positions, scheduled.num_computed_tokens]] * width
+        else:
+            contexts += [scheduled.num_computed_tokens + 1] * width
+    return {
+        "prefill_chunks": chunks,
+        "num_decode_seqs": len(contexts),
+        "sum_decode_context_tokens": sum(contexts),
+        "decode_context_tokens": contexts,
+        "measured_s": record.busy_s,
+    }

@@ -1,6 +1,6 @@
 """``python -m sim calibrate``: time the real engine's parts (``engine.profiling``, imported
 only here, inside the command, so ``python -m sim`` runs without torch) and write them as a
-cost-model profile (docs/profile_format.md, version 2)."""
+cost-model profile (docs/profile_format.md, version 4)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,8 @@ def profile_payload(measured: Any, model: str, block_size: int, command: str) ->
         "grid": measured.grid,
         "ops": ops,
         "steps": measured.steps,
+        # The engine's whole steps over the calibration grid: every term is fitted to them.
+        "step_fit": "joint" if measured.steps else "overhead",
     }
 
 

@@ -13,10 +13,14 @@ from typing import Any
 
 from traces.text_files import read_text
 
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 DECODE_CONTEXT_RULES = ("mean", "max", "per_sequence")
 TIMERS = ("cuda_events", "wall", "thread_cpu", "unknown")
+STEP_FITS = ("overhead", "joint")
+"""How the calibrated model uses a profile's whole ``steps`` (v4 ``step_fit``): ``overhead``
+fits only the step overhead to them; ``joint`` fits the token and attention terms' scales and
+the overhead together (``sim.calibrated``)."""
 
 OP_AXES: dict[str, tuple[str, ...]] = {
     "linear": ("num_tokens",),
@@ -149,6 +153,8 @@ class Profile:
     timer: str = "unknown"
     # v3: skewed decode batches as measured, which chose ``decode_attention_context``.
     decode_attention_checks: tuple[DecodeCheck, ...] = ()
+    # v4: what the whole steps are fitted to (STEP_FITS); files before version 4: "overhead".
+    step_fit: str = "overhead"
 
 
 class _Reader:
@@ -314,6 +320,11 @@ def load_profile(path: str | Path) -> Profile:
     if version >= 3 and "decode_attention_checks" in data:
         raw_checks = reader.get(data, "decode_attention_checks", list, "decode_attention_checks")
         checks = [reader.decode_check(i, c) for i, c in enumerate(raw_checks)]
+    step_fit = "overhead"
+    if version >= 4 and "step_fit" in data:
+        step_fit = reader.get(data, "step_fit", str, "step_fit")
+        if step_fit not in STEP_FITS:
+            raise reader.fail("step_fit", f"must be one of {STEP_FITS}, got {step_fit!r}")
     engine = None
     if version >= 2 and "engine" in data:
         engine_obj = reader.get(data, "engine", dict, "engine")
@@ -333,4 +344,5 @@ def load_profile(path: str | Path) -> Profile:
         engine=engine,
         timer=timer,
         decode_attention_checks=tuple(checks),
+        step_fit=step_fit,
     )

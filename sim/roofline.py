@@ -50,6 +50,10 @@ class CostModelConfig:
     # ("async scheduling", its release notes): a step then lasts the longer of the two, not
     # their sum. False prices older engines (and ours), where the GPU waits for the host.
     async_scheduling: bool = True
+    # A static batch's padding (prompts padded to the longest, finished members riding along)
+    # is computed by engines that run a padded rectangle. False prices one that packs the
+    # batch's real rows and computes no padding, as servesim's own engine does.
+    price_padding: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.host_link_efficiency <= 1:
@@ -217,7 +221,7 @@ class RooflineCostModel:
         return self._terms(
             shape.prefill_chunks,
             (len(contexts), sum(contexts), kv_read_tokens),
-            shape.num_padding_tokens,
+            shape.num_padding_tokens if self.config.price_padding else 0,
             (shape.num_copy_blocks, swaps),
             bs,
         )

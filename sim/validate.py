@@ -167,9 +167,16 @@ def sim_config(engine_dir: Path, config: ValidateConfig, profile: str | None) ->
         ) from None
 
 
+def _cost_config(run: RunConfig) -> CostModelConfig:
+    """The engine's step as the simulator prices it: no overlap of host and model work (as
+    ``run`` says), and no padding, since the engine packs a batch's real rows and never
+    computes a static batch's padding."""
+    return CostModelConfig(async_scheduling=run.async_scheduling, price_padding=False)
+
+
 def _cost_models(run: RunConfig) -> dict[str, CostModel]:
     model, hardware = load_model(run.model), get_hardware_preset(run.hardware)
-    cost_config = CostModelConfig(async_scheduling=run.async_scheduling)
+    cost_config = _cost_config(run)
     models = {
         "roofline": make_cost_model(
             model, hardware, run.tp, config=cost_config, block_size=run.block_size
@@ -177,7 +184,7 @@ def _cost_models(run: RunConfig) -> dict[str, CostModel]:
     }
     if run.profile is not None:
         models["calibrated"] = make_cost_model(
-            model, hardware, run.tp, run.profile, block_size=run.block_size
+            model, hardware, run.tp, run.profile, config=cost_config, block_size=run.block_size
         )
     return models
 
@@ -203,6 +210,7 @@ def compare(
         "profile": run.profile,
         "roofline_hardware": run.hardware,
         "sim_config": asdict(run),
+        "cost_config": asdict(_cost_config(run)),
         "models": {},
     }
     for name, cost_model in _cost_models(run).items():
@@ -213,7 +221,9 @@ def compare(
             keep.append(RecordingExecutor(inner))
             return keep[-1]
 
-        simulated: RunResult = simulate(trace, config, progress=progress, wrap_executor=wrap)
+        simulated: RunResult = simulate(
+            trace, config, progress=progress, cost_config=_cost_config(run), wrap_executor=wrap
+        )
         simulated.write(out / f"sim-{name}")
         sim_steps = recorders[0].shapes if recorders else []
         steps = validation.step_errors(

@@ -31,7 +31,11 @@ def small_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_small_calibration_writes_a_profile_that_loads(small_profile: Path) -> None:
     profile = load_profile(small_profile)
-    assert (profile.format_version, profile.model, profile.block_size) == (3, "tiny-llama", 16)
+    assert (profile.format_version, profile.model, profile.block_size) == (4, "tiny-llama", 16)
+    # The step grid's whole steps (prefills and decodes) are there, and the terms fit to them.
+    assert profile.step_fit == "joint"
+    assert any(s.prefill_chunks for s in profile.steps)
+    assert any(not s.prefill_chunks and s.num_decode_seqs == 2 for s in profile.steps)
     assert profile.timer == "thread_cpu"  # a CPU with one torch thread: the thread's CPU time
     # The rule is the one that fits the skewed check points better (sim.calibrate).
     (check,) = profile.decode_attention_checks
@@ -76,6 +80,8 @@ def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Pa
     assert set(result["models"]) == {"calibrated", "roofline"}
     # The engine prepares a step only after the last one ends: the simulation must not overlap.
     assert result["sim_config"]["async_scheduling"] is False
+    # The engine packs a batch's real rows: no padding is priced.
+    assert result["cost_config"]["price_padding"] is False
     for model in result["models"].values():
         rows = model["requests"]["rows"]
         assert len(rows) == 20

@@ -1,0 +1,157 @@
+"""Profile format version 4: ``step_fit: joint`` fits the token, prefill-attention and
+decode-attention scales and the step overhead (fixed + per sequence) to the profile's whole
+steps; versions up to 3 keep the overhead-only fit, and a bad ``step_fit`` names the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sim.cost_model import StepShape, make_cost_model
+from sim.hardware_spec import HARDWARE_PRESETS
+from sim.model_spec import MODEL_PRESETS
+from sim.profile import load_profile
+
+TINY = MODEL_PRESETS["tiny-llama"]
+CPU = HARDWARE_PRESETS["CPU-1T"]
+LAYERS = TINY.num_layers
+
+
+def _ops() -> dict[str, Any]:
+    return {
+        "linear": {"num_tokens": [1, 1000], "time_s": [1e-4, 1e-2]},
+        "elementwise": {"num_tokens": [1, 1000], "time_s": [1e-5, 1e-3]},
+        "lm_head": {"num_seqs": [1, 100], "time_s": [2e-4, 2e-3]},
+        "decode_attention": {
+            "num_seqs": [1, 64],
+            "context_tokens": [16, 4096],
+            "time_s": [[1e-5, 1e-3], [6e-4, 6e-2]],
+        },
+        "prefill_attention": {
+            "num_query_tokens": [16, 4096],
+            "num_context_tokens": [0, 4096],
+            "time_s": [[1e-5, 2e-5], [1e-2, 2e-2]],
+        },
+    }
+
+
+SHAPES = [
+    StepShape(decode_context_tokens=(c,) * b) for b in (1, 2, 4, 8, 16) for c in (64, 256, 1024)
+] + [StepShape(prefill_chunks=((q, c),)) for q in (64, 256, 1024, 2048) for c in (0, 512)]
+
+
+def _step(shape: StepShape, measured_s: float) -> dict[str, Any]:
+    contexts = list(shape.decode_context_tokens)
+    return {
+        "prefill_chunks": [list(chunk) for chunk in shape.prefill_chunks],
+        "num_decode_seqs": len(contexts),
+        "sum_decode_context_tokens": sum(contexts),
+        "decode_context_tokens": contexts,
+        "measured_s": measured_s,
+    }
+
+
+def _profile(tmp_path: Path, steps: list[dict[str, Any]], **changes: Any) -> Path:
+    data: dict[str, Any] = {
+        "format_version": 4,
+        "device": {"name": "cpu (x86_64)", "driver": "none"},
+        "software": {"torch": "2.13.0", "triton": "3.7.1", "cuda": "none"},
+        "command": "python -m sim calibrate --model tiny-llama --device cpu --out p.json",
+        "model": "tiny-llama",
+        "tp": 1,
+        "block_size": 16,
+        "timer": "thread_cpu",
+        "ops": _ops(),
+        "steps": steps,
+        "step_fit": "joint",
+    }
+    data.update(changes)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _table_terms(tmp_path: Path, shape: StepShape) -> dict[str, float]:
+    """The terms as the tables alone give them (a profile without steps)."""
+    cost = make_cost_model(TINY, CPU, profile_path=_profile(tmp_path, [], step_fit="overhead"))
+    return cost.step_breakdown(shape)
+
+
+def _truth(terms: dict[str, float], num_seqs: int) -> float:
+    """A made-up engine whose parts cost 1.3x, 0.9x and 1.8x the tables, plus 2 ms a step
+    and 0.1 ms a sequence."""
+    tokens = terms["linear"] + terms["store_kv"] + terms["elementwise"]
+    rest = terms["lm_head"] + terms["copy_blocks"] + terms["swap"] + terms["allreduce"]
+    return (
+        1.3 * tokens
+        + 0.9 * terms["prefill_attention"]
+        + 1.8 * terms["decode_attention"]
+        + rest
+        + 2e-3
+        + 1e-4 * num_seqs
+    )
+
+
+def test_joint_fit_recovers_known_scales_and_overheads(tmp_path: Path) -> None:
+    steps = [_step(s, _truth(_table_terms(tmp_path, s), s.num_seqs)) for s in SHAPES]
+    # One step slowed by load (3x) is left out of the second fit.
+    steps[3]["measured_s"] *= 3
+    cost = make_cost_model(TINY, CPU, profile_path=_profile(tmp_path, steps))
+    fitted = cost.fitted  # type: ignore[attr-defined]
+    assert fitted["token_scale"] == pytest.approx(1.3, rel=1e-6)
+    assert fitted["prefill_attention_scale"] == pytest.approx(0.9, rel=1e-6)
+    assert fitted["decode_attention_scale"] == pytest.approx(1.8, rel=1e-6)
+    assert fitted["fixed_overhead_s"] == pytest.approx(2e-3, rel=1e-6)
+    assert fitted["per_seq_overhead_s"] == pytest.approx(1e-4, rel=1e-6)
+    shape = StepShape(decode_context_tokens=(300, 700, 900), prefill_chunks=((128, 64),))
+    expected = _truth(_table_terms(tmp_path, shape), shape.num_seqs)
+    assert cost.step_time_s(shape) == pytest.approx(expected, rel=1e-6)
+    breakdown = cost.step_breakdown(shape)
+    assert breakdown["overhead"] == pytest.approx(2e-3 + 4e-4, rel=1e-6)
+
+
+def test_a_negative_coefficient_is_pinned(tmp_path: Path) -> None:
+    # Steps that get cheaper with every sequence: the per-sequence overhead would come out
+    # negative; it is pinned at 0 and the rest fitted without it.
+    steps = []
+    for shape in SHAPES:
+        truth = _truth(_table_terms(tmp_path, shape), shape.num_seqs)
+        steps.append(_step(shape, truth - 2e-4 * shape.num_seqs))
+    cost = make_cost_model(TINY, CPU, profile_path=_profile(tmp_path, steps))
+    fitted = cost.fitted  # type: ignore[attr-defined]
+    assert fitted["per_seq_overhead_s"] == 0.0
+    assert fitted["fixed_overhead_s"] > 0 and fitted["token_scale"] > 0
+
+
+def test_version_3_keeps_the_overhead_fit(tmp_path: Path) -> None:
+    steps = [_step(s, _truth(_table_terms(tmp_path, s), s.num_seqs)) for s in SHAPES]
+    path = _profile(tmp_path, steps, format_version=3)
+    assert load_profile(path).step_fit == "overhead"
+    fitted = make_cost_model(TINY, CPU, profile_path=path).fitted  # type: ignore[attr-defined]
+    assert (fitted["token_scale"], fitted["decode_attention_scale"]) == (1.0, 1.0)
+
+
+def test_bad_step_fit_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"field 'step_fit': must be one of"):
+        load_profile(_profile(tmp_path, [], step_fit="guess"))
+    with pytest.raises(ValueError, match=r"field 'step_fit': expected str"):
+        load_profile(_profile(tmp_path, [], step_fit=3))
+
+
+def test_padding_is_priced_only_where_the_engine_computes_it(tmp_path: Path) -> None:
+    from sim.roofline import CostModelConfig
+
+    padded = StepShape(prefill_chunks=((100, 0), (20, 0)), num_padding_tokens=80)
+    packed = StepShape(prefill_chunks=((100, 0), (20, 0)))
+    steps = [_step(s, _truth(_table_terms(tmp_path, s), s.num_seqs)) for s in SHAPES]
+    path = _profile(tmp_path, steps)
+    for profile in (None, path):
+        default = make_cost_model(TINY, CPU, profile_path=profile)
+        assert default.step_time_s(padded) > default.step_time_s(packed)
+        no_padding = CostModelConfig(price_padding=False)
+        engine_like = make_cost_model(TINY, CPU, profile_path=profile, config=no_padding)
+        assert engine_like.step_time_s(padded) == engine_like.step_time_s(packed)
+        assert engine_like.step_time_s(packed) == default.step_time_s(packed)
