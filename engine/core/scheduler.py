@@ -272,9 +272,9 @@ class Scheduler:
         blocks entered the prefix cache when it was scheduled: ``step.commit_scheduled``.)
 
         A run of ``num_steps`` identical decode steps (indices ``step_idx`` onwards) is ended
-        in one call, with ``num_positions`` those of its last step, the earlier steps'
-        positions already computed (see ``engine.core.fastforward``): the outcome is the one
-        of ending each step in turn. This is the only place these rules live.
+        in one call, with ``num_positions`` the run's positions not yet counted (see
+        ``engine.core.fastforward``): the outcome is the one of ending each step in turn. This
+        is the only place these rules live.
         """
         computed = request.num_computed_tokens + num_positions
         request.num_computed_tokens = computed

@@ -12,17 +12,11 @@ from engine.core.request import Request
 UNBOUNDED = 1 << 62
 
 
-class RequestGrowth(NamedTuple):
-    """One request's growth over the run: positions per step for each of its active
-    sequences, until ``positions_left`` are done (``UNBOUNDED`` for a decode)."""
-
-    request: Request
-    positions_per_step: int
-    positions_left: int
-
-    @property
-    def is_decode(self) -> bool:
-        return self.positions_left == UNBOUNDED
+# One request's growth over the run: (request, positions per step for each of its active
+# sequences, positions left until done: ``UNBOUNDED`` for a decode). A plain tuple, not a
+# named one: planning builds one per running request per run, and a named tuple's
+# constructor costs 0.2-0.3 us more each (about 4% of a 20k-request chunked run).
+RequestGrowth = tuple[Request, int, int]
 
 
 class ChunkRun(NamedTuple):

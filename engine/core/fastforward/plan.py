@@ -19,10 +19,6 @@ from engine.core.kv_manager import PagedKVManager
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 
-# A decode's ``RequestGrowth`` is built once per request per planned run: ``tuple.__new__``
-# directly skips the named tuple's Python-level ``__new__`` (measurable in the hot loop).
-new_growth = tuple.__new__
-
 
 @dataclass(frozen=True, slots=True)
 class RunPlan:
@@ -101,7 +97,7 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
             remaining = request.max_output_tokens - outputs
             if remaining < limit:
                 limit = remaining
-            grown.append(new_growth(RequestGrowth, (request, 1, UNBOUNDED)))
+            grown.append((request, 1, UNBOUNDED))
             computed = request.num_computed_tokens
             phases[computed % bs] += width
             decode_seqs += width
@@ -117,7 +113,7 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
             return None
         chunked = request
         chunk, pending = scheduled.num_positions, request.num_pending_positions
-        grown.append(RequestGrowth(request, chunk, pending))
+        grown.append((request, chunk, pending))
         chunks.append(ChunkRun(chunk, request.num_computed_tokens, pending, width))
     shape = RepeatShape(decode_seqs, decode_tokens, tuple(phases), tuple(chunks))
     return _plan(s, memory, batch, limit, grown, shape, chunked, chunk, pending)
@@ -174,7 +170,7 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
             remaining = request.max_output_tokens - outputs
             if remaining < limit:
                 limit = remaining
-            grown.append(new_growth(RequestGrowth, (request, 1, UNBOUNDED)))
+            grown.append((request, 1, UNBOUNDED))
             phases[computed % bs] += 1
             decode_tokens += computed
             requests.append(ScheduledRequest(request, 1, computed - 1, (live[0],), False))
@@ -195,7 +191,7 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
         if pending <= 0:
             return None
         computed = prompt.num_computed_tokens
-        grown.append(RequestGrowth(prompt, chunk, pending))
+        grown.append((prompt, chunk, pending))
         chunks = (ChunkRun(chunk, computed, pending, 1),)
         requests.append(
             ScheduledRequest(prompt, chunk, computed - chunk, (prompt.live_seq_ids[0],), True)
