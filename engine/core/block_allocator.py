@@ -309,7 +309,10 @@ class BlockAllocator:
         starts: list[int] = []
         many: dict[int, int] = {}
         num_new = 0
-        # Sequences that grow: (sequence, its table, tokens held, tokens after, new blocks).
+        # Sequences that stay inside their tail block grow at once (most decodes in a short
+        # run); ``in_place`` lists them (run indices) to undo if the pool runs out. The rest
+        # take blocks below: (sequence, its table, tokens held, tokens after, new blocks).
+        in_place: list[int] = []
         grows: list[tuple[int, list[int], int, int, int]] = []
         added = 0
         for order, (seq_id, per_step, left) in enumerate(runs):
@@ -320,14 +323,21 @@ class BlockAllocator:
                 continue
             held = tokens[seq_id]
             table = tables[seq_id]
-            if held % bs and ref[table[-1]] != 1:
-                raise ValueError(f"sequence {seq_id} shares its tail block: it needs a copy")
+            partial = held % bs
+            if partial:
+                if ref[table[-1]] != 1:
+                    self._undo_in_place(runs, in_place, num_steps)
+                    raise ValueError(f"sequence {seq_id} shares its tail block: it needs a copy")
+                if partial + grown <= bs:
+                    tokens[seq_id] = held + grown
+                    fill[table[-1]] += grown
+                    added += grown
+                    in_place.append(order)
+                    continue
             after = held + grown
             new_blocks = (after + bs - 1) // bs - len(table)
             added += grown
             grows.append((seq_id, table, held, after, new_blocks))
-            if not new_blocks:
-                continue
             num_new += new_blocks
             if per_step == 1:  # a decode: a block every bs steps
                 first = -held % bs
@@ -343,14 +353,13 @@ class BlockAllocator:
                     if need > 1:
                         many[key] = need
                     blocks += need
+        self.num_filled_slots += added
         if not num_new:
-            for seq_id, table, held, after, _ in grows:
-                tokens[seq_id] = after
-                fill[table[-1]] += after - held
-            self.num_filled_slots += added
             return
         free = self._free
         if num_new > len(free) + len(self._evictable):
+            self.num_filled_slots -= added
+            self._undo_in_place(runs, in_place, num_steps)
             raise OutOfBlocksError(f"need {num_new} blocks, {self.num_free_blocks} free")
         if num_new <= len(free):
             # No eviction: blocks come off the free stack in order.
@@ -373,15 +382,22 @@ class BlockAllocator:
             else:
                 table.extend(taken[idx : idx + count])
             idx += count
-        for seq_id, table, held, after, new_blocks in grows:
+        for seq_id, table, held, after, _ in grows:
             tokens[seq_id] = after
-            if new_blocks:
-                if held % bs:
-                    fill[table[held // bs]] = bs
-                fill[table[-1]] = after - (len(table) - 1) * bs
-            else:
-                fill[table[-1]] += after - held
-        self.num_filled_slots += added
+            if held % bs:
+                fill[table[held // bs]] = bs
+            fill[table[-1]] = after - (len(table) - 1) * bs
+
+    def _undo_in_place(
+        self, runs: Sequence[tuple[int, int, int]], in_place: list[int], num_steps: int
+    ) -> None:
+        """Take back the growth ``append_steps`` gave the runs ``in_place`` inside their tail
+        blocks before it found it could not go on."""
+        for order in in_place:
+            seq_id, per_step, left = runs[order]
+            grown = min(num_steps * per_step, left)
+            self._num_tokens[seq_id] -= grown
+            self._fill[self._tables[seq_id][-1]] -= grown
 
     def append_in_place(self, seq_id: int) -> bool:
         """Append one token if the last block is held alone and has room; else do nothing and

@@ -5,7 +5,7 @@ built without running the policy. Reads the scheduler through its public members
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from engine.core.batch import ScheduledBatch, ScheduledRequest
 from engine.core.fastforward.growth import (
@@ -253,11 +253,8 @@ def _plan(
             limit = last if repeats else last - 1
             if positions:
                 # That step also admits the waiting head, with the budget the chunk leaves.
-                shape = replace(
-                    shape,
-                    admit_step=last - 1,
-                    admit_positions=positions,
-                    admit_request=s.waiting[0],
+                shape = shape._replace(
+                    admit_step=last - 1, admit_positions=positions, admit_request=s.waiting[0]
                 )
     if limit <= 0:
         return None
