@@ -5,7 +5,7 @@ built without running the policy. Reads the scheduler through its public members
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from engine.core.batch import ScheduledBatch, ScheduledRequest
 from engine.core.fastforward.growth import (
@@ -20,13 +20,14 @@ from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 
 
-@dataclass(frozen=True, slots=True)
-class RunPlan:
+class RunPlan(NamedTuple):
     """Up to ``max_steps`` more steps exactly like ``batch`` (already executed and updated),
     if nothing arrives: what each request grows per step (``growth``, in batch order) and
     the same in aggregate (``shape``). ``step_idx`` is the scheduler's step counter when the
     plan was made (applying checks that no step ran since); ``next_waiting`` the waiting
-    head then (memory snapshots look at it)."""
+    head then (memory snapshots look at it). Only ``plan_repeat`` and ``plan_continuation``
+    build one (``max_steps`` > 0, one growth per scheduled request), once per planned run: a
+    named tuple, which builds in a third of the time of a frozen dataclass."""
 
     batch: ScheduledBatch
     max_steps: int
@@ -34,15 +35,6 @@ class RunPlan:
     shape: RepeatShape
     step_idx: int
     next_waiting: Request | None
-
-    def __post_init__(self) -> None:
-        if self.max_steps <= 0:
-            raise ValueError(f"max_steps must be > 0, got {self.max_steps!r}")
-        if len(self.growth) != len(self.batch.requests):
-            raise ValueError(
-                f"growth must have one entry per scheduled request ({len(self.batch.requests)}),"
-                f" got {len(self.growth)}"
-            )
 
 
 def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPlan | None:
