@@ -98,6 +98,11 @@ class FastForward:
                     commit_scheduled(kv, request, end, known)
                     if step < count - 1:  # (the last step's positions: ``end_step``)
                         request.num_computed_tokens = end
+        elif plan.decode_seq_ids is not None and isinstance(kv, PagedKVManager):
+            # The decodes on the allocator's shorter path; a prompt chunk, if any, is last.
+            request, per_step, left = growth[-1]
+            chunk = [] if left == UNBOUNDED else [(request.live_seq_ids[0], per_step, left)]
+            kv.allocator.append_steps(chunk, count, plan.decode_seq_ids)
         else:
             _grow(kv, growth, count)
         last_idx = first_idx + count - 1

@@ -25,7 +25,9 @@ class RunPlan(NamedTuple):
     if nothing arrives: what each request grows per step (``growth``, in batch order) and
     the same in aggregate (``shape``). ``step_idx`` is the scheduler's step counter when the
     plan was made (applying checks that no step ran since); ``next_waiting`` the waiting
-    head then (memory snapshots look at it). Only ``plan_repeat`` and ``plan_continuation``
+    head then (memory snapshots look at it). ``decode_seq_ids``, when given, are the decodes'
+    sequences in order, one each, ahead of any prompt chunk (the growth's last entry then):
+    paged memory grows them on a shorter path. Only ``plan_repeat`` and ``plan_continuation``
     build one (``max_steps`` > 0, one growth per scheduled request), once per planned run: a
     named tuple, which builds in a third of the time of a frozen dataclass."""
 
@@ -35,6 +37,7 @@ class RunPlan(NamedTuple):
     shape: RepeatShape
     step_idx: int
     next_waiting: Request | None
+    decode_seq_ids: tuple[int, ...] | None = None
 
 
 def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPlan | None:
@@ -143,6 +146,7 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
     decode_tokens = 0
     # As if the step that computed each one's last positions had just run.
     requests: list[ScheduledRequest] = []
+    seq_ids: list[int] = []
     for request in s.running:
         live = request.live_seq_ids
         if (
@@ -166,6 +170,7 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
             phases[computed % bs] += 1
             decode_tokens += computed
             requests.append(ScheduledRequest(request, 1, computed - 1, (live[0],), False))
+            seq_ids.append(live[0])
         elif prompt is None and policy.continues_chunks and request.n == 1:
             prompt = request
         else:
@@ -198,7 +203,7 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
         num_waiting=len(s.waiting),
     )
     shape = RepeatShape(decode_seqs, decode_tokens, tuple(phases), chunks)
-    return _plan(s, memory, batch, limit, grown, shape, prompt, chunk, pending)
+    return _plan(s, memory, batch, limit, grown, shape, prompt, chunk, pending, tuple(seq_ids))
 
 
 def _head_fits(s: Scheduler) -> bool:
@@ -232,6 +237,7 @@ def _plan(
     chunked: Request | None,
     chunk: int,
     pending: int,
+    decode_seq_ids: tuple[int, ...] | None = None,
 ) -> RunPlan | None:
     """The plan with decodes that may run ``limit`` more steps, growing as ``grown`` says,
     and the prompt ``chunked`` (if any) taking ``chunk`` of its ``pending`` positions per
@@ -254,7 +260,7 @@ def _plan(
     if max_steps <= 0:
         return None
     head = s.waiting[0] if s.waiting else None
-    return RunPlan(batch, max_steps, tuple(grown), shape, s.step_idx, head)
+    return RunPlan(batch, max_steps, tuple(grown), shape, s.step_idx, head, decode_seq_ids)
 
 
 def _last_chunk(
