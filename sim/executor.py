@@ -3,7 +3,7 @@ cost model instead of running a model."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import mul
 
 import numpy as np
@@ -55,11 +55,9 @@ class CostModelExecutor:
         self.block_size = block_size
         self._aggregate = getattr(cost_model, "aggregate_step_time_s", None)
         self._padding = 0
-        self._last_split: tuple[ScheduledBatch | None, list[tuple[int, int]], list[int]] = (
-            None,
-            [],
-            [],
-        )
+        self._last_split: tuple[
+            ScheduledBatch | None, tuple[tuple[int, int], ...], tuple[int, ...]
+        ] = (None, (), ())
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         if batch.is_empty and not (batch.swap_out or batch.copies):
@@ -68,9 +66,7 @@ class CostModelExecutor:
             chunks, contexts = self._split(batch)
             bs = self.block_size
             blocks = sum(-(-c // bs) for c in contexts)
-            return StepResult(
-                self._aggregate(tuple(chunks), len(contexts), sum(contexts), blocks, bs)
-            )
+            return StepResult(self._aggregate(chunks, len(contexts), sum(contexts), blocks, bs))
         return StepResult(self.cost_model.step_time_s(step_shape(batch, self.block_size)))
 
     def repeat_end_times(
@@ -102,11 +98,11 @@ class CostModelExecutor:
             blocks = (shape.decode_tokens - remainders) // bs + num_seqs
             # A sequence starts a new block when its context becomes k * bs + 1.
             by_phase = [phases[-1], *phases[:-1]]
-            contexts: list[int] = []  # not needed by the aggregate pricers
+            contexts: Sequence[int] = ()  # not needed by the aggregate pricers
         else:
-            chunks, contexts = self._split(batch)
+            split, contexts = self._split(batch)
             lefts = [s.request.num_pending_positions for s in batch.requests if s.is_prefill]
-            chunks = [(n, ctx + n) for n, ctx in chunks]
+            chunks = [(n, ctx + n) for n, ctx in split]
             num_seqs = len(contexts)
             total = sum(contexts) + num_seqs
             blocks = 0
@@ -161,10 +157,11 @@ class CostModelExecutor:
             blocks += by_phase[(-step) % bs]
         return ends
 
-    def _split(self, batch: ScheduledBatch) -> tuple[list[tuple[int, int]], list[int]]:
-        """``_split(batch)``, kept for the batch last split (executed, then repeated)."""
+    def _split(self, batch: ScheduledBatch) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+        """``batch_sequences(batch)``, kept for the batch last split (executed, then
+        repeated)."""
         if self._last_split[0] is not batch:
-            self._last_split = (batch, *_split(batch))
+            self._last_split = (batch, *batch_sequences(batch))
         return self._last_split[1], self._last_split[2]
 
     def _priced_by_shape(
@@ -222,17 +219,3 @@ def _step_chunks(
         (min(n, left - step * n), ctx + step * n)
         for (n, ctx), left in zip(chunks, lefts, strict=True)
     )
-
-
-def _split(batch: ScheduledBatch) -> tuple[list[tuple[int, int]], list[int]]:
-    """The step's prefill chunks (positions, context before) and decode contexts (including
-    the new token), one per sequence."""
-    chunks: list[tuple[int, int]] = []
-    contexts: list[int] = []
-    for scheduled in batch.requests:
-        width = len(scheduled.seq_ids)
-        if scheduled.is_prefill:
-            chunks.extend([(scheduled.num_positions, scheduled.num_computed_tokens)] * width)
-        else:
-            contexts.extend([scheduled.num_computed_tokens + 1] * width)
-    return chunks, contexts

@@ -212,6 +212,28 @@ _PCIE4 = 32 * _GB
 _PCIE5 = 64 * _GB
 
 
+def _ga102_bridged_card(
+    name: str, dense_flops: float, fp32_flops: float, memory_bandwidth: float
+) -> HardwareSpec:
+    """A 48 GB GA102 PCIe card (84 SMs) whose pairs join over a 112.5 GB/s NVLink bridge
+    (56.25 GB/s each way) and reach further cards over PCIe gen4."""
+    return HardwareSpec(
+        name,
+        dense_flops,
+        fp32_flops,
+        None,
+        memory_bandwidth,
+        48 * _GIB,
+        56.25 * _GB,
+        2e-6,
+        _PCIE4,
+        nvlink_domain_size=2,
+        scale_out_bandwidth_bytes_per_s=_PCIE4,
+        **_PCIE_SCALE_OUT,
+        num_sms=84,
+    )
+
+
 def _workstation_presets() -> list[HardwareSpec]:
     """PCIe cards. Dense tensor figures: half the datasheet's sparse number. SM counts (the
     width of a wave of GEMM tiles) from NVIDIA's architecture whitepapers: GA102 in the A40 and
@@ -220,38 +242,10 @@ def _workstation_presets() -> list[HardwareSpec]:
     return [
         # NVIDIA A40 datasheet: 149.7 TFLOPS fp16 tensor (299.4 sparse), 37.4 TFLOPS fp32,
         # 48 GB GDDR6 at 696 GB/s, NVLink bridge 112.5 GB/s both directions, PCIe gen4.
-        HardwareSpec(
-            "A40",
-            149.7e12,
-            37.4e12,
-            None,
-            696 * _GB,
-            48 * _GIB,
-            56.25 * _GB,
-            2e-6,
-            _PCIE4,
-            nvlink_domain_size=2,
-            scale_out_bandwidth_bytes_per_s=_PCIE4,
-            **_PCIE_SCALE_OUT,
-            num_sms=84,
-        ),
+        _ga102_bridged_card("A40", 149.7e12, 37.4e12, 696 * _GB),
         # NVIDIA RTX A6000 datasheet: 309.7 TFLOPS tensor sparse (154.8 dense), 38.7 TFLOPS
         # fp32, 48 GB GDDR6 at 768 GB/s, NVLink bridge 112.5 GB/s both directions, PCIe gen4.
-        HardwareSpec(
-            "RTX-A6000",
-            154.8e12,
-            38.7e12,
-            None,
-            768 * _GB,
-            48 * _GIB,
-            56.25 * _GB,
-            2e-6,
-            _PCIE4,
-            nvlink_domain_size=2,
-            scale_out_bandwidth_bytes_per_s=_PCIE4,
-            **_PCIE_SCALE_OUT,
-            num_sms=84,
-        ),
+        _ga102_bridged_card("RTX-A6000", 154.8e12, 38.7e12, 768 * _GB),
         # NVIDIA L40S datasheet: 362.05 TFLOPS bf16 tensor dense (733 sparse), 733 fp8 dense,
         # 91.6 TFLOPS fp32, 48 GB GDDR6 at 864 GB/s, PCIe gen4 x16, no NVLink.
         HardwareSpec(

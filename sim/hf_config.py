@@ -79,6 +79,17 @@ def _moe_fields(config: dict[str, Any], path: Path, model_type: str) -> dict[str
     }
 
 
+def _whole_head_dim(hidden: int, heads: int, path: Path) -> int:
+    """hidden_size / num_attention_heads, for a config without `head_dim` (as the engine's
+    reader: a remainder is an error, not rounded away)."""
+    if hidden % heads:
+        raise ValueError(
+            f"{path}: head_dim is missing, and hidden_size={hidden} / "
+            f"num_attention_heads={heads} is not whole"
+        )
+    return hidden // heads
+
+
 def model_spec_from_hf_config(
     path: str | Path, name: str | None = None, dtype_bytes: int | None = None
 ) -> ModelSpec:
@@ -104,7 +115,7 @@ def model_spec_from_hf_config(
             hidden_size=hidden,
             num_heads=heads,
             num_kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or hidden // heads,
+            head_dim=config.get("head_dim") or _whole_head_dim(hidden, heads, path),
             intermediate_size=inter or moe["moe_intermediate_size"],
             vocab_size=_require(config, "vocab_size", path, "vocab_size"),
             dtype_bytes=dtype_bytes if dtype_bytes is not None else _dtype_bytes(config, path),

@@ -233,7 +233,9 @@ def _rope(fields: _Fields) -> tuple[float, RopeScaling | None]:
 
 
 def _dtype_name(fields: _Fields) -> str | None:
-    field = "torch_dtype" if "torch_dtype" in fields.config else "dtype"
+    # Recent transformers write "dtype" and older ones "torch_dtype"; where a config has both,
+    # "dtype" is the newer and wins (as in sim.hf_config).
+    field = "dtype" if fields.config.get("dtype") is not None else "torch_dtype"
     value = fields.config.get(field)
     if value is None:
         return None

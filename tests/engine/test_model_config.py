@@ -213,3 +213,18 @@ def test_reading_a_config_loads_no_torch() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "ok"
+
+
+def test_both_readers_take_dtype_over_torch_dtype(tmp_path: Path) -> None:
+    # A config written by a newer transformers may carry both keys; both readers take "dtype".
+    write_config(tmp_path, {**LLAMA31_8B, "torch_dtype": "bfloat16", "dtype": "float32"})
+    assert load_model_config(tmp_path).torch_dtype == "float32"
+    assert model_spec_from_hf_config(tmp_path).dtype_bytes == 4
+
+
+def test_both_readers_reject_a_fractional_head_dim(tmp_path: Path) -> None:
+    write_config(tmp_path, {**LLAMA31_8B, "head_dim": None, "hidden_size": 4097})
+    with pytest.raises(ValueError, match="head_dim"):
+        load_model_config(tmp_path)
+    with pytest.raises(ValueError, match=r"config\.json: head_dim is missing"):
+        model_spec_from_hf_config(tmp_path)
