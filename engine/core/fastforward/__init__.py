@@ -159,7 +159,8 @@ def _grow(kv: KVCacheManager, growth: Sequence[RequestGrowth], num_steps: int) -
             runs = [
                 (seq_id, per_step, left)
                 for request, per_step, left in growth
-                for seq_id in request.live_seq_ids
+                # (before the fork only the first sample holds blocks)
+                for seq_id in (request.live_seq_ids if request.forked else request.live_seq_ids[:1])
             ]
         kv.allocator.append_steps(runs, num_steps)
         return
