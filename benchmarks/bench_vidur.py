@@ -8,6 +8,10 @@ wall time varies by 20% or more), so it prints the median wall time with the fas
 slowest, and the median CPU time of the simulation (less disturbed by other tenants).
 Run: python benchmarks/bench_vidur.py [--sizes 1000,10000,100000] [--repeat 3]
 (results committed in benchmarks/results/vidur.txt)
+
+``--cost-as-45813dd`` prices steps as the cost model did before async scheduling and the rotary
+fit (``async_scheduling=False``, ``benchmarks/a100_80gb_45813dd.toml``): the same simulated
+work as older trees (45813dd and before), so that before/after timings compare like for like.
 """
 
 from __future__ import annotations
@@ -20,15 +24,20 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 CONFIGS = {
     "continuous": {"policy": "continuous", "max_num_seqs": 128, "max_num_batched_tokens": 4096},
     "chunked": {"policy": "chunked", "max_num_seqs": 128, "max_num_batched_tokens": 512},
 }
+# The A100-80GB as priced before the rotary fit (rotary_bandwidth_efficiency 0.5).
+COST_AS_45813DD_HARDWARE = str(Path(__file__).with_name("a100_80gb_45813dd.toml"))
 VIDUR_REQ_PER_S = 370.0  # Vidur's loop on this kind of machine: 100k requests in 272 s
 
 
-def run_one(policy: str, num_requests: int, fast_forward: bool) -> dict[str, float]:
+def run_one(
+    policy: str, num_requests: int, fast_forward: bool, cost_as_45813dd: bool = False
+) -> dict[str, float]:
     """Generate the workload and simulate it; called in the child process."""
     from sim.run import RunConfig, simulate
     from traces.distributions import FixedLengths, PoissonArrivals
@@ -39,9 +48,10 @@ def run_one(policy: str, num_requests: int, fast_forward: bool) -> dict[str, flo
     )
     config = RunConfig(
         model="Llama-2-70B",
-        hardware="A100-80GB",
+        hardware=COST_AS_45813DD_HARDWARE if cost_as_45813dd else "A100-80GB",
         tp=2,
         fast_forward=fast_forward,
+        async_scheduling=not cost_as_45813dd,
         **CONFIGS[policy],  # type: ignore[arg-type]
     )
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -66,10 +76,17 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration")
     parser.add_argument("--no-fast-forward", action="store_true")
+    parser.add_argument(
+        "--cost-as-45813dd",
+        action="store_true",
+        help="price as the cost model did at 45813dd (for before/after timings against it)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("POLICY", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        out = run_one(args.child[0], int(args.child[1]), not args.no_fast_forward)
+        out = run_one(
+            args.child[0], int(args.child[1]), not args.no_fast_forward, args.cost_as_45813dd
+        )
         print(json.dumps(out))
         return
     print(
@@ -86,6 +103,8 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--child", policy, str(n)]
             if args.no_fast_forward:
                 cmd.append("--no-fast-forward")
+            if args.cost_as_45813dd:
+                cmd.append("--cost-as-45813dd")
             runs = [
                 json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
                 for _ in range(max(1, args.repeat))

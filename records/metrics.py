@@ -33,14 +33,29 @@ def weighted_percentile(
 ) -> float:
     """The ``q``-th percentile (numpy's linear method) of ``values`` repeated ``counts`` times,
     without expanding them (run-length encoded ITLs can hold tens of millions of gaps)."""
+    return weighted_percentiles(values, counts, (q,))[0]
+
+
+def weighted_percentiles(
+    values: Sequence[float] | np.ndarray, counts: Sequence[int] | np.ndarray, qs: Sequence[float]
+) -> list[float]:
+    """``weighted_percentile`` for each of ``qs``, sorting once."""
     order = np.argsort(np.asarray(values, dtype=float), kind="stable")
     v = np.asarray(values, dtype=float)[order]
-    c = np.cumsum(np.asarray(counts, dtype=np.int64)[order])
-    h = (c[-1] - 1) * q / 100.0
-    lo, hi = math.floor(h), math.ceil(h)
-    v_lo = v[np.searchsorted(c, lo, side="right")]
-    v_hi = v[np.searchsorted(c, hi, side="right")]
-    return float(v_lo + (v_hi - v_lo) * (h - lo))
+    c = np.asarray(counts, dtype=np.int64)[order]
+    return _sorted_percentiles(v, np.cumsum(c, out=c), qs)
+
+
+def _sorted_percentiles(v: np.ndarray, c: np.ndarray, qs: Sequence[float]) -> list[float]:
+    """The percentiles ``qs`` of sorted ``v`` whose counts summed so far are ``c``."""
+    out: list[float] = []
+    for q in qs:
+        h = (c[-1] - 1) * q / 100.0
+        lo, hi = math.floor(h), math.ceil(h)
+        v_lo = v[np.searchsorted(c, lo, side="right")]
+        v_hi = v[np.searchsorted(c, hi, side="right")]
+        out.append(float(v_lo + (v_hi - v_lo) * (h - lo)))
+    return out
 
 
 def _stats(prefix: str, values: list[float], out: dict[str, float | int | None]) -> None:
@@ -128,11 +143,17 @@ def itl_samples(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
         np.add.at(diff, np.asarray(starts, dtype=np.int64), 1)
         np.add.at(diff, np.asarray(stops, dtype=np.int64), -1)
         weights = np.cumsum(diff)[1 : ends.size]
+        del diff
         keep = weights > 0
         values.append(np.diff(ends)[keep])
         counts.append(weights[keep])
-    values.append(np.asarray(irregular, dtype=np.float64))
-    counts.append(np.ones(len(irregular), dtype=np.int64))
+    if irregular:
+        values.append(np.asarray(irregular, dtype=np.float64))
+        counts.append(np.ones(len(irregular), dtype=np.int64))
+    if not values:
+        return np.empty(0, dtype=np.float64), np.empty(0, dtype=np.int64)
+    if len(values) == 1:  # one replica, no gaps between runs: no copy (it can be large)
+        return values[0], counts[0]
     return np.concatenate(values), np.concatenate(counts)
 
 
@@ -142,11 +163,25 @@ def _itl_stats(finished: Sequence[Request], out: dict[str, float | int | None]) 
         for key in ("mean", "std", "median", "p90", "p99"):
             out[f"{key}_itl_ms"] = None
         return
-    g = gaps * 1000.0
+    # In place where the values allow (a run's gaps number as many as its steps: millions):
+    # the same operations, in the same order, as the plain expressions in the comments.
+    g = gaps
+    g *= 1000.0  # g = gaps * 1000.0
+    del gaps
     total = counts.sum()
     mean = float((g * counts).sum() / total)
     out["mean_itl_ms"] = mean
-    out["std_itl_ms"] = float(math.sqrt(max(0.0, float((counts * (g - mean) ** 2).sum() / total))))
-    for p in PERCENTILES:
-        name = "median" if p == 50 else f"p{p}"
-        out[f"{name}_itl_ms"] = weighted_percentile(g, counts, p)
+    spread = g - mean
+    np.square(spread, out=spread)  # (g - mean) ** 2
+    spread *= counts  # counts * (g - mean) ** 2
+    out["std_itl_ms"] = float(math.sqrt(max(0.0, float(spread.sum() / total))))
+    del spread
+    # ``weighted_percentiles``, letting go of each array once its sorted copy is made.
+    order = np.argsort(g, kind="stable")
+    g = g[order]
+    counts = counts[order]
+    del order
+    np.cumsum(counts, out=counts)
+    names = ["median" if p == 50 else f"p{p}" for p in PERCENTILES]
+    for name, value in zip(names, _sorted_percentiles(g, counts, PERCENTILES), strict=True):
+        out[f"{name}_itl_ms"] = value

@@ -236,20 +236,15 @@ class Scheduler:
         step_idx = len(self.step_end_s)
         if batch.requests:
             self.step_end_s.append(now_s)
-        plain = not (result.sampled_token_ids or result.stopped_seq_ids)
+        # Without sampled tokens or stops, ``end_step`` takes the cheaper path for decodes.
+        sampled = result if result.sampled_token_ids or result.stopped_seq_ids else None
         running = RequestStatus.RUNNING
+        end_step = self.end_step
         for scheduled in batch.requests:
             request = scheduled.request
             if request.status is not running:
                 continue  # aborted while the step ran
-            self.end_step(
-                request,
-                scheduled.num_positions,
-                None if plain else result,
-                step_idx,
-                now_s,
-                finished,
-            )
+            end_step(request, scheduled.num_positions, sampled, step_idx, now_s, finished)
         if not self.running and self.held:
             finished.extend(self._release_held(now_s))
         return finished
@@ -272,14 +267,14 @@ class Scheduler:
         blocks entered the prefix cache when it was scheduled: ``step.commit_scheduled``.)
 
         A run of ``num_steps`` identical decode steps (indices ``step_idx`` onwards) is ended
-        in one call, with ``num_positions`` those of its last step, the earlier steps'
-        positions already computed (see ``engine.core.fastforward``): the outcome is the one
-        of ending each step in turn. This is the only place these rules live.
+        in one call, with ``num_positions`` the run's positions not yet counted (see
+        ``engine.core.fastforward``): the outcome is the one of ending each step in turn. This
+        is the only place these rules live.
         """
         computed = request.num_computed_tokens + num_positions
         request.num_computed_tokens = computed
         prompt = request.num_prompt_tokens
-        if request.n > 1 and not request.forked and computed == prompt:
+        if computed == prompt and request.n > 1 and not request.forked:
             self.kv.fork(request)
             request.forked = True
         outputs = request.num_output_tokens

@@ -295,7 +295,7 @@ def _allocator_with(held: list[int], num_blocks: int, num_cached: int) -> BlockA
     return alloc
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     runs=st.lists(
         st.tuples(st.integers(1, 30), st.integers(1, 9), st.integers(1, 60)), min_size=1, max_size=5
@@ -303,21 +303,27 @@ def _allocator_with(held: list[int], num_blocks: int, num_cached: int) -> BlockA
     num_steps=st.integers(1, 12),
     spare=st.integers(0, 30),
     num_cached=st.integers(0, 6),
+    num_decodes=st.integers(0, 5),
 )
 def test_append_steps_takes_blocks_as_appending_step_by_step(
-    runs: list[tuple[int, int, int]], num_steps: int, spare: int, num_cached: int
+    runs: list[tuple[int, int, int]], num_steps: int, spare: int, num_cached: int, num_decodes: int
 ) -> None:
     """Growing sequences for several steps at once gives the same block tables, fills and
     evictions as appending step by step, sequence after sequence within each step; when the
-    pool runs out it raises and changes nothing."""
+    pool runs out it raises and changes nothing. The first ``num_decodes`` sequences decode
+    (one position a step, without end) and go as ``decodes``, on their shorter path."""
     held = [tokens for tokens, _, _ in runs]
     num_blocks = sum(-(-t // 4) for t in held) + num_cached + spare
     bulk = _allocator_with(held, num_blocks, num_cached)
     stepwise = _allocator_with(held, num_blocks, num_cached)
-    seq_runs = [SeqRun(seq_id, per_step, left) for seq_id, (_, per_step, left) in enumerate(runs)]
+    seq_runs = [
+        SeqRun(seq_id, 1, 1 << 62) if seq_id < num_decodes else SeqRun(seq_id, per_step, left)
+        for seq_id, (_, per_step, left) in enumerate(runs)
+    ]
+    decodes = [run.seq_id for run in seq_runs[:num_decodes]]
     before = bulk.state()
     try:
-        bulk.append_steps(seq_runs, num_steps)
+        bulk.append_steps(seq_runs[len(decodes) :], num_steps, decodes)
     except OutOfBlocksError:
         assert bulk.state() == before
         return

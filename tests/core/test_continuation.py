@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from engine.core.batch import StepResult
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.fastforward import FastForward
+from engine.core.fastforward import FastForward, RunPlan
+from engine.core.fastforward.memory import PagedRunMemory
+from engine.core.kv_manager import PagedKVManager
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 
@@ -88,11 +90,24 @@ def _drive(
         if plan is not None:
             # It claims to be repeatable at least once.
             assert plan.max_steps > 0
+            _check_shape(scheduler, plan)
             shape = plan.shape
             if shape.admit_step == 0:  # its first repeat also admits the waiting head
                 assert shape.admit_request is not None
                 admission = (shape.admit_request, shape.admit_positions)
     return offered, admitted, steps
+
+
+def _check_shape(scheduler: Scheduler, plan: RunPlan) -> None:
+    """The plan's aggregate shape (gathered as it was planned) is its per-request growth
+    summed from the tokens each sequence holds in the allocator."""
+    assert isinstance(scheduler.kv, PagedKVManager)
+    expected = PagedRunMemory(scheduler.kv).shape_of(plan.growth)
+    shape = plan.shape
+    assert sum(shape.decode_phases) == shape.decode_seqs
+    assert shape._replace(
+        admit_step=expected.admit_step, admit_positions=0, admit_request=None
+    ) == (expected)
 
 
 @settings(max_examples=60, deadline=None)
@@ -166,6 +181,7 @@ def _drive_admissions(num_blocks: int, budget: int, specs: list[tuple[float, int
             scheduler.add_request(pending.pop(0), now_s)
         run = skipper.plan_repeat(batch) if plan is None else None
         if run is not None:
+            _check_shape(scheduler, run)
             shape = run.shape
             if shape.admit_request is not None:
                 members = [s.request for s in batch.requests]

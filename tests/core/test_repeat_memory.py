@@ -39,7 +39,7 @@ def _kv_with(
         request = Request(f"r{seq_id}", 0.0, num_prompt_tokens=tokens, max_output_tokens=10_000)
         request.seq_ids = [seq_id]
         request.live_seq_ids = [seq_id]
-        growth.append(RequestGrowth(request, 1, NEVER))
+        growth.append((request, 1, NEVER))
     return kv, growth
 
 
@@ -147,7 +147,7 @@ def test_growth_from_the_aggregate_shape_matches_growing_for_real(
         request = Request("p", 0.0, num_prompt_tokens=tokens + left, max_output_tokens=5)
         request.seq_ids = request.live_seq_ids = [500]
         request.num_computed_tokens = tokens
-        growth.append(RequestGrowth(request, per_step, left))
+        growth.append((request, per_step, left))
     shape = _shape_of(kv, growth)
     sums = PagedRunMemory(kv)
     assert sums.shape_of(growth) == shape

@@ -14,6 +14,7 @@ from records.schema import SUMMED_COLUMNS
 from sim import executor
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
+from traces.schema import Trace, TraceRequest
 
 DATA = Path(__file__).resolve().parents[2] / "traces" / "data"
 SUM_COLUMNS = SUMMED_COLUMNS
@@ -141,3 +142,28 @@ def test_steps_built_without_the_policy_are_used_and_change_nothing(
     assert len(rows) < len(other)
     for column in SUM_COLUMNS:
         assert rows[column].sum() == other[column].sum(), column
+
+
+def test_a_forked_decode_beside_an_unforked_prompt_chunk_is_exact() -> None:
+    """A repeated step holding a forked request's decodes and the budget-filling chunk of a
+    request with n > 1 that has not forked yet (only its first sample holds blocks): the bulk
+    growth must grow that one sequence, not every sample it will have."""
+    trace = Trace(
+        "forked-beside-chunk",
+        (
+            TraceRequest("forked", 0.0, 64, 300, num_samples=2),
+            TraceRequest("prompt", 0.5, 3000, 8, num_samples=2),
+        ),
+    )
+    config = RunConfig(
+        policy="chunked",
+        model="Llama-2-7B",
+        hardware="A100-80GB",
+        num_blocks=600,
+        max_num_batched_tokens=256,
+    )
+    fast = simulate(trace, config)
+    slow = simulate(trace, replace(config, fast_forward=False))
+    assert fast.requests_frame().equals(slow.requests_frame())
+    assert fast.summary == slow.summary
+    assert len(fast.steps) < len(slow.steps)  # it did skip

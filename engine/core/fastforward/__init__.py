@@ -23,7 +23,7 @@ It uses only the scheduler's public methods; the rules that end a step live once
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from engine.core.batch import ScheduledBatch
 from engine.core.fastforward.growth import UNBOUNDED, RepeatShape, RequestGrowth, StepTokens
@@ -89,16 +89,20 @@ class FastForward:
             # Each step grows each request and registers its full blocks as it is scheduled,
             # request after request (growth may evict cached blocks): one step at a time.
             for step in range(count):
-                for g in growth:
-                    request = g.request
-                    num_positions = _positions_at(g, step)
+                for request, per_step, left in growth:
+                    num_positions = max(0, min(per_step, left - step * per_step))
                     _grow(kv, ((request, num_positions, num_positions),), 1)
                     end = request.num_computed_tokens + num_positions
                     # A decode's known tokens grow by the one sampled each step.
-                    known = request.num_tokens + (step if g.is_decode else 0)
+                    known = request.num_tokens + (step if left == UNBOUNDED else 0)
                     commit_scheduled(kv, request, end, known)
                     if step < count - 1:  # (the last step's positions: ``end_step``)
                         request.num_computed_tokens = end
+        elif plan.decode_seq_ids is not None and isinstance(kv, PagedKVManager):
+            # The decodes on the allocator's shorter path; a prompt chunk, if any, is last.
+            request, per_step, left = growth[-1]
+            chunk = [] if left == UNBOUNDED else [(request.live_seq_ids[0], per_step, left)]
+            kv.allocator.append_steps(chunk, count, plan.decode_seq_ids)
         else:
             _grow(kv, growth, count)
         last_idx = first_idx + count - 1
@@ -109,44 +113,55 @@ class FastForward:
             start_s = s.step_end_s[last_idx - 1]
             if head is None or not s.admit_head(head, shape.admit_positions, start_s):
                 raise RuntimeError("the waiting head this run was to admit is no longer waiting")
-        # The last step's rules, as ``update`` applies them; a decode samples in every step.
-        # Without prefix caching the positions of all steps but the last are computed here.
-        earlier = count - 1 if not caching else 0
+        # The steps' rules, as ``update`` applies them: ``end_step`` counts the positions not
+        # yet counted (all of the run's without prefix caching, else the last step's); a decode
+        # samples in every step, a prompt once its last chunk is computed.
         finished: list[Request] = []
         end_step = s.end_step
-        for request, per_step, left in growth:
-            if left == UNBOUNDED:  # a decode: one position a step
-                if earlier:
-                    request.num_computed_tokens += earlier
-                end_step(request, 1, None, first_idx, last_s, finished, count)
-            else:
-                final = max(0, min(per_step, left - (count - 1) * per_step))
-                if earlier:
-                    request.num_computed_tokens += min(count * per_step, left) - final
-                end_step(request, final, None, last_idx, last_s, finished)
+        if caching:
+            for request, per_step, left in growth:
+                if left == UNBOUNDED:
+                    end_step(request, 1, None, first_idx, last_s, finished, count)
+                else:
+                    final = max(0, min(per_step, left - (count - 1) * per_step))
+                    end_step(request, final, None, last_idx, last_s, finished)
+        else:
+            for request, per_step, left in growth:
+                if left == UNBOUNDED:
+                    end_step(request, count, None, first_idx, last_s, finished, count)
+                else:
+                    positions = count * per_step
+                    end_step(
+                        request,
+                        positions if positions < left else left,
+                        None,
+                        last_idx,
+                        last_s,
+                        finished,
+                    )
         if head is not None:
             s.end_step(head, shape.admit_positions, None, last_idx, last_s, finished)
         finished.extend(s.close_steps(count, last_s))
         return finished
 
 
-def _positions_at(growth: RequestGrowth, step: int) -> int:
-    """Positions a request computes in step ``step`` (0 = the first) of a run."""
-    per_step = growth.positions_per_step
-    return max(0, min(per_step, growth.positions_left - step * per_step))
-
-
-def _grow(kv: KVCacheManager, growth: Iterable[tuple[Request, int, int]], num_steps: int) -> None:
+def _grow(kv: KVCacheManager, growth: Sequence[RequestGrowth], num_steps: int) -> None:
     """Grow every request of ``growth`` (request, positions per step, positions left) as
     ``num_steps`` steps would, one after another: in paged memory the allocator takes blocks
     in that order, so block tables come out the same."""
     if isinstance(kv, PagedKVManager):
-        runs: list[tuple[int, int, int]] = []
-        for request, per_step, left in growth:
-            if request.forked:
-                runs.extend([(seq_id, per_step, left) for seq_id in request.live_seq_ids])
-            else:
-                runs.append((request.live_seq_ids[0], per_step, left))
+        runs: list[tuple[int, int, int]] = [
+            (request.live_seq_ids[0], per_step, left)
+            for request, per_step, left in growth
+            if not request.forked
+        ]
+        if len(runs) < len(growth):  # forked samples: one run per live sample, in order
+            runs = [
+                (seq_id, per_step, left)
+                for request, per_step, left in growth
+                # (before the fork only the first sample holds blocks)
+                for seq_id in (request.live_seq_ids if request.forked else request.live_seq_ids[:1])
+            ]
         kv.allocator.append_steps(runs, num_steps)
         return
     for request, per_step, left in growth:  # contiguous: inside reservations, order is free
