@@ -15,6 +15,7 @@ from sim.cost_model import StepShape, make_cost_model
 from sim.hardware_spec import HARDWARE_PRESETS
 from sim.model_spec import MODEL_PRESETS
 from sim.profile import load_profile
+from tests.sim.profile_header import cpu_profile_header
 
 TINY = MODEL_PRESETS["tiny-llama"]
 CPU = HARDWARE_PRESETS["CPU-1T"]
@@ -22,13 +23,7 @@ CPU = HARDWARE_PRESETS["CPU-1T"]
 
 def _v3(**changes: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
-        "format_version": 3,
-        "device": {"name": "cpu (x86_64)", "driver": "none"},
-        "software": {"torch": "2.13.0", "triton": "3.7.1", "cuda": "none"},
-        "command": "python -m sim calibrate --model tiny-llama --device cpu --out p.json",
-        "model": "tiny-llama",
-        "tp": 1,
-        "block_size": 16,
+        **cpu_profile_header(3),
         "decode_attention_context": "max",
         "timer": "thread_cpu",
         "decode_attention_checks": [

@@ -14,6 +14,7 @@ from sim.cost_model import StepShape, make_cost_model
 from sim.hardware_spec import HARDWARE_PRESETS
 from sim.model_spec import MODEL_PRESETS
 from sim.profile import load_profile
+from tests.sim.profile_header import cpu_profile_header
 
 TINY = MODEL_PRESETS["tiny-llama"]
 CPU = HARDWARE_PRESETS["CPU-1T"]
@@ -56,13 +57,7 @@ def _step(shape: StepShape, measured_s: float) -> dict[str, Any]:
 
 def _profile(tmp_path: Path, steps: list[dict[str, Any]], **changes: Any) -> Path:
     data: dict[str, Any] = {
-        "format_version": 4,
-        "device": {"name": "cpu (x86_64)", "driver": "none"},
-        "software": {"torch": "2.13.0", "triton": "3.7.1", "cuda": "none"},
-        "command": "python -m sim calibrate --model tiny-llama --device cpu --out p.json",
-        "model": "tiny-llama",
-        "tp": 1,
-        "block_size": 16,
+        **cpu_profile_header(4),
         "timer": "thread_cpu",
         "ops": _ops(),
         "steps": steps,
