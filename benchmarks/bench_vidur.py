@@ -7,6 +7,8 @@ Each configuration runs in a fresh subprocess so its peak memory (max RSS) is it
 wall time varies by 20% or more), so it prints the median wall time with the fastest and
 slowest, and the median CPU time of the simulation (less disturbed by other tenants).
 Run: python benchmarks/bench_vidur.py [--sizes 1000,10000,100000] [--repeat 3]
+[--cores python,compiled] (``compiled``: the core built by ``python -m sim compile-core``, run
+with ``SERVESIM_CORE=compiled``; every mode must give the same results to the last digit)
 (results committed in benchmarks/results/vidur.txt)
 
 ``--cost-as-45813dd`` prices steps as the cost model did before async scheduling and the rotary
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -54,6 +57,9 @@ def run_one(
         async_scheduling=not cost_as_45813dd,
         **CONFIGS[policy],  # type: ignore[arg-type]
     )
+    import engine.core.scheduler
+
+    compiled = not engine.core.scheduler.__file__.endswith(".py")
     start, cpu_start = time.perf_counter(), time.process_time()
     result = simulate(trace, config)
     wall_s = time.perf_counter() - start
@@ -68,6 +74,7 @@ def run_one(
         "simulated_steps": float(sum(result.steps.columns["num_steps"])),
         "mean_ttft_ms": float(s["mean_ttft_ms"] or 0),
         "mean_tpot_ms": float(s["mean_tpot_ms"] or 0),
+        "compiled": float(compiled),
     }
 
 
@@ -81,6 +88,12 @@ def main() -> None:
         action="store_true",
         help="price as the cost model did at 45813dd (for before/after timings against it)",
     )
+    parser.add_argument(
+        "--cores",
+        default="python",
+        help="core builds to time, comma-separated: python (the sources), compiled "
+        "(SERVESIM_CORE=compiled; build it first with python -m sim compile-core)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("POLICY", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -93,8 +106,12 @@ def main() -> None:
         f"# servesim on Vidur's reference workload; python {platform.python_version()}, "
         f"{platform.machine()}, fast_forward={not args.no_fast_forward}"
     )
+    cores = args.cores.split(",")
+    for core in cores:
+        if core not in ("python", "compiled"):
+            parser.error(f"--cores: unknown core {core!r} (python, compiled)")
     print(
-        f"{'policy':<11}{'requests':>9}{'wall s':>8}{'(min-max)':>14}{'cpu s':>8}"
+        f"{'policy':<11}{'core':>9}{'requests':>9}{'wall s':>8}{'(min-max)':>14}{'cpu s':>8}"
         f"{'req/wall-s':>11}{'x Vidur':>8}{'peak MiB':>9}{'rows':>9}{'steps':>11}"
         f"{'TTFT s':>9}{'TPOT ms':>8}"
     )
@@ -105,27 +122,39 @@ def main() -> None:
                 cmd.append("--no-fast-forward")
             if args.cost_as_45813dd:
                 cmd.append("--cost-as-45813dd")
-            runs = [
-                json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
-                for _ in range(max(1, args.repeat))
-            ]
+            by_core: dict[str, list[dict[str, float]]] = {core: [] for core in cores}
+            for _ in range(max(1, args.repeat)):  # the cores alternate, so drift hits both
+                for core in cores:
+                    env = {**os.environ, "SERVESIM_CORE": core}
+                    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                    if done.returncode != 0:
+                        sys.exit(f"{policy} {n} ({core} core) failed:\n{done.stderr[-2000:]}")
+                    run = json.loads(done.stdout)
+                    assert run["compiled"] == float(core == "compiled"), f"not the {core} core"
+                    by_core[core].append(run)
             # Every run simulates the same thing: its results must agree to the last digit.
+            every = [r for runs in by_core.values() for r in runs]
             for key in ("completed", "steps", "simulated_steps", "mean_ttft_ms", "mean_tpot_ms"):
-                assert len({r[key] for r in runs}) == 1, f"runs disagree on {key}"
-            r = runs[0]
-            walls = sorted(x["wall_s"] for x in runs)
-            wall_s = statistics.median(walls)
-            cpu_s = statistics.median(x["cpu_s"] for x in runs)
-            peak = max(x["peak_rss_mib"] for x in runs)
-            rate = r["completed"] / wall_s
-            spread = f"({walls[0]:.2f}-{walls[-1]:.2f})"
-            print(
-                f"{policy:<11}{n:>9}{wall_s:>8.2f}{spread:>14}{cpu_s:>8.2f}{rate:>11,.0f}"
-                f"{rate / VIDUR_REQ_PER_S:>8.1f}{peak:>9.0f}{r['steps']:>9,.0f}"
-                f"{r['simulated_steps']:>11,.0f}{r['mean_ttft_ms'] / 1000:>9,.1f}"
-                f"{r['mean_tpot_ms']:>8.2f}",
-                flush=True,
-            )
+                assert len({r[key] for r in every}) == 1, f"runs disagree on {key}"
+            for core, runs in by_core.items():
+                print_row(policy, core, n, runs)
+
+
+def print_row(policy: str, core: str, n: int, runs: list[dict[str, float]]) -> None:
+    r = runs[0]
+    walls = sorted(x["wall_s"] for x in runs)
+    wall_s = statistics.median(walls)
+    cpu_s = statistics.median(x["cpu_s"] for x in runs)
+    peak = max(x["peak_rss_mib"] for x in runs)
+    rate = r["completed"] / wall_s
+    spread = f"({walls[0]:.2f}-{walls[-1]:.2f})"
+    print(
+        f"{policy:<11}{core:>9}{n:>9}{wall_s:>8.2f}{spread:>14}{cpu_s:>8.2f}{rate:>11,.0f}"
+        f"{rate / VIDUR_REQ_PER_S:>8.1f}{peak:>9.0f}{r['steps']:>9,.0f}"
+        f"{r['simulated_steps']:>11,.0f}{r['mean_ttft_ms'] / 1000:>9,.1f}"
+        f"{r['mean_tpot_ms']:>8.2f}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

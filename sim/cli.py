@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from reports.cli import add_report_command
 from sim.compare_cli import add_compare_command
+from sim.compile_cli import add_compile_command
 from sim.costmodel_cli import add_costmodel_commands
 from sim.engine_cli import add_engine_commands
 from sim.grid_cli import add_sweep_commands
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_measured_commands(commands)
     add_costmodel_commands(commands)
     add_trace_commands(commands)
+    add_compile_command(commands)
     return parser
 
 

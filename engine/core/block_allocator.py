@@ -7,6 +7,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+from engine.core.errors import OutOfBlocksError as OutOfBlocksError
 from engine.core.kv_state import KVState
 
 BlockPair = tuple[int, int]
@@ -18,10 +19,6 @@ class SeqRun(NamedTuple):
     seq_id: int
     positions_per_step: int
     positions_left: int  # it stops growing after these (a prompt's last chunk)
-
-
-class OutOfBlocksError(RuntimeError):
-    """Raised when an operation needs more free blocks than the pool has; nothing changed."""
 
 
 class BlockAllocator:
