@@ -94,6 +94,20 @@ def activate(package_path: list[str]) -> Path:
     return where
 
 
+def missing_tools() -> str | None:
+    """What a build needs and this machine lacks (None when nothing): mypyc, a C compiler and
+    the Python headers."""
+    if importlib.util.find_spec("mypyc") is None:
+        return "mypyc, part of mypy (pip install mypy)"
+    compiler = str(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        return f"a C compiler ({compiler!r}, the one this Python was built with, on PATH)"
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not headers.is_file():
+        return f"the Python headers ({headers}; e.g. the python3-dev package)"
+    return None
+
+
 def compile_core(root: Path | None = None, core_dir: Path = CORE_DIR) -> tuple[Path, float]:
     """Build the core with mypyc into its cache directory; returns (directory, seconds).
 
@@ -105,8 +119,9 @@ def compile_core(root: Path | None = None, core_dir: Path = CORE_DIR) -> tuple[P
     target = build_dir(core_dir, root)
     if (target / BUILT_MARKER).is_file():
         return target, time.perf_counter() - start
-    if importlib.util.find_spec("mypyc") is None:
-        raise RuntimeError("compiling the core needs mypyc, part of mypy: pip install mypy")
+    missing = missing_tools()
+    if missing:
+        raise RuntimeError(f"compiling the core needs {missing}")
     scratch = target.with_name(f"{target.name}.tmp{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
     package = scratch / "engine" / "core"

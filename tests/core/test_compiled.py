@@ -77,13 +77,10 @@ def test_python_mode_imports_the_sources() -> None:
     assert result.stdout.strip().endswith("engine/core/scheduler.py")
 
 
-def _can_compile() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("mypyc") is not None and shutil.which("cc") is not None
-
-
-@pytest.mark.skipif(not _can_compile(), reason="needs mypyc (mypy) and a C compiler")
+@pytest.mark.skipif(
+    compiled.missing_tools() is not None,
+    reason=f"a build needs {compiled.missing_tools()}",
+)
 def test_compiled_core_simulates_byte_identically(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     where, _ = compiled.compile_core(cache)
