@@ -3,7 +3,9 @@ writes one self-contained HTML file with plotly.js embedded once (opens offline)
 
 from __future__ import annotations
 
+import ast
 import inspect
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -107,7 +109,21 @@ def _disagg_section(runs: Sequence[RunRecords]) -> Section:
 
 
 def _doc(obj: object) -> str:
-    return inspect.cleandoc(obj.__doc__ or "")
+    return inspect.cleandoc(obj.__doc__ or _source_doc(obj) or "")
+
+
+def _source_doc(obj: object) -> str | None:
+    """The docstring of a top-level class as its source file writes it: a class of the
+    compiled build (docs/compiled_core.md) keeps none at run time."""
+    package, _, leaf = str(getattr(obj, "__module__", "")).rpartition(".")
+    for folder in getattr(sys.modules.get(package), "__path__", ()):
+        path = Path(folder) / f"{leaf}.py"
+        if path.is_file():
+            for node in ast.parse(path.read_text(encoding="utf-8")).body:
+                name = getattr(obj, "__qualname__", None)
+                if isinstance(node, ast.ClassDef) and node.name == name:
+                    return ast.get_docstring(node, clean=False)
+    return None
 
 
 def definitions_html() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from operator import mul
+from typing import Protocol
 
 import numpy as np
 
@@ -39,6 +40,22 @@ def _is_plain(batch: ScheduledBatch) -> bool:
         or batch.swap_out
         or batch.swap_in
     )
+
+
+class StepExecutor(Protocol):
+    """What a replica needs of its executor: ``CostModelExecutor``, or a wrapper of it (the
+    validation's recorder). Typed as a protocol so that a compiled build, which checks the
+    classes of typed attributes at run time, accepts the wrapper too."""
+
+    def execute(self, batch: ScheduledBatch) -> StepResult: ...
+
+    def repeat_end_times(
+        self,
+        batch: ScheduledBatch,
+        start_s: float,
+        max_steps: int,
+        shape: RepeatShape | None = None,
+    ) -> list[float]: ...
 
 
 class CostModelExecutor:

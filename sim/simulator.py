@@ -16,12 +16,9 @@ from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from records.schema import StepRecorder
-from sim.executor import CostModelExecutor
+from sim.errors import SimulationError as SimulationError
+from sim.executor import StepExecutor
 from traces.schema import TraceRequest
-
-
-class SimulationError(RuntimeError):
-    """The simulated system cannot make progress (a bug, never an expected outcome)."""
 
 
 def to_request(item: TraceRequest) -> Request:
@@ -71,7 +68,7 @@ class Replica:
         index: int,
         pool: str,
         scheduler: Scheduler,
-        executor: CostModelExecutor,
+        executor: StepExecutor,
         recorder: StepRecorder,
         fast_forward: bool = True,
     ) -> None:

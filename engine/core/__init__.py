@@ -10,4 +10,4 @@ if _os.environ.get("SERVESIM_CORE", "python").strip().lower() not in ("", "pytho
     from engine.core import compiled as _compiled
 
     if _compiled.mode() == "compiled":
-        _compiled.activate(__path__)
+        _compiled.activate(__path__, __name__)

@@ -1,16 +1,22 @@
-"""An optional compiled build of this core: the same sources, compiled to C extensions by mypyc.
+"""An optional compiled build of the simulation's hot path: the same sources, compiled to C
+extensions by mypyc.
 
 The core is plain Python and that is what runs by default, what the tests check and what the
-engine drives. A long simulation spends most of its time here, so a user may build the core once
-with ``python -m sim compile-core`` (it needs ``mypy``, which ships mypyc, and a C compiler) and
-then set ``SERVESIM_CORE=compiled``: importing ``engine.core`` then takes every module it can
-from the build instead of the sources. Nothing else changes; a run's outputs are byte-identical.
+engine drives. A long simulation spends most of its time in this core and in the few simulator
+modules that step it (``HOT_MODULES``: the replica's step loop, the cost-model executor, the
+roofline, the step records). A user may build those once with ``python -m sim compile-core``
+(it needs ``mypy``, which ships mypyc, a C compiler and the Python headers) and then set
+``SERVESIM_CORE=compiled``: importing ``engine.core``, ``sim`` or ``records`` then takes each
+module that the build holds from the build instead of the sources. Nothing else changes; a
+run's outputs are byte-identical.
 
-A build lives in a cache directory keyed by a hash of every source file of the core, the Python
-version and the platform, so a build can never run stale code: edit one line and the key no
-longer matches, and the import fails with a message saying to rebuild. Three modules stay
-Python in every build: ``__init__`` (it is the switch), this one (it finds the build) and
-``errors`` (mypyc cannot compile a class derived from a built-in exception).
+A build lives in a cache directory keyed by a hash of the files it compiles, the Python version
+and the platform, so it can never run stale code: edit one line of them and the key no longer
+matches, and the import fails with a message saying to rebuild. The build holds only compiled
+modules, so everything else always comes from the sources. Three files of the core stay Python:
+``__init__`` (it is the switch), this one (it finds the build) and ``errors`` (mypyc cannot
+compile a class derived from a built-in exception). This module names the simulator's files but
+imports nothing outside the standard library, as the core must.
 """
 
 from __future__ import annotations
@@ -29,28 +35,41 @@ ENV_VAR = "SERVESIM_CORE"
 CACHE_ENV_VAR = "SERVESIM_CORE_CACHE"
 MODES = ("python", "compiled")
 CORE_DIR = Path(__file__).resolve().parent
+ROOT = CORE_DIR.parents[1]
 NOT_COMPILED = frozenset({"__init__.py", "compiled.py", "errors.py"})
+# Beyond engine/core: the modules a simulated step runs through (profiled on the Vidur workload;
+# docs/compiled_core.md). Each package named here switches in its own __init__.py.
+HOT_MODULES = (
+    "records/schema.py",
+    "records/step_shapes.py",
+    "sim/deployment.py",
+    "sim/executor.py",
+    "sim/roofline.py",
+    "sim/simulator.py",
+)
+# What mypyc must see to type-check the files it compiles (copied into the scratch tree).
+CHECKED_PACKAGES = ("records", "reports", "sim", "traces")
 BUILT_MARKER = "BUILT"
 
 
-def source_files(core_dir: Path = CORE_DIR) -> list[Path]:
-    """Every ``.py`` file of the core, in a fixed order (paths relative to ``core_dir``)."""
-    return sorted(p.relative_to(core_dir) for p in core_dir.rglob("*.py"))
+def compiled_files(root: Path = ROOT) -> list[Path]:
+    """The files a build compiles, relative to the project's root, in a fixed order."""
+    core = root / "engine" / "core"
+    files = [
+        p.relative_to(root)
+        for p in core.rglob("*.py")
+        if not (p.parent == core and p.name in NOT_COMPILED)
+    ]
+    return sorted(files + [Path(m) for m in HOT_MODULES])
 
 
-def compiled_files(core_dir: Path = CORE_DIR) -> list[Path]:
-    """The files a build compiles: all but the top-level ones in ``NOT_COMPILED``."""
-    files = source_files(core_dir)
-    return [p for p in files if not (p.parent == Path() and p.name in NOT_COMPILED)]
-
-
-def build_key(core_dir: Path = CORE_DIR) -> str:
-    """What a build must match: the sources' bytes, the interpreter and the platform."""
+def build_key(root: Path = ROOT) -> str:
+    """What a build must match: the compiled files' bytes, the interpreter and the platform."""
     digest = hashlib.sha256()
     digest.update(f"{sys.implementation.cache_tag} {sysconfig.get_platform()}\n".encode())
-    for rel in source_files(core_dir):
+    for rel in compiled_files(root):
         digest.update(f"{rel.as_posix()}\n".encode())
-        digest.update((core_dir / rel).read_bytes())
+        digest.update((root / rel).read_bytes())
     return digest.hexdigest()[:20]
 
 
@@ -62,9 +81,9 @@ def cache_root() -> Path:
     return Path.home() / ".cache" / "servesim" / "core"
 
 
-def build_dir(core_dir: Path = CORE_DIR, root: Path | None = None) -> Path:
+def build_dir(root: Path = ROOT, cache: Path | None = None) -> Path:
     """Where the build of these sources lives (whether or not it exists)."""
-    return (cache_root() if root is None else root) / build_key(core_dir)
+    return (cache_root() if cache is None else cache) / build_key(root)
 
 
 def mode() -> str:
@@ -75,23 +94,28 @@ def mode() -> str:
     return value
 
 
-def activate(package_path: list[str]) -> Path:
-    """Put the build of the current sources ahead of them on the core's package path.
+_active: list[Path] = []  # the build this process uses, once found
 
-    Called by ``engine/core/__init__.py`` before any other module of the core is imported. The
+
+def activate(package_path: list[str], package: str) -> Path:
+    """Put the build's modules of ``package`` ("engine.core", "sim", "records") ahead of its
+    sources on its package path.
+
+    Called by each switching package's ``__init__.py`` before it imports anything else. The
     build's root goes on ``sys.path`` too: mypyc's shared runtime module is top-level there.
     """
-    where = build_dir()
-    if not (where / BUILT_MARKER).is_file():
-        raise ImportError(
-            f"{ENV_VAR}=compiled, but no compiled core matches these sources (looked for "
-            f"{where}); build it with `python -m sim compile-core`, or unset {ENV_VAR}"
-        )
-    root = str(where)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    package_path.insert(0, str(where / "engine" / "core"))
-    return where
+    if not _active:
+        where = build_dir()
+        if not (where / BUILT_MARKER).is_file():
+            raise ImportError(
+                f"{ENV_VAR}=compiled, but no compiled build matches these sources (looked for "
+                f"{where}); build it with `python -m sim compile-core`, or unset {ENV_VAR}"
+            )
+        sys.path.insert(0, str(where))
+        _active.append(where)
+    modules = _active[0].joinpath(*package.split("."))
+    package_path.insert(0, str(modules))
+    return _active[0]
 
 
 def missing_tools() -> str | None:
@@ -108,32 +132,35 @@ def missing_tools() -> str | None:
     return None
 
 
-def compile_core(root: Path | None = None, core_dir: Path = CORE_DIR) -> tuple[Path, float]:
-    """Build the core with mypyc into its cache directory; returns (directory, seconds).
+def compile_core(cache: Path | None = None, root: Path = ROOT) -> tuple[Path, float]:
+    """Build the hot path with mypyc into its cache directory; returns (directory, seconds).
 
-    An existing build of the same sources is kept as it is. Raises RuntimeError with the
-    compiler's last lines when mypyc is missing or the build fails; nothing half-built is left
+    An existing build of the same sources is kept as it is. Raises RuntimeError naming what is
+    missing, or with the compiler's last lines when the build fails; nothing half-built is left
     where ``activate`` would find it.
     """
     start = time.perf_counter()
-    target = build_dir(core_dir, root)
+    target = build_dir(root, cache)
     if (target / BUILT_MARKER).is_file():
         return target, time.perf_counter() - start
     missing = missing_tools()
     if missing:
-        raise RuntimeError(f"compiling the core needs {missing}")
+        raise RuntimeError(f"compiling needs {missing}")
     scratch = target.with_name(f"{target.name}.tmp{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
-    package = scratch / "engine" / "core"
-    for rel in source_files(core_dir):
-        (package / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(core_dir / rel, package / rel)
-    # A stub parent package, so that mypyc names the modules engine.core.*; removed after the
-    # build, so that the build's root on sys.path can never shadow the real `engine` package.
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "data", "templates")
+    shutil.copytree(root / "engine" / "core", scratch / "engine" / "core", ignore=ignore)
+    for package in CHECKED_PACKAGES:
+        shutil.copytree(root / package, scratch / package, ignore=ignore)
+    # A stub for the engine's own __init__ (whose names pull torch in on use), so that mypyc
+    # names the core's modules engine.core.* without reading the engine's torch side.
     (scratch / "engine" / "__init__.py").write_text("")
-    files = [str(Path("engine") / "core" / rel) for rel in compiled_files(core_dir)]
+    # mypyc type-checks what it compiles; pandas, simpy and the like ship no stubs (the
+    # project's own `mypy` run is where types are checked strictly).
+    (scratch / "mypyc.ini").write_text("[mypy]\nignore_missing_imports = True\n")
+    files = [str(rel) for rel in compiled_files(root)]
     result = subprocess.run(
-        [sys.executable, "-m", "mypyc", *files],
+        [sys.executable, "-m", "mypyc", "--config-file", "mypyc.ini", *files],
         cwd=scratch,
         capture_output=True,
         text=True,
@@ -143,8 +170,13 @@ def compile_core(root: Path | None = None, core_dir: Path = CORE_DIR) -> tuple[P
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
         shutil.rmtree(scratch, ignore_errors=True)
         raise RuntimeError(f"mypyc failed (exit {result.returncode}):\n{tail}")
-    (scratch / "engine" / "__init__.py").unlink()
+    # Keep only the extensions: every other module always comes from the sources.
     shutil.rmtree(scratch / "build", ignore_errors=True)
+    for path in sorted(scratch.rglob("*"), reverse=True):
+        if path.is_file() and not path.name.endswith(".so"):
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
     (scratch / BUILT_MARKER).write_text(f"{sys.version}\n{len(files)} modules\n")
     if target.exists():  # another process finished the same build meanwhile
         shutil.rmtree(scratch, ignore_errors=True)

@@ -1,6 +1,6 @@
-"""The optional compiled core (engine.core.compiled): the build key, the switch's errors, and,
-where mypyc and a C compiler are present, a build whose simulation is byte-identical to the
-sources'."""
+"""The optional compiled build (engine.core.compiled): the build key, the switch's errors, and,
+where mypyc, a C compiler and the Python headers are present, a build whose simulation is
+byte-identical to the sources'."""
 
 from __future__ import annotations
 
@@ -17,10 +17,15 @@ from engine.core import compiled
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _copy_core(tmp_path: Path) -> Path:
-    core = tmp_path / "core"
-    shutil.copytree(compiled.CORE_DIR, core, ignore=shutil.ignore_patterns("__pycache__"))
-    return core
+def _copy_tree(tmp_path: Path) -> Path:
+    """The files a build key reads, copied under tmp_path (the project's layout)."""
+    root = tmp_path / "tree"
+    for rel in compiled.compiled_files():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / rel, root / rel)
+    for name in compiled.NOT_COMPILED:
+        shutil.copyfile(compiled.CORE_DIR / name, root / "engine" / "core" / name)
+    return root
 
 
 def _python(code: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -34,24 +39,27 @@ def _python(code: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.Comp
     )
 
 
-def test_build_key_follows_every_source_byte(tmp_path: Path) -> None:
-    core = _copy_core(tmp_path)
-    key = compiled.build_key(core)
-    assert compiled.build_key(core) == key  # deterministic
-    (core / "policies" / "chunked.py").write_text(
-        (core / "policies" / "chunked.py").read_text() + "\n# an edit\n"
-    )
-    edited = compiled.build_key(core)
-    assert edited != key
-    (core / "errors.py").write_text((core / "errors.py").read_text() + "\n")
-    assert compiled.build_key(core) not in (key, edited)
+def test_build_key_follows_every_compiled_byte(tmp_path: Path) -> None:
+    root = _copy_tree(tmp_path)
+    key = compiled.build_key(root)
+    assert key == compiled.build_key(ROOT)  # the same bytes, the same key
+    keys = {key}
+    for rel in ("engine/core/policies/chunked.py", "sim/executor.py", "records/schema.py"):
+        (root / rel).write_text((root / rel).read_text() + "\n# an edit\n")
+        keys.add(compiled.build_key(root))
+    assert len(keys) == 4  # every edit gave a new key
+    # The files that always run from the sources are not part of it.
+    (root / "engine" / "core" / "errors.py").write_text("# edited\n")
+    assert compiled.build_key(root) in keys
 
 
 def test_compiled_files_leave_the_switch_and_the_exceptions_as_python() -> None:
     names = {p.as_posix() for p in compiled.compiled_files()}
-    assert {"scheduler.py", "block_allocator.py", "policies/chunked.py"} <= names
-    assert not names & {"__init__.py", "compiled.py", "errors.py"}
-    assert "policies/__init__.py" in names  # only the top-level ones stay Python
+    core = {"engine/core/scheduler.py", "engine/core/block_allocator.py"}
+    assert core | {"engine/core/policies/chunked.py", "sim/simulator.py"} <= names
+    assert not names & {f"engine/core/{n}" for n in compiled.NOT_COMPILED}
+    assert "engine/core/policies/__init__.py" in names  # only the top-level ones stay Python
+    assert not names & {"sim/__init__.py", "records/__init__.py", "sim/errors.py"}
 
 
 def test_missing_build_is_an_import_error_that_says_how_to_build(tmp_path: Path) -> None:
@@ -85,7 +93,8 @@ def test_compiled_core_simulates_byte_identically(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     where, _ = compiled.compile_core(cache)
     assert (where / compiled.BUILT_MARKER).is_file()
-    assert not (where / "engine" / "__init__.py").exists()  # the stub parent is gone
+    left = {p.suffix for p in where.rglob("*") if p.is_file()} - {".so", ""}
+    assert not left, f"a build holds only extensions, found {left}"
     assert compiled.compile_core(cache)[0] == where  # a second call reuses the build
     outputs = {}
     for mode in compiled.MODES:
@@ -105,12 +114,15 @@ def test_compiled_core_simulates_byte_identically(tmp_path: Path) -> None:
             "--quiet",
         ]
         code = (
-            "import sys, engine.core.scheduler as s; print(s.__file__); "
+            "import sys, engine.core.scheduler as s, sim.simulator as m, sim.errors as e; "
+            "print(s.__file__, m.__file__, e.__file__); "
             f"from sim.cli import main; sys.exit(main({argv!r}))"
         )
         result = _python(code, env)
         assert result.returncode == 0, result.stderr
-        loaded = result.stdout.splitlines()[0]
-        assert loaded.endswith(".so") == (mode == "compiled"), loaded
+        scheduler, simulator, errors = result.stdout.splitlines()[0].split()
+        assert scheduler.endswith(".so") == (mode == "compiled"), scheduler
+        assert simulator.endswith(".so") == (mode == "compiled"), simulator
+        assert errors == str(ROOT / "sim" / "errors.py")  # never in a build
         outputs[mode] = [(out / name).read_bytes() for name in ("requests.csv", "steps.csv")]
     assert outputs["compiled"] == outputs["python"]

@@ -16,7 +16,7 @@ from engine.core.memory import MemorySnapshot
 from records import metrics
 from reports import RunRecords, render_report, write_report
 from reports.cli import main
-from reports.html import embed_json
+from reports.html import _source_doc, embed_json
 
 INJECTED = "<script>alert(1)</script>.csv"
 
@@ -50,8 +50,17 @@ def test_summary_numbers_and_definitions_are_on_the_page(example_run: RunRecords
     assert html.escape(inspect.cleandoc(metrics.__doc__ or "")) in page
     assert "internal fragmentation" in page and "reservation waste" in page
     assert "unknown" in page  # no command or version in this run's summary.json
-    first_line = (MemorySnapshot.__doc__ or "").splitlines()[0]
+    first_line = (MemorySnapshot.__doc__ or _source_doc(MemorySnapshot) or "").splitlines()[0]
     assert html.escape(first_line) in page
+
+
+def test_class_docstrings_are_read_from_the_source_too() -> None:
+    # What a class of the compiled build (which keeps no __doc__) shows in the definitions.
+    doc = _source_doc(MemorySnapshot)
+    assert doc is not None and doc.startswith("A partition of the KV cache's token slots")
+    if MemorySnapshot.__doc__:  # the sources (a class of the compiled build keeps none)
+        assert doc == MemorySnapshot.__doc__
+    assert _source_doc(len) is None  # not a class of a package's source file
 
 
 def test_strings_from_traces_and_configs_are_escaped(example_run: RunRecords) -> None:
