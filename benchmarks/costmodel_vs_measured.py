@@ -121,6 +121,9 @@ FITTED = {
     "gemm_latency_s": (2e-6, 3e-6, 4e-6, 5e-6, 6e-6, 8e-6),
     "elementwise_bandwidth_efficiency": (0.35, 0.4, 0.45, 0.5, 0.55, 0.6),
     "rotary_bandwidth_efficiency": (0.32, 0.36, 0.4, 0.44, 0.48, 0.52),
+    "streaming_bandwidth_efficiency": (0.75, 0.8, 0.85, 0.87, 0.9, 0.95),
+    "embedding_bandwidth_efficiency": (0.35, 0.39, 0.43, 0.47, 0.51),
+    "small_index_row_s": (5e-7, 6e-7, 7.5e-7, 9e-7, 1e-6),
     "dram_latency_s": (3e-7, 4e-7, 5e-7, 6e-7, 7e-7, 8e-7),
     "kernel_launch_floor_s": (1e-6, 1.5e-6, 2e-6, 2.5e-6, 3e-6),
 }

@@ -52,6 +52,20 @@ class HardwareSpec:
     # slower than the other row kernels. Fit to the attn_rope rows of the four A100 mlp.csv
     # (median error 9.8%; 0.5 gave 19%): the rows from 1K tokens up alone would give 0.44.
     rotary_bandwidth_efficiency: float = 0.4
+    # The residual add (PyTorch's vectorised add: two reads, one write) streams closer to peak
+    # than weight reads: fit to the add rows of the Llama-2 A100 mlp.csv from 4K tokens up,
+    # where its three tensors (>= 100 MB) cannot sit in the 40 MB L2.
+    streaming_bandwidth_efficiency: float = 0.87
+    # The embedding gathers one table row per token at a scattered address, then masks it (6
+    # row-sized HBM passes per token in all): it streams below the row kernels. Fit to the emb
+    # rows of the Llama-2 A100 mlp.csv from 256 tokens up (0.14-0.16 TB/s of output rows).
+    embedding_bandwidth_efficiency: float = 0.43
+    # PyTorch's embedding is index_select; with at most 16 indices its CUDA path takes the
+    # small-index kernel, whose threads walk the indices one after another (ATen
+    # native/cuda/Indexing.cu). Each index costs a dependent fetch: fit to the emb rows with
+    # 1-16 tokens of the Llama-2 A100 mlp.csv (3 us at 1 token, 14 us at 16, at every TP).
+    small_index_max_rows: int = 16
+    small_index_row_s: float = 7.5e-7
     attention_flops_efficiency: float = 0.37  # FlashAttention prefill, per (query, key) pair
     attention_bandwidth_efficiency: float = 0.75  # paged decode attention reading K and V
     attention_latency_s: float = 15e-6  # fixed cost of one attention call (split-KV reduce, setup)
@@ -91,6 +105,7 @@ class HardwareSpec:
             "gemm_tile_tokens",
             "gemm_tile_cols",
             "row_block_threads",
+            "small_index_max_rows",
             "nvlink_domain_size",
             "scale_out_bandwidth_bytes_per_s",
         ):
@@ -102,6 +117,8 @@ class HardwareSpec:
             "memory_bandwidth_efficiency",
             "elementwise_bandwidth_efficiency",
             "rotary_bandwidth_efficiency",
+            "streaming_bandwidth_efficiency",
+            "embedding_bandwidth_efficiency",
             "attention_flops_efficiency",
             "attention_bandwidth_efficiency",
             "interconnect_bus_efficiency",
@@ -117,6 +134,7 @@ class HardwareSpec:
             "attention_latency_s",
             "allreduce_call_latency_s",
             "scale_out_latency_s",
+            "small_index_row_s",
         ):
             value = getattr(self, field)
             if not value >= 0:

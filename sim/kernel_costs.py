@@ -38,12 +38,16 @@ def gemm_s(hw: HardwareSpec, m: int, n: int, k: int, dtype_bytes: int) -> float:
     return hw.gemm_latency_s + max(compute, memory)
 
 
-def streaming_s(hw: HardwareSpec, num_bytes: float) -> float:
+def streaming_s(
+    hw: HardwareSpec, num_bytes: float, bandwidth_efficiency: float | None = None
+) -> float:
     """A vectorised elementwise kernel (PyTorch's add, copies) moving `num_bytes` through HBM,
-    reads plus writes, at the streaming efficiency."""
+    reads plus writes, at `bandwidth_efficiency` (default `memory_bandwidth_efficiency`)."""
     if num_bytes <= 0:
         return 0.0
-    bandwidth = hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency
+    if bandwidth_efficiency is None:
+        bandwidth_efficiency = hw.memory_bandwidth_efficiency
+    bandwidth = hw.hbm_bandwidth_bytes_per_s * bandwidth_efficiency
     return max(num_bytes / bandwidth, hw.kernel_launch_floor_s)
 
 
@@ -67,6 +71,20 @@ def row_kernel_s(
         bandwidth_efficiency = hw.elementwise_bandwidth_efficiency
     bandwidth = hw.hbm_bandwidth_bytes_per_s * bandwidth_efficiency
     return max(num_bytes / bandwidth, walk)
+
+
+def embedding_s(hw: HardwareSpec, num_tokens: int, num_bytes: float, row_elements: int) -> float:
+    """The embedding lookup of `num_tokens` tokens moving `num_bytes` in all.
+
+    Up to `small_index_max_rows` tokens, PyTorch's index_select takes its small-index kernel,
+    which walks the indices one after another: the launch floor plus `small_index_row_s` per
+    token. Beyond, a row kernel at `embedding_bandwidth_efficiency` (scattered row gathers).
+    """
+    if num_tokens <= 0 or num_bytes <= 0:
+        return 0.0
+    if num_tokens <= hw.small_index_max_rows:
+        return hw.kernel_launch_floor_s + num_tokens * hw.small_index_row_s
+    return row_kernel_s(hw, num_bytes, row_elements, hw.embedding_bandwidth_efficiency)
 
 
 def attention_s(hw: HardwareSpec, flops: float, num_bytes: float) -> float:

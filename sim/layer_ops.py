@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sim.hardware_spec import HardwareSpec
-from sim.kernel_costs import gemm_s, row_kernel_s, streaming_s
+from sim.kernel_costs import embedding_s, gemm_s, row_kernel_s, streaming_s
 from sim.model_spec import ModelSpec, check_tp
 
 LINEAR_OPS: tuple[str, ...] = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
@@ -74,10 +74,10 @@ class LayerOps:
             "attn_rope": (rope, (q_size + kv_size) // 2),
             "attn_qk_norm": (qk_norm, model.head_dim),
             "mlp_act": ((act_up_out + act_inter) * dtype, act_inter),
-            # The embedding gather fetches rows by id, then the vocab-parallel mask reads and
-            # writes them twice more (index mask, zeroing multiply).
-            "emb": (6 * hidden * dtype, hidden),
         }
+        # The embedding gather fetches rows by id, then the vocab-parallel mask reads and
+        # writes them twice more (index mask, zeroing multiply): bytes per token, row width.
+        self._embedding = (6 * hidden * dtype, hidden)
         # A vectorised PyTorch kernel: the residual add reads two rows and writes one.
         self._streaming_bytes_per_token = {"add": 3 * hidden * dtype}
 
@@ -90,6 +90,9 @@ class LayerOps:
             if n <= 0 or k <= 0:
                 return 0.0
             return gemm_s(self.hardware, num_tokens, n, k, self.model.dtype_bytes)
+        if op == "emb":
+            num_bytes, row = self._embedding
+            return embedding_s(self.hardware, num_tokens, num_tokens * num_bytes, row)
         if op in self._row_kernels:
             num_bytes, row = self._row_kernels[op]
             if not num_bytes:
@@ -99,7 +102,11 @@ class LayerOps:
             efficiency = self.hardware.rotary_bandwidth_efficiency if op == "attn_rope" else None
             return row_kernel_s(self.hardware, num_tokens * num_bytes, row, efficiency)
         if op in self._streaming_bytes_per_token:
-            return streaming_s(self.hardware, num_tokens * self._streaming_bytes_per_token[op])
+            return streaming_s(
+                self.hardware,
+                num_tokens * self._streaming_bytes_per_token[op],
+                self.hardware.streaming_bandwidth_efficiency,
+            )
         raise ValueError(f"unknown layer op {op!r}")
 
     def expected_experts_touched(self, num_tokens: int) -> float:

@@ -168,11 +168,21 @@ class RooflineCostModel:
         return layers * streaming_s(self.hardware, per_layer_bytes)
 
     def elementwise_s(self, num_tokens: int) -> float:
-        """Norms, rotary, activation and residual adds of every layer, and the embedding."""
+        """Norms, rotary, activation and residual adds of every layer, and the embedding.
+
+        The step time stays monotone in tokens (a scheduler's more work never takes less
+        time): the embedding takes the lower envelope of its kernel and the kernel just past
+        the small-index switch. PyTorch's serial walk over 4-16 indices (`embedding_s`) is up
+        to ~10 us slower than the gather of 17 rows; `costmodel check` scores that kernel as
+        is, the step leaves the dip out."""
         if num_tokens <= 0:
             return 0.0
         layers = self.model.num_layers * self.layer_ops.elementwise_s(num_tokens)
-        return layers + self.layer_ops.op_s("emb", num_tokens)
+        emb = self.layer_ops.op_s("emb", num_tokens)
+        switch = self.hardware.small_index_max_rows + 1
+        if num_tokens < switch:
+            emb = min(emb, self.layer_ops.op_s("emb", switch))
+        return layers + emb
 
     def lm_head_s(self, num_seqs: int) -> float:
         """Logits for the last token of each sequence (vLLM computes them for partial prefill

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 from dataclasses import replace
@@ -271,3 +272,49 @@ def test_real_a100_files_stay_within_the_targets(model: str) -> None:
     assert medians["linear"] <= 10.0
     assert medians["elementwise"] <= 15.0
     assert medians["prefill_step"] <= 10.0
+
+
+def test_embedding_walks_few_indices_one_by_one() -> None:
+    ops = LayerOps(LLAMA, A100)
+    # Up to 16 tokens: launch floor plus one dependent fetch per index (hand computation).
+    assert ops.op_s("emb", 1) == pytest.approx(2e-6 + 7.5e-7)
+    assert ops.op_s("emb", 16) == pytest.approx(2e-6 + 16 * 7.5e-7)
+    # Linear in the tokens below the switch, and the step is the index_select kernel's switch.
+    small = [ops.op_s("emb", t) for t in range(1, 17)]
+    assert all(b - a == pytest.approx(7.5e-7) for a, b in itertools.pairwise(small))
+    assert ops.op_s("emb", 17) < ops.op_s("emb", 16)
+    moved = replace(A100, small_index_max_rows=8)
+    assert LayerOps(LLAMA, moved).op_s("emb", 16) < ops.op_s("emb", 16)
+    with pytest.raises(ValueError, match=r"HardwareSpec\.small_index_row_s"):
+        replace(A100, small_index_row_s=-1e-9)
+    with pytest.raises(ValueError, match=r"HardwareSpec\.small_index_max_rows"):
+        replace(A100, small_index_max_rows=0)
+
+
+def test_embedding_gather_streams_at_its_own_efficiency() -> None:
+    ops = LayerOps(LLAMA, A100)
+    num_tokens = 8192  # bandwidth-bound: 6 row passes of 4096 fp16 values per token
+    num_bytes = num_tokens * 6 * 4096 * 2
+    expected = num_bytes / (A100.hbm_bandwidth_bytes_per_s * A100.embedding_bandwidth_efficiency)
+    assert ops.op_s("emb", num_tokens) == pytest.approx(expected)
+    slower = replace(A100, embedding_bandwidth_efficiency=A100.embedding_bandwidth_efficiency / 2)
+    assert LayerOps(LLAMA, slower).op_s("emb", num_tokens) == pytest.approx(2 * expected)
+    assert LayerOps(LLAMA, slower).op_s("mlp_act", num_tokens) == ops.op_s("mlp_act", num_tokens)
+    with pytest.raises(ValueError, match=r"HardwareSpec\.embedding_bandwidth_efficiency"):
+        replace(A100, embedding_bandwidth_efficiency=1.5)
+
+
+def test_residual_add_streams_three_tensors_at_the_streaming_efficiency() -> None:
+    ops = LayerOps(LLAMA, A100)
+    num_tokens = 8192  # two reads and one write of 4096 fp16 values per token
+    num_bytes = num_tokens * 3 * 4096 * 2
+    expected = num_bytes / (A100.hbm_bandwidth_bytes_per_s * A100.streaming_bandwidth_efficiency)
+    assert ops.op_s("add", num_tokens) == pytest.approx(expected)
+    # Few tokens: the launch floor, whatever the efficiency.
+    assert ops.op_s("add", 1) == A100.kernel_launch_floor_s
+    # Weight reads keep the memory efficiency: the add's constant does not move a GEMM.
+    slower = replace(A100, streaming_bandwidth_efficiency=0.5)
+    assert LayerOps(LLAMA, slower).op_s("mlp_down_proj", 8) == ops.op_s("mlp_down_proj", 8)
+    assert LayerOps(LLAMA, slower).op_s("add", num_tokens) > ops.op_s("add", num_tokens)
+    with pytest.raises(ValueError, match=r"HardwareSpec\.streaming_bandwidth_efficiency"):
+        replace(A100, streaming_bandwidth_efficiency=0.0)
