@@ -64,6 +64,7 @@ class HardwareSpec:
     # small-index kernel, whose threads walk the indices one after another (ATen
     # native/cuda/Indexing.cu). Each index costs a dependent fetch: fit to the emb rows with
     # 1-16 tokens of the Llama-2 A100 mlp.csv (3 us at 1 token, 14 us at 16, at every TP).
+    # 0 turns the small-index path off (every lookup is a row gather).
     small_index_max_rows: int = 16
     small_index_row_s: float = 7.5e-7
     attention_flops_efficiency: float = 0.37  # FlashAttention prefill, per (query, key) pair
@@ -105,7 +106,6 @@ class HardwareSpec:
             "gemm_tile_tokens",
             "gemm_tile_cols",
             "row_block_threads",
-            "small_index_max_rows",
             "nvlink_domain_size",
             "scale_out_bandwidth_bytes_per_s",
         ):
@@ -139,6 +139,10 @@ class HardwareSpec:
             value = getattr(self, field)
             if not value >= 0:
                 raise ValueError(f"HardwareSpec.{field} must be >= 0, got {value!r}")
+        if not self.small_index_max_rows >= 0:
+            raise ValueError(
+                f"HardwareSpec.small_index_max_rows must be >= 0, got {self.small_index_max_rows!r}"
+            )
         if self.peak_fp8_flops is not None and not self.peak_fp8_flops > 0:
             raise ValueError(
                 f"HardwareSpec.peak_fp8_flops must be positive or None, got {self.peak_fp8_flops!r}"

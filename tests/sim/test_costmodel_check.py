@@ -288,7 +288,12 @@ def test_embedding_walks_few_indices_one_by_one() -> None:
     with pytest.raises(ValueError, match=r"HardwareSpec\.small_index_row_s"):
         replace(A100, small_index_row_s=-1e-9)
     with pytest.raises(ValueError, match=r"HardwareSpec\.small_index_max_rows"):
-        replace(A100, small_index_max_rows=0)
+        replace(A100, small_index_max_rows=-1)
+    # 0 turns the small-index path off: one token is a row gather like seventeen.
+    off = LayerOps(LLAMA, replace(A100, small_index_max_rows=0))
+    assert off.op_s("emb", 1) == pytest.approx(
+        row_kernel_s(A100, 6 * LLAMA.hidden_size * LLAMA.dtype_bytes, LLAMA.hidden_size, 0.43)
+    )
 
 
 def test_embedding_gather_streams_at_its_own_efficiency() -> None:
