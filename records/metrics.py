@@ -19,6 +19,7 @@ Definitions (all latencies from the request's own timestamps):
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -126,7 +127,8 @@ def itl_samples(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
         by_clock.setdefault(id(r.tokens.step_end_s), []).append(r)
     for group in by_clock.values():
         ends = np.frombuffer(group[0].tokens.step_end_s, dtype=np.float64)
-        diff = np.zeros(ends.size + 1, dtype=np.int64)
+        # int32: a weight counts requests of one replica, far below 2**31; half the memory.
+        diff = np.zeros(ends.size + 1, dtype=np.int32)
         starts: list[int] = []
         stops: list[int] = []
         for r in group:
@@ -142,16 +144,23 @@ def itl_samples(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
                 prev_last = start + count - 1
         np.add.at(diff, np.asarray(starts, dtype=np.int64), 1)
         np.add.at(diff, np.asarray(stops, dtype=np.int64), -1)
-        weights = np.cumsum(diff)[1 : ends.size]
-        del diff
+        del starts, stops
+        np.cumsum(diff, out=diff)
+        weights = diff[1 : ends.size]
+        gaps = np.diff(ends)
         keep = weights > 0
-        values.append(np.diff(ends)[keep])
-        counts.append(weights[keep])
+        if keep.all():  # some request mid-run at every step: no copies
+            values.append(gaps)
+            counts.append(weights)
+        else:
+            values.append(gaps[keep])
+            counts.append(weights[keep])
+        del diff, weights, gaps, keep
     if irregular:
         values.append(np.asarray(irregular, dtype=np.float64))
-        counts.append(np.ones(len(irregular), dtype=np.int64))
+        counts.append(np.ones(len(irregular), dtype=np.int32))
     if not values:
-        return np.empty(0, dtype=np.float64), np.empty(0, dtype=np.int64)
+        return np.empty(0, dtype=np.float64), np.empty(0, dtype=np.int32)
     if len(values) == 1:  # one replica, no gaps between runs: no copy (it can be large)
         return values[0], counts[0]
     return np.concatenate(values), np.concatenate(counts)
@@ -176,12 +185,68 @@ def _itl_stats(finished: Sequence[Request], out: dict[str, float | int | None]) 
     spread *= counts  # counts * (g - mean) ** 2
     out["std_itl_ms"] = float(math.sqrt(max(0.0, float(spread.sum() / total))))
     del spread
-    # ``weighted_percentiles``, letting go of each array once its sorted copy is made.
-    order = np.argsort(g, kind="stable")
-    g = g[order]
-    counts = counts[order]
-    del order
-    np.cumsum(counts, out=counts)
+    # ``weighted_percentiles`` without sorting the pairs together (an index array and two
+    # permuted copies): each count's values are sorted apart, then ``g`` is let go.
+    groups = _sorted_by_count(g, counts)
+    del g, counts
     names = ["median" if p == 50 else f"p{p}" for p in PERCENTILES]
-    for name, value in zip(names, _sorted_percentiles(g, counts, PERCENTILES), strict=True):
+    values = _grouped_percentiles(groups, int(total), PERCENTILES)
+    for name, value in zip(names, values, strict=True):
         out[f"{name}_itl_ms"] = value
+
+
+def _sorted_by_count(values: np.ndarray, counts: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(count, the values with that count, sorted) for each positive count."""
+    groups: list[tuple[int, np.ndarray]] = []
+    for count in np.unique(counts).tolist():
+        if count > 0:  # (a value counted 0 times is no sample)
+            part = values[counts == count]
+            part.sort()
+            groups.append((count, part))
+    return groups
+
+
+def _grouped_percentiles(
+    groups: Sequence[tuple[int, np.ndarray]], total: int, qs: Sequence[float]
+) -> list[float]:
+    """``_sorted_percentiles`` of the values of ``groups`` (``_sorted_by_count``), each
+    repeated its count times, ``total`` samples in all: the same numbers, found by bisection
+    over the order of float64 values instead of in one sorted copy."""
+
+    def at_rank(rank: int) -> float:
+        """The sample at 0-based ``rank`` in sorted order: the smallest value x with more
+        than ``rank`` samples <= x (one of the values: that count steps only at them)."""
+        lo = _order_key(min(float(part[0]) for _, part in groups)) - 1  # no sample <= it
+        hi = _order_key(max(float(part[-1]) for _, part in groups))  # every sample <= it
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            x = _from_order_key(mid)
+            below = sum(count * int(np.searchsorted(part, x, "right")) for count, part in groups)
+            if below > rank:
+                hi = mid
+            else:
+                lo = mid
+        return _from_order_key(hi) + 0.0  # (+ 0.0: -0.0, equal to +0.0, reads as +0.0)
+
+    out: list[float] = []
+    for q in qs:
+        h = (total - 1) * q / 100.0
+        lo, hi = math.floor(h), math.ceil(h)
+        v_lo, v_hi = at_rank(lo), at_rank(hi)
+        out.append(float(v_lo + (v_hi - v_lo) * (h - lo)))
+    return out
+
+
+_SIGN = 1 << 63
+
+
+def _order_key(x: float) -> int:
+    """An integer in the order of float64 values (-0.0 just below +0.0)."""
+    bits: int = struct.unpack("<Q", struct.pack("<d", x))[0]
+    return bits if bits < _SIGN else -(bits - _SIGN) - 1
+
+
+def _from_order_key(key: int) -> float:
+    bits = key if key >= 0 else (-key - 1) + _SIGN
+    value: float = struct.unpack("<d", struct.pack("<Q", bits))[0]
+    return value
