@@ -18,8 +18,10 @@ Definitions (all latencies from the request's own timestamps):
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
+from array import array
 from collections.abc import Sequence
 
 import numpy as np
@@ -112,25 +114,27 @@ def summarize(
     return out
 
 
-def itl_samples(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
-    """Every inter-token latency of ``requests`` as (values_s, counts), without expanding runs.
+def itl_groups(requests: Sequence[Request]) -> list[tuple[int, np.ndarray]]:
+    """Every inter-token latency of ``requests`` in seconds, without expanding runs, grouped
+    by multiplicity: (count, the sorted gaps that occur ``count`` times each), by count.
 
     Within a run of consecutive steps a request's gap is that step's end minus the previous
     step's end, so those gaps are the replica's step gaps weighted by how many requests were
-    mid-run in each step; gaps between runs (after a preemption) are added one by one.
+    mid-run in each step; gaps between runs (after a preemption) count once each. The step
+    gaps are taken a slice at a time straight into their groups: besides the groups (one
+    float per step), only the weights (an int32 per step) are held.
     """
-    values: list[np.ndarray] = []
-    counts: list[np.ndarray] = []
+    sources: list[tuple[np.ndarray, np.ndarray]] = []  # (step ends, weight of each gap)
     irregular: list[float] = []
     by_clock: dict[int, list[Request]] = {}
     for r in requests:
         by_clock.setdefault(id(r.tokens.step_end_s), []).append(r)
     for group in by_clock.values():
         ends = np.frombuffer(group[0].tokens.step_end_s, dtype=np.float64)
-        # int32: a weight counts requests of one replica, far below 2**31; half the memory.
+        # int32: a weight counts requests of one replica, far below 2**31.
         diff = np.zeros(ends.size + 1, dtype=np.int32)
-        starts: list[int] = []
-        stops: list[int] = []
+        starts = array("q")  # (8 bytes an entry: there is one per run of every request)
+        stops = array("q")
         for r in group:
             t = r.tokens
             prev_last: int | None = None
@@ -142,74 +146,77 @@ def itl_samples(requests: Sequence[Request]) -> tuple[np.ndarray, np.ndarray]:
                 starts.append(start + 1)
                 stops.append(start + count)
                 prev_last = start + count - 1
-        np.add.at(diff, np.asarray(starts, dtype=np.int64), 1)
-        np.add.at(diff, np.asarray(stops, dtype=np.int64), -1)
+        np.add.at(diff, np.frombuffer(starts, dtype=np.int64), 1)
+        np.add.at(diff, np.frombuffer(stops, dtype=np.int64), -1)
         del starts, stops
         np.cumsum(diff, out=diff)
-        weights = diff[1 : ends.size]
-        gaps = np.diff(ends)
-        keep = weights > 0
-        if keep.all():  # some request mid-run at every step: no copies
-            values.append(gaps)
-            counts.append(weights)
+        sources.append((ends, diff[1 : ends.size]))  # gap i: ends[i + 1] - ends[i]
+    sizes = np.zeros(2, dtype=np.int64)
+    for _, weights in sources:
+        found = np.bincount(weights)
+        if found.size > sizes.size:
+            found[: sizes.size] += sizes
+            sizes = found
         else:
-            values.append(gaps[keep])
-            counts.append(weights[keep])
-        del diff, weights, gaps, keep
+            sizes[: found.size] += found
+    sizes[1] += len(irregular)
+    parts = {
+        count: np.empty(int(size)) for count, size in enumerate(sizes.tolist()) if count and size
+    }
+    filled = dict.fromkeys(parts, 0)
+    for ends, weights in sources:
+        for a in range(0, weights.size, _SLICE):
+            b = min(a + _SLICE, weights.size)
+            order = np.argsort(weights[a:b], kind="stable")
+            by_weight = weights[a:b][order]
+            gaps = (ends[a + 1 : b + 1] - ends[a:b])[order]
+            edges = [0, *(np.flatnonzero(by_weight[1:] != by_weight[:-1]) + 1).tolist(), b - a]
+            for lo, hi in itertools.pairwise(edges):
+                count = int(by_weight[lo])
+                if count:  # (a gap no request was mid-run over is no sample)
+                    at = filled[count]
+                    parts[count][at : at + hi - lo] = gaps[lo:hi]
+                    filled[count] = at + hi - lo
     if irregular:
-        values.append(np.asarray(irregular, dtype=np.float64))
-        counts.append(np.ones(len(irregular), dtype=np.int32))
-    if not values:
-        return np.empty(0, dtype=np.float64), np.empty(0, dtype=np.int32)
-    if len(values) == 1:  # one replica, no gaps between runs: no copy (it can be large)
-        return values[0], counts[0]
-    return np.concatenate(values), np.concatenate(counts)
+        parts[1][filled[1] :] = irregular
+    for part in parts.values():
+        part.sort()
+    return sorted(parts.items())
+
+
+_SLICE = 1 << 16  # step gaps sorted into groups at a time
 
 
 def _itl_stats(finished: Sequence[Request], out: dict[str, float | int | None]) -> None:
-    gaps, counts = itl_samples(finished)
-    if not gaps.size:
+    groups = itl_groups(finished)
+    if not groups:
         for key in ("mean", "std", "median", "p90", "p99"):
             out[f"{key}_itl_ms"] = None
         return
-    # In place where the values allow (a run's gaps number as many as its steps: millions):
-    # the same operations, in the same order, as the plain expressions in the comments.
-    g = gaps
-    g *= 1000.0  # g = gaps * 1000.0
-    del gaps
-    total = counts.sum()
-    mean = float((g * counts).sum() / total)
+    total = 0
+    weighted = 0.0
+    for count, part in groups:
+        part *= 1000.0  # (in place: these are ours)
+        total += count * part.size
+        weighted += count * float(part.sum())
+    mean = weighted / total
     out["mean_itl_ms"] = mean
-    spread = g - mean
-    np.square(spread, out=spread)  # (g - mean) ** 2
-    spread *= counts  # counts * (g - mean) ** 2
-    out["std_itl_ms"] = float(math.sqrt(max(0.0, float(spread.sum() / total))))
-    del spread
-    # ``weighted_percentiles`` without sorting the pairs together (an index array and two
-    # permuted copies): each count's values are sorted apart, then ``g`` is let go.
-    groups = _sorted_by_count(g, counts)
-    del g, counts
+    spread = 0.0
+    for count, part in groups:
+        for a in range(0, part.size, _SLICE):
+            deviation = part[a : a + _SLICE] - mean
+            spread += count * float(np.dot(deviation, deviation))
+    out["std_itl_ms"] = math.sqrt(max(0.0, spread / total))
     names = ["median" if p == 50 else f"p{p}" for p in PERCENTILES]
-    values = _grouped_percentiles(groups, int(total), PERCENTILES)
+    values = _grouped_percentiles(groups, total, PERCENTILES)
     for name, value in zip(names, values, strict=True):
         out[f"{name}_itl_ms"] = value
-
-
-def _sorted_by_count(values: np.ndarray, counts: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """(count, the values with that count, sorted) for each positive count."""
-    groups: list[tuple[int, np.ndarray]] = []
-    for count in np.unique(counts).tolist():
-        if count > 0:  # (a value counted 0 times is no sample)
-            part = values[counts == count]
-            part.sort()
-            groups.append((count, part))
-    return groups
 
 
 def _grouped_percentiles(
     groups: Sequence[tuple[int, np.ndarray]], total: int, qs: Sequence[float]
 ) -> list[float]:
-    """``_sorted_percentiles`` of the values of ``groups`` (``_sorted_by_count``), each
+    """``_sorted_percentiles`` of the values of ``groups`` (``itl_groups``), each
     repeated its count times, ``total`` samples in all: the same numbers, found by bisection
     over the order of float64 values instead of in one sorted copy."""
 

@@ -4,17 +4,26 @@ over the expanded samples to rounding."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from records.metrics import (
-    PERCENTILES,
-    _grouped_percentiles,
-    _sorted_by_count,
-    weighted_percentiles,
-)
+from records.metrics import PERCENTILES, _grouped_percentiles, summarize, weighted_percentiles
+from sim.run import RunConfig, simulate
+from traces.loaders import load_trace
+
+DATA = Path(__file__).resolve().parents[2] / "traces" / "data"
+
+
+def _sorted_by_count(values: np.ndarray, counts: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """The groups ``itl_groups`` gives: (count, its values sorted), for each positive count."""
+    return [
+        (int(count), np.sort(values[counts == count])) for count in np.unique(counts) if count > 0
+    ]
+
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=True)
 
@@ -52,3 +61,31 @@ def test_grouped_percentiles_with_ties_across_counts_and_zeros() -> None:
 def test_grouped_percentiles_of_one_sample() -> None:
     groups = _sorted_by_count(np.array([7.25]), np.array([3], dtype=np.int32))
     assert _grouped_percentiles(groups, 3, (0, 50, 100)) == pytest.approx([7.25] * 3, abs=0)
+
+
+@pytest.mark.parametrize(
+    ("trace_file", "options"),
+    [
+        ("example.csv", {"policy": "chunked"}),
+        # Preemption by swap splits runs: gaps between runs count one by one.
+        ("example.csv", {"policy": "continuous", "num_blocks": 300, "preemption_mode": "swap"}),
+        # Two replicas: two clocks. Disaggregated: first tokens come from a prefill replica.
+        ("example.csv", {"policy": "continuous", "num_replicas": 2}),
+        ("example.csv", {"policy": "disagg", "num_prefill": 1, "num_decode": 1}),
+    ],
+)
+def test_itl_summary_equals_every_expanded_gap(trace_file: str, options: dict[str, object]) -> None:
+    config = RunConfig(model="Llama-2-7B", hardware="A100-80GB", **options)  # type: ignore[arg-type]
+    result = simulate(load_trace(DATA / trace_file), config)
+    gaps_ms = np.array([g for r in result.requests for g in r.tokens.gaps_s()]) * 1000.0
+    assert gaps_ms.size > 100
+    if options.get("preemption_mode") == "swap":
+        assert any(len(r.tokens.run_starts) > 1 for r in result.requests)  # gaps between runs
+    if options["policy"] == "disagg":
+        assert any(r.tokens.external_first_s is not None for r in result.requests)
+    summary = summarize(result.requests, 1.0)
+    assert summary["mean_itl_ms"] == pytest.approx(float(gaps_ms.mean()), rel=1e-12)
+    assert summary["std_itl_ms"] == pytest.approx(float(gaps_ms.std()), rel=1e-9)
+    ones = np.ones(gaps_ms.size, dtype=np.int64)
+    expected = weighted_percentiles(gaps_ms, ones, PERCENTILES)
+    assert [summary[f"{n}_itl_ms"] for n in ("median", "p90", "p99")] == expected
