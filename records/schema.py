@@ -7,7 +7,7 @@ import math
 import struct
 from array import array
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -71,6 +71,31 @@ SUMMED_COLUMNS = (
 )
 
 _ROW = struct.Struct(f"{len(STEP_COLUMNS)}d")  # one step row, packed
+# How each column is kept (``array`` type codes): times as doubles, sums over runs of steps
+# as 64-bit integers, per-step counts as 32-bit integers, the pool as a byte. At 100k
+# requests (300k rows) that is 14 MB less than doubles throughout.
+_PER_STEP_COUNTS = (
+    "replica",
+    "num_steps",
+    "num_requests",
+    "num_running",
+    "num_waiting",
+    "num_swapped",
+    "num_preempted",
+    "num_copies",
+    "num_swap_out_blocks",
+    "num_swap_in_blocks",
+)
+COLUMN_TYPECODES = {
+    name: "d"
+    if name in ("start_s", "duration_s")
+    else "b"
+    if name == "pool"
+    else "i"
+    if name in _PER_STEP_COUNTS
+    else "q"
+    for name in STEP_COLUMNS
+}
 _FLUSH_ROWS = 4096
 
 
@@ -79,7 +104,9 @@ class StepRecorder:
     (``num_steps`` > 1), stored column-wise in compact arrays."""
 
     def __init__(self, on_step: Callable[[float], None] | None = None) -> None:
-        self._columns = {name: array("d") for name in STEP_COLUMNS}
+        self._columns: dict[str, array[Any]] = {
+            name: array(code) for name, code in COLUMN_TYPECODES.items()
+        }
         # Rows wait here packed as doubles and move into the columns in bulk (much cheaper
         # per row than appending to each column).
         self._rows = bytearray()
@@ -89,7 +116,7 @@ class StepRecorder:
         self._engine_times: dict[str, array[float]] = {}
 
     @property
-    def columns(self) -> dict[str, array[float]]:
+    def columns(self) -> dict[str, array[Any]]:
         """Every recorded row, column by column (in STEP_COLUMNS order)."""
         self._flush()
         return self._columns
@@ -98,7 +125,8 @@ class StepRecorder:
         if self._num_rows:
             rows = np.frombuffer(self._rows, dtype=np.float64).reshape(self._num_rows, -1)
             for idx, column in enumerate(self._columns.values()):
-                column.frombytes(np.ascontiguousarray(rows[:, idx]).tobytes())
+                values = rows[:, idx].astype(f"={column.typecode}", casting="unsafe")
+                column.frombytes(values.tobytes())
             del rows
             self._rows = bytearray()
             self._num_rows = 0
@@ -210,9 +238,14 @@ class StepRecorder:
             self.on_step(start_s + duration_s)
 
     def to_frame(self) -> pd.DataFrame:
-        frame = pd.DataFrame({name: list(col) for name, col in self.columns.items()})
-        ints = [n for n in STEP_COLUMNS if n not in ("start_s", "duration_s", "pool")]
-        frame = frame.astype({n: "int64" for n in ints})
+        frame = pd.DataFrame(
+            {
+                name: np.frombuffer(col, dtype=f"={col.typecode}").astype(
+                    np.float64 if col.typecode == "d" else np.int64
+                )
+                for name, col in self.columns.items()
+            }
+        )
         names = {code: name for name, code in POOL_CODES.items()}
         frame["pool"] = [names[int(code)] for code in frame["pool"]]
         for name, column in self._engine_times.items():
