@@ -22,7 +22,7 @@ import itertools
 import math
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -120,20 +120,21 @@ def itl_groups(requests: Sequence[Request]) -> list[tuple[int, np.ndarray]]:
 
     Within a run of consecutive steps a request's gap is that step's end minus the previous
     step's end, so those gaps are the replica's step gaps weighted by how many requests were
-    mid-run in each step; gaps between runs (after a preemption) count once each. The step
-    gaps are taken a slice at a time straight into their groups: besides the groups (one
-    float per step), only the weights (an int32 per step) are held.
+    mid-run in each step; gaps between runs (after a preemption) count once each. The steps
+    are taken a slice at a time, their weights from the runs that start and stop in the
+    slice, straight into the groups: beyond the groups (one float per step), memory holds
+    two integers per run.
     """
-    sources: list[tuple[np.ndarray, np.ndarray]] = []  # (step ends, weight of each gap)
+    sources: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # ends, run bounds
     irregular: list[float] = []
     by_clock: dict[int, list[Request]] = {}
     for r in requests:
         by_clock.setdefault(id(r.tokens.step_end_s), []).append(r)
     for group in by_clock.values():
         ends = np.frombuffer(group[0].tokens.step_end_s, dtype=np.float64)
-        # int32: a weight counts requests of one replica, far below 2**31.
-        diff = np.zeros(ends.size + 1, dtype=np.int32)
-        starts = array("q")  # (8 bytes an entry: there is one per run of every request)
+        # A run of ``count`` emissions from step ``start`` has gaps ending at steps
+        # start + 1 .. start + count - 1: it is mid-run there.
+        firsts = array("q")
         stops = array("q")
         for r in group:
             t = r.tokens
@@ -143,33 +144,29 @@ def itl_groups(requests: Sequence[Request]) -> list[tuple[int, np.ndarray]]:
                     irregular.append(float(ends[start] - ends[prev_last]))
                 elif t.external_first_s is not None:  # first token from a prefill replica
                     irregular.append(float(ends[start]) - t.external_first_s)
-                starts.append(start + 1)
+                firsts.append(start + 1)
                 stops.append(start + count)
                 prev_last = start + count - 1
-        np.add.at(diff, np.frombuffer(starts, dtype=np.int64), 1)
-        np.add.at(diff, np.frombuffer(stops, dtype=np.int64), -1)
-        del starts, stops
-        np.cumsum(diff, out=diff)
-        sources.append((ends, diff[1 : ends.size]))  # gap i: ends[i + 1] - ends[i]
-    sizes = np.zeros(2, dtype=np.int64)
-    for _, weights in sources:
-        found = np.bincount(weights)
-        if found.size > sizes.size:
-            found[: sizes.size] += sizes
-            sizes = found
-        else:
-            sizes[: found.size] += found
-    sizes[1] += len(irregular)
-    parts = {
-        count: np.empty(int(size)) for count, size in enumerate(sizes.tolist()) if count and size
-    }
+        firsts_at = np.sort(np.frombuffer(firsts, dtype=np.int64))
+        stops_at = np.sort(np.frombuffer(stops, dtype=np.int64))
+        del firsts, stops
+        sources.append((ends, firsts_at, stops_at))
+    sizes: dict[int, int] = {}
+    for ends, firsts_at, stops_at in sources:
+        for _, weights in _weighted_slices(ends.size, firsts_at, stops_at):
+            counts = np.bincount(weights)
+            for count in np.flatnonzero(counts).tolist():
+                sizes[count] = sizes.get(count, 0) + int(counts[count])
+    if irregular:
+        sizes[1] = sizes.get(1, 0) + len(irregular)
+    parts = {count: np.empty(size) for count, size in sizes.items() if count}
     filled = dict.fromkeys(parts, 0)
-    for ends, weights in sources:
-        for a in range(0, weights.size, _SLICE):
-            b = min(a + _SLICE, weights.size)
-            order = np.argsort(weights[a:b], kind="stable")
-            by_weight = weights[a:b][order]
-            gaps = (ends[a + 1 : b + 1] - ends[a:b])[order]
+    for ends, firsts_at, stops_at in sources:
+        for a, weights in _weighted_slices(ends.size, firsts_at, stops_at):
+            b = a + weights.size
+            order = np.argsort(weights, kind="stable")
+            by_weight = weights[order]
+            gaps = (ends[a:b] - ends[a - 1 : b - 1])[order]  # (as np.diff(ends)[a - 1 : b - 1])
             edges = [0, *(np.flatnonzero(by_weight[1:] != by_weight[:-1]) + 1).tolist(), b - a]
             for lo, hi in itertools.pairwise(edges):
                 count = int(by_weight[lo])
@@ -182,6 +179,28 @@ def itl_groups(requests: Sequence[Request]) -> list[tuple[int, np.ndarray]]:
     for part in parts.values():
         part.sort()
     return sorted(parts.items())
+
+
+def _weighted_slices(
+    num_steps: int, firsts: np.ndarray, stops: np.ndarray
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(a, the weights of the gaps ending at steps a, a + 1, ...) a slice at a time, over
+    steps 1 .. ``num_steps`` - 1: how many runs are mid-run there, each run being mid-run
+    from its ``firsts`` up to (not including) its ``stops`` (both sorted)."""
+    carry = 0
+    i = k = 0
+    for a in range(1, num_steps, _SLICE):
+        b = min(a + _SLICE, num_steps)
+        i_next = int(np.searchsorted(firsts, b))
+        k_next = int(np.searchsorted(stops, b))
+        diff = np.zeros(b - a, dtype=np.int64)
+        np.add.at(diff, firsts[i:i_next] - a, 1)
+        np.add.at(diff, stops[k:k_next] - a, -1)
+        weights = np.cumsum(diff, out=diff)
+        weights += carry
+        carry = int(weights[-1])
+        i, k = i_next, k_next
+        yield a, weights
 
 
 _SLICE = 1 << 16  # step gaps sorted into groups at a time

@@ -309,10 +309,13 @@ class Scheduler:
         if result is not None:
             stopped = result.stopped_seq_ids
             if result.sampled_token_ids:
+                ids = request.output_token_ids
+                if not isinstance(ids, dict):  # (the shared empty map: a dict of its own)
+                    ids = request.output_token_ids = {}
                 for seq_id in request.live_seq_ids:
                     token_id = result.sampled_token_ids.get(seq_id)
                     if token_id is not None:
-                        request.output_token_ids.setdefault(seq_id, []).append(token_id)
+                        ids.setdefault(seq_id, []).append(token_id)
         done_all = request.num_output_tokens >= request.max_output_tokens
         if not (done_all or stopped):
             return
