@@ -34,8 +34,6 @@ class TokenTimeline:
 
     __slots__ = (
         "external_first_s",
-        "first_s",
-        "last_s",
         "num_emissions",
         "run_counts",
         "run_starts",
@@ -44,8 +42,6 @@ class TokenTimeline:
 
     def __init__(self, step_end_s: array[float] | None = None) -> None:
         self.step_end_s: array[float] = step_end_s if step_end_s is not None else array("d")
-        self.first_s: float | None = None
-        self.last_s: float | None = None
         self.num_emissions = 0
         self.run_starts: list[int] = []
         self.run_counts: list[int] = []
@@ -56,8 +52,22 @@ class TokenTimeline:
         """The request's first token was emitted at ``time_s`` by another replica."""
         if self.num_emissions:
             raise ValueError("an external first token must come before every other")
-        self.external_first_s = self.first_s = self.last_s = time_s
+        self.external_first_s = time_s
         self.num_emissions = 1
+
+    # The first and last emission times are read off the runs (two floats fewer a request).
+
+    @property
+    def first_s(self) -> float | None:
+        if self.external_first_s is not None:
+            return self.external_first_s
+        return self.step_end_s[self.run_starts[0]] if self.run_starts else None
+
+    @property
+    def last_s(self) -> float | None:
+        if self.run_counts:
+            return self.step_end_s[self.run_starts[-1] + self.run_counts[-1] - 1]
+        return self.external_first_s
 
     def add(self, step_idx: int, count: int = 1) -> None:
         """Emissions at the ends of steps ``step_idx .. step_idx + count - 1``."""
@@ -72,9 +82,6 @@ class TokenTimeline:
         else:
             starts.append(step_idx)
             counts.append(count)
-        if self.first_s is None:
-            self.first_s = self.step_end_s[step_idx]
-        self.last_s = self.step_end_s[step_idx + count - 1]
         self.num_emissions += count
 
     def times_s(self) -> list[float]:

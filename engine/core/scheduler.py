@@ -290,7 +290,6 @@ class Scheduler:
                 # A decode continuing its run of steps, not its last: the common case.
                 request.num_output_tokens = outputs + num_steps
                 counts[-1] += num_steps
-                tokens.last_s = now_s
                 tokens.num_emissions += num_steps
             else:
                 self._sample(request, result, step_idx, num_steps)
