@@ -5,7 +5,6 @@ built without running the policy. Reads the scheduler through its public members
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 from engine.core.batch import ScheduledBatch, ScheduledRequest
@@ -145,6 +144,8 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
     bs = s.kv.block_size
     phases = [0] * bs
     decode_tokens = 0
+    # As if the step that computed each one's last positions had just run.
+    requests: list[ScheduledRequest] = []
     seq_ids: list[int] = []
     for request in s.running:
         live = request.live_seq_ids
@@ -168,6 +169,7 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
             grown.append((request, 1, UNBOUNDED))
             phases[computed % bs] += 1
             decode_tokens += computed
+            requests.append(ScheduledRequest(request, 1, computed - 1, (live[0],), False))
             seq_ids.append(live[0])
         elif prompt is None and policy.continues_chunks and request.n == 1:
             prompt = request
@@ -188,28 +190,18 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
         computed = prompt.num_computed_tokens
         grown.append((prompt, chunk, pending))
         chunks = (ChunkRun(chunk, computed, pending, 1),)
+        requests.append(
+            ScheduledRequest(prompt, chunk, computed - chunk, (prompt.live_seq_ids[0],), True)
+        )
     elif head_fits:
         return None  # decodes alone would leave budget to the head
-
-    def batch() -> ScheduledBatch:
-        """The step, as if the step that computed each one's last positions had just run
-        (built only for a plan: one in seven of these runs comes to nothing)."""
-        requests = [
-            ScheduledRequest(request, 1, request.num_computed_tokens - 1, (seq_id,), False)
-            for (request, _, _), seq_id in zip(grown, seq_ids, strict=False)
-        ]
-        if prompt is not None:
-            computed = prompt.num_computed_tokens
-            seq_id = prompt.live_seq_ids[0]
-            requests.append(ScheduledRequest(prompt, chunk, computed - chunk, (seq_id,), True))
-        return ScheduledBatch(
-            step_idx=s.step_idx - 1,
-            now_s=s.step_end_s[-1] if s.step_end_s else 0.0,
-            requests=requests,
-            num_running=len(s.running),
-            num_waiting=len(s.waiting),
-        )
-
+    batch = ScheduledBatch(
+        step_idx=s.step_idx - 1,
+        now_s=s.step_end_s[-1] if s.step_end_s else 0.0,
+        requests=requests,
+        num_running=len(s.running),
+        num_waiting=len(s.waiting),
+    )
     shape = RepeatShape(decode_seqs, decode_tokens, tuple(phases), chunks)
     return _plan(s, memory, batch, limit, grown, shape, prompt, chunk, pending, tuple(seq_ids))
 
@@ -238,7 +230,7 @@ def _head_may_join(s: Scheduler, budget: int) -> bool:
 def _plan(
     s: Scheduler,
     memory: RunMemory,
-    batch: ScheduledBatch | Callable[[], ScheduledBatch],
+    batch: ScheduledBatch,
     limit: int,
     grown: list[RequestGrowth],
     shape: RepeatShape,
@@ -268,8 +260,6 @@ def _plan(
     if max_steps <= 0:
         return None
     head = s.waiting[0] if s.waiting else None
-    if not isinstance(batch, ScheduledBatch):
-        batch = batch()  # (the step is built once the run is known to exist)
     return RunPlan(batch, max_steps, tuple(grown), shape, s.step_idx, head, decode_seq_ids)
 
 
