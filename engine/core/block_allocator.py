@@ -458,7 +458,10 @@ class BlockAllocator:
         else:
             table = self._tables.pop(seq_id)
             ref = self._ref
-            if not self._key_to_block and list(map(ref.__getitem__, table)).count(1) == len(table):
+            if not self._key_to_block and (
+                # (no block is shared anywhere: every used block's count is 1, no need to look)
+                not self.num_shared_refs or list(map(ref.__getitem__, table)).count(1) == len(table)
+            ):
                 # The common case: every block held by this sequence alone, none cached. Its
                 # blocks hold exactly its tokens; a free block's fill is never read (it is set
                 # when the block is handed out again), so it is left as it is.
