@@ -82,7 +82,7 @@ class CostModelExecutor:
         if self._aggregate is not None and _is_plain(batch):
             chunks, contexts = self._split(batch)
             bs = self.block_size
-            blocks = sum(-(-c // bs) for c in contexts)
+            blocks = sum([-(-c // bs) for c in contexts])
             return StepResult(self._aggregate(chunks, len(contexts), sum(contexts), blocks, bs))
         return StepResult(self.cost_model.step_time_s(step_shape(batch, self.block_size)))
 

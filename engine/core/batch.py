@@ -69,17 +69,18 @@ class ScheduledBatch:
     def is_empty(self) -> bool:
         return not self.requests
 
+    # (``num_new_tokens`` spelt out: fast-forward's planning reads these for every batch)
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(r.num_new_tokens for r in self.requests if r.is_prefill)
+        return sum([r.num_positions * len(r.seq_ids) for r in self.requests if r.is_prefill])
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(r.num_new_tokens for r in self.requests if not r.is_prefill)
+        return sum([r.num_positions * len(r.seq_ids) for r in self.requests if not r.is_prefill])
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(r.num_new_tokens for r in self.requests)
+        return sum([r.num_positions * len(r.seq_ids) for r in self.requests])
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,8 +63,12 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
         or batch.finished
     ):
         return None
-    if sum([scheduled.is_prefill for scheduled in batch.requests]) > 1:
-        return None  # two prompts in one step: the next step cannot be the same
+    last = batch.requests[-1]
+    if last.is_prefill and not (last.request.is_prefill and _repeatable_chunk(s, batch, last)):
+        # Most often a whole prompt (continuous batching), scheduled after the decodes: the
+        # loop below would reach the same answer at the end of the batch. (Two prompts in one
+        # step are ruled out there: the second finds ``chunked`` taken.)
+        return None
     limit = UNBOUNDED
     chunked: Request | None = None
     chunk = pending = 0
