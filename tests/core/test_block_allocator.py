@@ -22,7 +22,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from engine.core.block_allocator import BlockAllocator, OutOfBlocksError, SeqRun
+from engine.core.block_allocator import BlockAllocator, OutOfBlocksError
+from engine.core.fastforward.bulk_growth import SeqRun, append_steps
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 24
@@ -323,7 +324,7 @@ def test_append_steps_takes_blocks_as_appending_step_by_step(
     decodes = [run.seq_id for run in seq_runs[:num_decodes]]
     before = bulk.state()
     try:
-        bulk.append_steps(seq_runs[len(decodes) :], num_steps, decodes)
+        append_steps(bulk, seq_runs[len(decodes) :], num_steps, decodes)
     except OutOfBlocksError:
         assert bulk.state() == before
         return

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.core.batch import ScheduledBatch
+from engine.core.fastforward.bulk_growth import append_steps
 from engine.core.fastforward.growth import UNBOUNDED, RepeatShape, RequestGrowth, StepTokens
 from engine.core.fastforward.memory import RunMemory, run_memory
 from engine.core.fastforward.plan import RunPlan, plan_continuation, plan_repeat
@@ -102,7 +103,7 @@ class FastForward:
             # The decodes on the allocator's shorter path; a prompt chunk, if any, is last.
             request, per_step, left = growth[-1]
             chunk = [] if left == UNBOUNDED else [(request.live_seq_ids[0], per_step, left)]
-            kv.allocator.append_steps(chunk, count, plan.decode_seq_ids)
+            append_steps(kv.allocator, chunk, count, plan.decode_seq_ids)
         else:
             _grow(kv, growth, count)
         last_idx = first_idx + count - 1
@@ -162,7 +163,7 @@ def _grow(kv: KVCacheManager, growth: Sequence[RequestGrowth], num_steps: int) -
                 # (before the fork only the first sample holds blocks)
                 for seq_id in (request.live_seq_ids if request.forked else request.live_seq_ids[:1])
             ]
-        kv.allocator.append_steps(runs, num_steps)
+        append_steps(kv.allocator, runs, num_steps)
         return
     for request, per_step, left in growth:  # contiguous: inside reservations, order is free
         kv.grow(request, min(num_steps * per_step, left))
