@@ -325,6 +325,43 @@ def test_sample_stopped_early_frees_its_sequence(policy: str) -> None:
     assert_all_free(s)
 
 
+def test_sampled_token_ids_go_to_each_requests_own_map() -> None:
+    """Each request keeps the ids sampled for its own sequences, in a dict of its own; the
+    shared empty default they all start with stays empty."""
+    s = make_scheduler()
+    requests = [Request("A", 0.0, 8, 3, n=2), Request("B", 0.0, 5, 4)]
+    for request in requests:
+        assert s.add_request(request, 0.0)
+    assert requests[0].output_token_ids is requests[1].output_token_ids  # the shared default
+    default = requests[0].output_token_ids
+    late = Request("C", 0.01, 6, 2)
+    expected: dict[int, list[int]] = {}
+    now_s = 0.0
+    while s.has_unfinished():
+        batch = s.schedule(now_s)
+        # A distinct id per (sequence, step), for every sample of every scheduled request.
+        sampled = {
+            seq_id: 1000 * seq_id + batch.step_idx
+            for scheduled in batch.requests
+            for seq_id in scheduled.request.seq_ids
+        }
+        for seq_id, token_id in sampled.items():
+            expected.setdefault(seq_id, []).append(token_id)
+        now_s += 0.01
+        s.update(batch, StepResult(0.01, sampled_token_ids=sampled), now_s)
+        if batch.step_idx == 0:  # one request arrives while the others run
+            assert s.add_request(late, now_s)
+            requests.append(late)
+    assert len(requests) == 3 and all(r.status is RequestStatus.FINISHED for r in requests)
+    for request in requests:
+        assert all(len(expected[seq]) == request.max_output_tokens for seq in request.seq_ids)
+        assert isinstance(request.output_token_ids, dict)
+        assert request.output_token_ids == {seq: expected[seq] for seq in request.seq_ids}
+    maps = [r.output_token_ids for r in requests]
+    assert all(a is not b for i, a in enumerate(maps) for b in maps[i + 1 :])
+    assert len(default) == 0 and len(Request("D", 0.0, 4, 1).output_token_ids) == 0
+
+
 @pytest.mark.parametrize("policy", STATIC_POLICIES)
 def test_static_charges_padding_for_a_stopped_sample(policy: str) -> None:
     s = make_scheduler(policy)
