@@ -31,36 +31,6 @@ from engine.core.request import Request, RequestStatus
 PERCENTILES = (50, 90, 99)
 
 
-def weighted_percentile(
-    values: Sequence[float] | np.ndarray, counts: Sequence[int] | np.ndarray, q: float
-) -> float:
-    """The ``q``-th percentile (numpy's linear method) of ``values`` repeated ``counts`` times,
-    without expanding them (run-length encoded ITLs can hold tens of millions of gaps)."""
-    return weighted_percentiles(values, counts, (q,))[0]
-
-
-def weighted_percentiles(
-    values: Sequence[float] | np.ndarray, counts: Sequence[int] | np.ndarray, qs: Sequence[float]
-) -> list[float]:
-    """``weighted_percentile`` for each of ``qs``, sorting once."""
-    order = np.argsort(np.asarray(values, dtype=float), kind="stable")
-    v = np.asarray(values, dtype=float)[order]
-    c = np.asarray(counts, dtype=np.int64)[order]
-    return _sorted_percentiles(v, np.cumsum(c, out=c), qs)
-
-
-def _sorted_percentiles(v: np.ndarray, c: np.ndarray, qs: Sequence[float]) -> list[float]:
-    """The percentiles ``qs`` of sorted ``v`` whose counts summed so far are ``c``."""
-    out: list[float] = []
-    for q in qs:
-        h = (c[-1] - 1) * q / 100.0
-        lo, hi = math.floor(h), math.ceil(h)
-        v_lo = v[np.searchsorted(c, lo, side="right")]
-        v_hi = v[np.searchsorted(c, hi, side="right")]
-        out.append(float(v_lo + (v_hi - v_lo) * (h - lo)))
-    return out
-
-
 def _stats(prefix: str, values: list[float], out: dict[str, float | int | None]) -> None:
     arr = np.asarray(values, dtype=float) * 1000.0
     out[f"mean_{prefix}_ms"] = float(arr.mean()) if arr.size else None
@@ -235,9 +205,10 @@ def _itl_stats(finished: Sequence[Request], out: dict[str, float | int | None]) 
 def _grouped_percentiles(
     groups: Sequence[tuple[int, np.ndarray]], total: int, qs: Sequence[float]
 ) -> list[float]:
-    """``_sorted_percentiles`` of the values of ``groups`` (``itl_groups``), each
-    repeated its count times, ``total`` samples in all: the same numbers, found by bisection
-    over the order of float64 values instead of in one sorted copy."""
+    """The ``qs``-th percentiles (numpy's linear method) of the values of ``groups``
+    (``itl_groups``), each repeated its count times, ``total`` samples in all, found by
+    bisection over the order of float64 values rather than in one expanded, sorted copy (a
+    long run's ITLs can number tens of millions)."""
 
     def at_rank(rank: int) -> float:
         """The sample at 0-based ``rank`` in sorted order: the smallest value x with more

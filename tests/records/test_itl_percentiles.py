@@ -4,6 +4,8 @@ over the expanded samples to rounding."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +13,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from records.metrics import PERCENTILES, _grouped_percentiles, summarize, weighted_percentiles
+from records.metrics import PERCENTILES, _grouped_percentiles, summarize
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
 
 DATA = Path(__file__).resolve().parents[2] / "traces" / "data"
+
+
+def weighted_percentiles(
+    values: Sequence[float] | np.ndarray, counts: Sequence[int] | np.ndarray, qs: Sequence[float]
+) -> list[float]:
+    """The reference: the ``qs``-th percentiles (numpy's linear method) of ``values`` repeated
+    ``counts`` times, read off one sorted copy and the running sum of its counts."""
+    order = np.argsort(np.asarray(values, dtype=float), kind="stable")
+    v = np.asarray(values, dtype=float)[order]
+    c = np.cumsum(np.asarray(counts, dtype=np.int64)[order])
+    out: list[float] = []
+    for q in qs:
+        h = (c[-1] - 1) * q / 100.0
+        lo, hi = math.floor(h), math.ceil(h)
+        v_lo = v[np.searchsorted(c, lo, side="right")]
+        v_hi = v[np.searchsorted(c, hi, side="right")]
+        out.append(float(v_lo + (v_hi - v_lo) * (h - lo)))
+    return out
 
 
 def _sorted_by_count(values: np.ndarray, counts: np.ndarray) -> list[tuple[int, np.ndarray]]:
