@@ -38,8 +38,9 @@ from records.run_dir import load_run
 from sim.cost_model import TERMS, CostModelConfig, StepShape
 from sim.hardware_file import load_hardware
 from sim.hardware_spec import HardwareSpec
-from sim.measured import import_llmservingsim, write_measured_run
+from sim.measured import write_measured_run
 from sim.measured_cli import replay_config, validate_run
+from sim.measured_importers import import_llmservingsim
 from sim.roofline import RooflineCostModel
 from sim.run import RunConfig, RunResult, load_model
 

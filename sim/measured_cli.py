@@ -13,7 +13,8 @@ from records.compare import Comparison, compare_requests, format_comparison
 from records.run_dir import load_run, records_from_result
 from reports.html import write_report
 from sim.cost_model import CostModelConfig
-from sim.measured import HARDWARE_FILE, IMPORTERS, TRACE_FILE, write_measured_run
+from sim.measured import HARDWARE_FILE, TRACE_FILE, write_measured_run
+from sim.measured_importers import IMPORTERS
 from sim.run import RunConfig, RunResult, simulate
 from sim.run_options import add_run_arguments, config_from_args
 from traces.loaders import load_trace

@@ -14,7 +14,8 @@ from records.compare import compare_requests, format_comparison
 from records.run_dir import load_run
 from sim.cli import main
 from sim.hardware_file import load_hardware_file
-from sim.measured import import_llmservingsim, import_vllm_bench, write_measured_run
+from sim.measured import write_measured_run
+from sim.measured_importers import import_llmservingsim, import_vllm_bench
 from traces.loaders import load_trace
 
 T0 = 1000.0  # monotonic seconds at the first arrival
