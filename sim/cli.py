@@ -17,7 +17,7 @@ from sim.grid_cli import add_sweep_commands
 from sim.measured_cli import add_measured_commands
 from sim.run import servesim_version
 from sim.run_cli import add_run_command
-from sim.validate import measured_spelling
+from sim.validate_cli import measured_spelling
 from traces.cli import add_trace_commands
 
 

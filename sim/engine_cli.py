@@ -1,12 +1,12 @@
 """``python -m sim calibrate`` and ``validate``, the commands that drive the real engine; their
-options and handlers live in sim/calibrate.py and sim/validate.py."""
+options and handlers live in sim/calibrate.py and sim/validate_cli.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sim.calibrate import add_calibrate_arguments, run_calibrate
-from sim.validate import add_validate_arguments, run_validate
+from sim.validate_cli import add_validate_arguments, run_validate
 
 
 def add_engine_commands(commands: Any) -> None:
