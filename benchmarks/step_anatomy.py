@@ -34,7 +34,9 @@ import torch.nn.functional as F  # noqa: E402
 import engine.llm_engine as llm_engine  # noqa: E402
 import engine.model.llama as llama  # noqa: E402
 import engine.model_runner as model_runner  # noqa: E402
-from engine import profiling  # noqa: E402
+from engine.profiling.grid import CalibrationGrid  # noqa: E402
+from engine.profiling.parts import StepParts  # noqa: E402
+from engine.profiling.timer import Timer  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 
 SPENT: dict[str, float] = defaultdict(float)
@@ -181,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     overhead = _timer_cost_s()
     print(f"  (of which the {calls:.0f} timers themselves, about {calls * overhead * 1e3:.3f})")
     print("# the same parts timed in isolation (engine.profiling, back to back, medians)")
-    grid = profiling.CalibrationGrid(repeats=30, warmup=3)
-    timer = profiling._Timer(engine.device, grid, "cpu")
-    pieces = profiling._Parts(engine, "torch")
+    grid = CalibrationGrid(repeats=30, warmup=3)
+    timer = Timer(engine.device, grid, "cpu")
+    pieces = StepParts(engine, "torch")
     context = args.context + args.steps // 2
     layers = engine.model.config.num_layers
     isolated: dict[str, Callable[[], Any]] = {
