@@ -1,88 +1,25 @@
-"""Targeted scheduler scenarios: rejection, abort, preemption (recompute and swap), parallel
-sampling with copy-on-write, early stops, prefix caching, static and dynamic batching."""
+"""Targeted scheduler scenarios: rejection, abort, preemption (recompute and swap), static and
+dynamic batching. Shared blocks (parallel sampling, prefix caching) are in
+test_scheduler_sharing.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.core.batch import ScheduledBatch, StepResult
+from engine.core.batch import StepResult
 from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.contiguous_allocator import ContiguousKVManager
 from engine.core.kv_manager import PagedKVManager
 from engine.core.policies import POLICIES
-from engine.core.policies.static import StaticBatching
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from tests.core.driver import replay
-
-STATIC_POLICIES = [p for p, cls in POLICIES.items() if issubclass(cls, StaticBatching)]
-
-
-def make_scheduler(
-    policy: str = "continuous",
-    *,
-    memory_model: str = "paged",
-    num_blocks: int = 64,
-    block_size: int = 4,
-    num_cpu_blocks: int = 0,
-    prefix_caching: bool = False,
-    preemption: str = "recompute",
-    max_model_len: int = 256,
-    budget: int = 256,
-    batch_size: int = 1,
-    max_wait_s: float = 0.0,
-    reservation: str = "oracle",
-) -> Scheduler:
-    cache = CacheConfig(
-        num_blocks=num_blocks,
-        block_size=block_size,
-        memory_model=memory_model,  # type: ignore[arg-type]
-        reservation=reservation,  # type: ignore[arg-type]
-        num_cpu_blocks=num_cpu_blocks,
-        enable_prefix_caching=prefix_caching,
-        watermark=0.0,
-        max_model_len=max_model_len,
-    )
-    config = SchedulerConfig(
-        policy=policy,
-        max_num_batched_tokens=budget,
-        preemption_mode=preemption,  # type: ignore[arg-type]
-        batch_size=batch_size,
-        max_wait_s=max_wait_s,
-    )
-    return Scheduler(cache, config)
-
-
-def step(
-    scheduler: Scheduler, now_s: float, stopped: frozenset[int] = frozenset()
-) -> tuple[ScheduledBatch, list[Request], float]:
-    """One schedule → execute → update at ``now_s``; a non-empty step takes 10 ms."""
-    batch = scheduler.schedule(now_s)
-    duration_s = 0.0 if batch.is_empty else 0.01
-    end_s = now_s + duration_s
-    result = StepResult(duration_s, stopped_seq_ids=stopped)
-    return batch, scheduler.update(batch, result, end_s), end_s
-
-
-def paged(scheduler: Scheduler) -> PagedKVManager:
-    assert isinstance(scheduler.kv, PagedKVManager)
-    return scheduler.kv
-
-
-def assert_all_free(scheduler: Scheduler) -> None:
-    assert not (scheduler.waiting or scheduler.running or scheduler.swapped or scheduler.held)
-    assert not scheduler.has_unfinished()
-    if isinstance(scheduler.kv, PagedKVManager):
-        alloc = scheduler.kv.allocator
-        assert alloc.num_free_blocks == alloc.num_blocks
-        assert alloc.num_free_cpu_blocks == alloc.num_cpu_blocks
-        assert alloc.num_used_blocks == 0 and alloc.num_filled_slots == 0
-    else:
-        assert isinstance(scheduler.kv, ContiguousKVManager)
-        alloc_c = scheduler.kv.allocator
-        assert alloc_c.num_reserved_slots == 0 and alloc_c.holes() == [(0, alloc_c.num_slots)]
-        assert scheduler.kv.num_token_slots == 0
-
+from tests.core.scheduler_setup import (
+    STATIC_POLICIES,
+    assert_all_free,
+    make_scheduler,
+    paged,
+    step,
+)
 
 # -- rejection -------------------------------------------------------------------------------
 
@@ -151,6 +88,19 @@ def test_continuous_rejects_and_chunked_chunks_a_prompt_over_budget() -> None:
     assert requests[0].status is RequestStatus.FINISHED
     shares = [(e.num_computed_tokens, e.num_positions) for e in result.entries_of("long")]
     assert shares == [(0, 32), (32, 32), (64, 32), (96, 4), (100, 1), (101, 1)]
+
+
+@pytest.mark.parametrize(("max_num_seqs", "budget"), [(2, 256), (256, 2)], ids=["seqs", "tokens"])
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_request_wider_than_step_budgets_is_rejected_or_served(
+    policy: str, max_num_seqs: int, budget: int
+) -> None:
+    request = Request("wide", 0.0, 2, 4, n=3)
+    config = SchedulerConfig(
+        policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, batch_size=1
+    )
+    replay([request], CacheConfig(num_blocks=64, block_size=4), config, max_steps=500)
+    assert request.status is RequestStatus.FINISHED or request.reject_reason is not None
 
 
 # -- abort -----------------------------------------------------------------------------------
@@ -251,172 +201,6 @@ def test_swap_preemption_swaps_out_then_in_the_same_blocks() -> None:
     assert c.num_recomputed_tokens == 0 and c.tokens.num_emissions == 4
     assert c.status is RequestStatus.FINISHED
     assert_all_free(s)
-
-
-# -- parallel sampling ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("prompt", "expected_copies"), [(10, 2), (8, 0)])
-@pytest.mark.parametrize("policy", list(POLICIES))
-def test_parallel_sampling_shares_prompt_and_copies_on_write(
-    policy: str, prompt: int, expected_copies: int
-) -> None:
-    s = make_scheduler(policy)
-    request = Request("par", 0.0, prompt, 4, n=3)
-    assert s.add_request(request, 0.0)
-    s.mark_arrivals_done()
-    batch, finished, now_s = step(s, 0.0)
-    assert [r.num_new_tokens for r in batch.requests] == [prompt]
-    assert request.forked and not finished
-    alloc = paged(s).allocator
-    tables = [list(alloc.block_table(seq)) for seq in request.seq_ids]
-    assert tables[0] == tables[1] == tables[2]
-    for block_id in tables[0]:
-        assert alloc.ref_count(block_id) == 3
-    num_full = prompt // 4
-    assert paged(s).snapshot(None).shared_saved_slots == 2 * len(tables[0]) * 4
-
-    batch, _, now_s = step(s, now_s)
-    assert len(batch.copies) == expected_copies == request.num_cow_copies
-    assert [r.num_new_tokens for r in batch.requests] == [3]
-    for src, dst in batch.copies:
-        assert src == tables[0][-1] and alloc.ref_count(dst) == 1
-    new_tables = [list(alloc.block_table(seq)) for seq in request.seq_ids]
-    for block_id in tables[0][:num_full]:
-        assert alloc.ref_count(block_id) == 3
-    assert len({t[-1] for t in new_tables}) == 3, "each sample writes its own last block"
-    assert batch.memory is not None and batch.memory.shared_saved_slots == 2 * num_full * 4
-    while not finished:
-        assert request.status is RequestStatus.RUNNING
-        _, finished, now_s = step(s, now_s)
-    assert finished == [request] and request.tokens.num_emissions == 4
-    assert_all_free(s)
-
-
-def test_parallel_sampling_contiguous_copies_the_prompt_range() -> None:
-    s = make_scheduler(memory_model="contiguous")
-    request = Request("par", 0.0, 10, 4, n=3)
-    assert s.add_request(request, 0.0)
-    _, _, now_s = step(s, 0.0)
-    batch, _, _ = step(s, now_s)
-    starts = [s.kv.allocator.range_of(seq)[0] for seq in request.seq_ids]  # type: ignore[attr-defined]
-    assert batch.range_copies == [(starts[0], starts[1], 10), (starts[0], starts[2], 10)]
-
-
-@pytest.mark.parametrize("policy", list(POLICIES))
-def test_sample_stopped_early_frees_its_sequence(policy: str) -> None:
-    holds = POLICIES[policy].holds_until_batch_end
-    s = make_scheduler(policy)
-    request = Request("par", 0.0, 8, 6, n=3)
-    assert s.add_request(request, 0.0)
-    s.mark_arrivals_done()
-    _, _, now_s = step(s, 0.0)
-    stopped_seq = request.seq_ids[1]
-    _, finished, now_s = step(s, now_s, stopped=frozenset({stopped_seq}))
-    assert not finished and request.live_seq_ids == [request.seq_ids[0], request.seq_ids[2]]
-    # Static batching keeps a finished sequence's memory until the batch ends.
-    assert paged(s).allocator.has_table(stopped_seq) == holds
-    batch, finished, now_s = step(s, now_s)
-    assert [r.seq_ids for r in batch.requests] == [(request.seq_ids[0], request.seq_ids[2])]
-    assert batch.num_batched_tokens == 2
-    while not finished:
-        _, finished, now_s = step(s, now_s)
-    assert finished == [request] and request.tokens.num_emissions == 6
-    assert_all_free(s)
-
-
-def test_sampled_token_ids_go_to_each_requests_own_map() -> None:
-    """Each request keeps the ids sampled for its own sequences, in a dict of its own; the
-    shared empty default they all start with stays empty."""
-    s = make_scheduler()
-    requests = [Request("A", 0.0, 8, 3, n=2), Request("B", 0.0, 5, 4)]
-    for request in requests:
-        assert s.add_request(request, 0.0)
-    assert requests[0].output_token_ids is requests[1].output_token_ids  # the shared default
-    default = requests[0].output_token_ids
-    late = Request("C", 0.01, 6, 2)
-    expected: dict[int, list[int]] = {}
-    now_s = 0.0
-    while s.has_unfinished():
-        batch = s.schedule(now_s)
-        # A distinct id per (sequence, step), for every sample of every scheduled request.
-        sampled = {
-            seq_id: 1000 * seq_id + batch.step_idx
-            for scheduled in batch.requests
-            for seq_id in scheduled.request.seq_ids
-        }
-        for seq_id, token_id in sampled.items():
-            expected.setdefault(seq_id, []).append(token_id)
-        now_s += 0.01
-        s.update(batch, StepResult(0.01, sampled_token_ids=sampled), now_s)
-        if batch.step_idx == 0:  # one request arrives while the others run
-            assert s.add_request(late, now_s)
-            requests.append(late)
-    assert len(requests) == 3 and all(r.status is RequestStatus.FINISHED for r in requests)
-    for request in requests:
-        assert all(len(expected[seq]) == request.max_output_tokens for seq in request.seq_ids)
-        assert isinstance(request.output_token_ids, dict)
-        assert request.output_token_ids == {seq: expected[seq] for seq in request.seq_ids}
-    maps = [r.output_token_ids for r in requests]
-    assert all(a is not b for i, a in enumerate(maps) for b in maps[i + 1 :])
-    assert len(default) == 0 and len(Request("D", 0.0, 4, 1).output_token_ids) == 0
-
-
-@pytest.mark.parametrize("policy", STATIC_POLICIES)
-def test_static_charges_padding_for_a_stopped_sample(policy: str) -> None:
-    s = make_scheduler(policy)
-    request = Request("par", 0.0, 8, 6, n=3)
-    assert s.add_request(request, 0.0)
-    s.mark_arrivals_done()
-    _, _, now_s = step(s, 0.0)
-    _, _, now_s = step(s, now_s, stopped=frozenset({request.seq_ids[1]}))
-    batch, _, _ = step(s, now_s)
-    assert batch.num_padding_tokens == 1
-
-
-# -- prefix caching --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("second_arrival_s", [0.05, 5.0], ids=["first-running", "first-done"])
-@pytest.mark.parametrize("prompt", [37, 48, 64, 15])
-@pytest.mark.parametrize("policy", list(POLICIES))
-def test_prefix_hit_on_identical_prompt(policy: str, prompt: int, second_arrival_s: float) -> None:
-    ids = tuple(range(100, 100 + prompt))
-    requests = [
-        Request("first", 0.0, prompt, 20, prompt_token_ids=ids),
-        Request("second", second_arrival_s, prompt, 3, prompt_token_ids=ids),
-    ]
-    cache = CacheConfig(num_blocks=64, block_size=16, enable_prefix_caching=True)
-    config = SchedulerConfig(policy=policy, batch_size=1, max_wait_s=0.0)
-    result = replay(requests, cache, config)
-    expected = (prompt - 1) // 16 * 16
-    assert requests[0].num_prefix_hit_tokens == 0
-    assert requests[1].num_prefix_hit_tokens == expected
-    first_share = result.entries_of("second")[0]
-    assert first_share.num_computed_tokens == expected
-    assert first_share.num_positions == prompt - expected
-    assert all(r.status is RequestStatus.FINISHED for r in requests)
-
-
-@pytest.mark.parametrize("policy", list(POLICIES))
-def test_prefix_hit_on_mooncake_hash_ids(policy: str) -> None:
-    requests = [
-        Request("a", 0.0, 1536, 2, prefix_hash_ids=(11, 12, 13)),
-        Request("b", 1.0, 1536, 2, prefix_hash_ids=(11, 12, 99)),
-        Request("c", 2.0, 1536, 2, prefix_hash_ids=(50, 12, 13)),
-    ]
-    cache = CacheConfig(num_blocks=512, block_size=16, enable_prefix_caching=True)
-    config = SchedulerConfig(policy=policy, max_num_batched_tokens=2048, batch_size=1)
-    result = replay(requests, cache, config)
-    assert [r.num_prefix_hit_tokens for r in requests] == [0, 1024, 0]
-    assert result.entries_of("b")[0].num_computed_tokens == 1024
-
-
-def test_no_prefix_hit_without_prefix_caching() -> None:
-    ids = tuple(range(40))
-    requests = [Request(f"r{i}", float(i), 40, 2, prompt_token_ids=ids) for i in range(2)]
-    replay(requests, CacheConfig(num_blocks=64, block_size=16), SchedulerConfig())
-    assert [r.num_prefix_hit_tokens for r in requests] == [0, 0]
 
 
 # -- static and dynamic batching --------------------------------------------------------------
@@ -533,16 +317,3 @@ def test_dynamic_replay_wakes_without_arrivals() -> None:
     result = replay(requests, CacheConfig(num_blocks=64, block_size=4), config)
     first = next(b for b in result.batches if not b.is_empty)
     assert first.now_s == 0.1 + 0.5 and first.request_ids == ("r0", "r1")
-
-
-@pytest.mark.parametrize(("max_num_seqs", "budget"), [(2, 256), (256, 2)], ids=["seqs", "tokens"])
-@pytest.mark.parametrize("policy", sorted(POLICIES))
-def test_request_wider_than_step_budgets_is_rejected_or_served(
-    policy: str, max_num_seqs: int, budget: int
-) -> None:
-    request = Request("wide", 0.0, 2, 4, n=3)
-    config = SchedulerConfig(
-        policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, batch_size=1
-    )
-    replay([request], CacheConfig(num_blocks=64, block_size=4), config, max_steps=500)
-    assert request.status is RequestStatus.FINISHED or request.reject_reason is not None
