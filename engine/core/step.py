@@ -180,40 +180,53 @@ class Step:
         ``in_order``, stops at the first request that is not decoding and returns it with
         every request after it, none of them scheduled."""
         others: list[Request] = []
-        kv = self.s.kv
+        grow_in_place = self.s.kv.grow_in_place
         scheduled, preempted = self._scheduled, self._preempted
         requests_out = self.batch.requests
         running = RequestStatus.RUNNING
+        commit = self._commit
+        # Decodes the budgets leave room for on the short path (none with contiguous memory,
+        # whose growth may copy ranges); kept in a local and handed back before any other call.
+        room = 0 if self._range_copies else min(self._token_budget, self._seq_budget)
+        taken = 0
         for idx, request in enumerate(requests):
             computed = request.num_computed_tokens
             prompt = request.num_prompt_tokens
             if computed < prompt or computed + 1 != prompt + request.num_output_tokens:
                 if in_order:
+                    self._take_decodes(taken)
                     return list(requests[idx:])
                 others.append(request)
                 continue
             live = request.live_seq_ids
             internal_idx = request.internal_idx
             if (
-                len(live) == 1
+                taken < room
+                and len(live) == 1
                 and request.status is running
                 and request.kv_ready
                 and internal_idx not in scheduled
-                and internal_idx not in preempted
-                and self._token_budget >= 1
-                and self._seq_budget >= 1
-                and not self._range_copies
-                and kv.grow_in_place(live[0])
+                and (not preempted or internal_idx not in preempted)
+                and grow_in_place(live[0])
             ):
                 scheduled.add(internal_idx)
-                self._token_budget -= 1
-                self._seq_budget -= 1
+                taken += 1
                 requests_out.append(ScheduledRequest(request, 1, computed, (live[0],), False))
-                if self._commit:
-                    commit_scheduled(kv, request, computed + 1, request.num_tokens)
+                if commit:
+                    commit_scheduled(self.s.kv, request, computed + 1, request.num_tokens)
             else:
+                self._take_decodes(taken)
+                taken = 0
                 self.schedule(request, 1)
+                room = 0 if self._range_copies else min(self._token_budget, self._seq_budget)
+        self._take_decodes(taken)
         return others
+
+    def _take_decodes(self, count: int) -> None:
+        """Charge ``count`` decodes scheduled on ``schedule_decodes``' short path to the
+        budgets."""
+        self._token_budget -= count
+        self._seq_budget -= count
 
     def _grow_running(self, request: Request, num_positions: int) -> list[BlockPair] | None:
         kv = self.s.kv
