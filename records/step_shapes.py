@@ -102,7 +102,13 @@ def batch_sequences(
     for scheduled in batch.requests:
         width = len(scheduled.seq_ids)
         if scheduled.is_prefill:
-            chunks.extend([(scheduled.num_positions, scheduled.num_computed_tokens)] * width)
+            chunk = (scheduled.num_positions, scheduled.num_computed_tokens)
+            if width == 1:
+                chunks.append(chunk)
+            else:
+                chunks.extend([chunk] * width)
+        elif width == 1:  # (one sequence: no list to build, the common case)
+            contexts.append(scheduled.num_computed_tokens + 1)
         else:
             contexts.extend([scheduled.num_computed_tokens + 1] * width)
     return tuple(chunks), tuple(contexts)

@@ -35,6 +35,7 @@ def append_steps(
     runs out (``OutOfBlocksError``)."""
     bs = alloc.block_size
     tables, tokens, ref, fill = alloc._tables, alloc._num_tokens, alloc._ref, alloc._fill
+    shared = alloc.num_shared_refs  # 0: no block is shared, so no tail needs a look
     num_decodes = len(decodes)
     num_seqs = num_decodes + len(runs)
     # Where blocks start, each as step * num_seqs + the sequence's index (decodes, then
@@ -53,7 +54,7 @@ def append_steps(
         table = tables[seq_id]
         partial = held % bs
         if partial:
-            if ref[table[-1]] != 1:
+            if shared and ref[table[-1]] != 1:
                 _undo_in_place(alloc, decodes[:order], (), grows, num_steps)
                 raise ValueError(f"sequence {seq_id} shares its tail block: it needs a copy")
             if partial + num_steps <= bs:
@@ -76,7 +77,7 @@ def append_steps(
         table = tables[seq_id]
         partial = held % bs
         if partial:
-            if ref[table[-1]] != 1:
+            if shared and ref[table[-1]] != 1:
                 _undo_in_place(alloc, decodes, runs[:idx], grows, num_steps)
                 raise ValueError(f"sequence {seq_id} shares its tail block: it needs a copy")
             if partial + grown <= bs:

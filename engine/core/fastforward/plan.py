@@ -64,7 +64,8 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
     ):
         return None
     last = batch.requests[-1]
-    if last.is_prefill and not (last.request.is_prefill and _repeatable_chunk(s, batch, last)):
+    last_repeats = last.is_prefill and last.request.is_prefill and _repeatable_chunk(s, batch, last)
+    if last.is_prefill and not last_repeats:
         # Most often a whole prompt (continuous batching), scheduled after the decodes: the
         # loop below would reach the same answer at the end of the batch. (Two prompts in one
         # step are ruled out there: the second finds ``chunked`` taken.)
@@ -107,7 +108,7 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
         if (
             chunked is not None
             or not request.is_prefill  # its last chunk is done: it decodes from now on
-            or not _repeatable_chunk(s, batch, scheduled)
+            or not (last_repeats if scheduled is last else _repeatable_chunk(s, batch, scheduled))
         ):
             return None
         chunked = request
