@@ -317,6 +317,8 @@ class RooflineCostModel:
         """For steps of one shape (the same chunk sizes and decode count), a function of
         (chunks, summed context, summed context blocks) giving what ``aggregate_step_time_s``
         gives, to the last bit, with the terms that do not change computed once."""
+        if not prefill_chunks and num_decode_seqs > 0:
+            return self._decode_stepper(num_decode_seqs, block_size)
         num_tokens = num_decode_seqs + sum(n for n, _ in prefill_chunks)
         num_seqs = num_decode_seqs + len(prefill_chunks)
         # The rest, in the order `_terms` lists them (copies and swaps are 0.0 here; adding
@@ -342,6 +344,36 @@ class RooflineCostModel:
             return total + (wait if wait > 0.0 else 0.0)
 
         return async_step if self.config.async_scheduling else step
+
+    def _decode_stepper(
+        self, num_decode_seqs: int, block_size: int
+    ) -> Callable[[tuple[tuple[int, int], ...], int, int], float]:
+        """``repeat_stepper`` for decode-only steps: ``decode_attention_s`` and the sums that
+        follow it written out, the same operations in the same order (so the same bits), with
+        no call per step. Fast-forward prices most short decode runs here."""
+        linear, store_kv, elementwise, lm_head, allreduce, overhead = self._size_terms(
+            num_decode_seqs, num_decode_seqs
+        )
+        start = linear + 0.0  # (what `_terms` adds for no prefill chunk)
+        flops_per_pair = self._attention_flops_per_pair
+        flops_per_s = self._attention_flops_per_s
+        q_bytes = num_decode_seqs * self._attention_q_bytes_per_token
+        kv_bytes_per_token = self._kv_bytes_per_token
+        bytes_per_s = self._attention_bytes_per_s
+        latency = self._attention_latency_s
+        overlap = self.config.async_scheduling
+
+        def step(chunks: tuple[tuple[int, int], ...], sum_context: int, sum_blocks: int) -> float:
+            compute = sum_context * flops_per_pair / flops_per_s
+            bytes_moved = q_bytes + (sum_blocks * block_size) * kv_bytes_per_token
+            total = start + (latency + max(compute, bytes_moved / bytes_per_s))
+            total = (((total + store_kv) + elementwise) + lm_head) + allreduce
+            if overlap:
+                wait = overhead - total  # `host_wait_s`, inlined
+                return total + (wait if wait > 0.0 else 0.0)
+            return total + overhead
+
+        return step
 
     def decode_repeat_durations(
         self,

@@ -272,4 +272,9 @@ def test_vectorized_decode_durations_equal_the_stepper_bit_for_bit(
     got = cost.decode_repeat_durations(
         num_seqs, np.array(totals, dtype=np.int64), np.array(blocks, dtype=np.int64), 16
     )
-    assert got.tolist() == [step((), t, b) for t, b in zip(totals, blocks, strict=True)]
+    stepped = [step((), t, b) for t, b in zip(totals, blocks, strict=True)]
+    assert got.tolist() == stepped
+    # (the decode-only stepper writes the arithmetic out: it must still be the step's time)
+    assert stepped == [
+        cost.decode_step_time_s(num_seqs, t, b) for t, b in zip(totals, blocks, strict=True)
+    ]

@@ -98,6 +98,7 @@ def test_decode_runs_priced_in_one_vectorized_call_equal_pricing_each_step(
     calls = []
     vectorized = executor._decode_ends
     monkeypatch.setattr(executor, "_decode_ends", lambda *a: calls.append(a) or vectorized(*a))
+    monkeypatch.setattr(executor, "_VECTOR_MIN_STEPS", 1)  # every decode run, short ones too
     fast = simulate(trace, config)
     assert len(calls) > 10
     monkeypatch.setattr(executor, "_VECTOR_MIN_STEPS", 1 << 62)
