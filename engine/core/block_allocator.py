@@ -127,8 +127,11 @@ class BlockAllocator:
 
     def num_blocks_to_allocate(self, num_tokens: int, cached_blocks: Sequence[int] = ()) -> int:
         """Free-pool blocks a new table of ``num_tokens`` would consume (hits included)."""
+        need = -(-num_tokens // self.block_size)
+        if not cached_blocks:  # (no hits: the common case, without a generator to start)
+            return need
         revived = sum(1 for b in cached_blocks if self._ref[b] == 0)
-        return self._blocks_for(num_tokens) - len(cached_blocks) + revived
+        return need - len(cached_blocks) + revived
 
     def num_blocks_to_append(self, seq_id: int, num_new_tokens: int) -> int:
         """Free-pool blocks appending ``num_new_tokens`` would consume (copy-on-write included)."""
