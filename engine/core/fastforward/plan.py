@@ -63,12 +63,17 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
         or batch.finished
     ):
         return None
-    last = batch.requests[-1]
+    requests = batch.requests
+    last = requests[-1]
+    if last.is_prefill and len(requests) > 1 and requests[-2].is_prefill:
+        # Two prompts, scheduled after the decodes: most often one ending and the waiting
+        # head's first chunk (chunked prefill). The loop below would say the same at its end.
+        return None
     last_repeats = last.is_prefill and last.request.is_prefill and _repeatable_chunk(s, batch, last)
     if last.is_prefill and not last_repeats:
-        # Most often a whole prompt (continuous batching), scheduled after the decodes: the
-        # loop below would reach the same answer at the end of the batch. (Two prompts in one
-        # step are ruled out there: the second finds ``chunked`` taken.)
+        # Most often a whole prompt (continuous batching), after the decodes: as above. (Two
+        # prompts elsewhere in the batch are ruled out below: the second finds ``chunked``
+        # taken.)
         return None
     limit = UNBOUNDED
     chunked: Request | None = None
