@@ -127,7 +127,7 @@ class BlockAllocator:
 
     def num_blocks_to_allocate(self, num_tokens: int, cached_blocks: Sequence[int] = ()) -> int:
         """Free-pool blocks a new table of ``num_tokens`` would consume (hits included)."""
-        need = -(-num_tokens // self.block_size)
+        need = self._blocks_for(num_tokens)
         if not cached_blocks:  # (no hits: the common case, without a generator to start)
             return need
         revived = sum(1 for b in cached_blocks if self._ref[b] == 0)
