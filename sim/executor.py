@@ -202,10 +202,12 @@ class CostModelExecutor:
 
 
 # Shorter runs are cheaper to price one step at a time: through ``repeat_end_times``, the
-# vectorized call costs a fixed ~69 us (a dozen numpy operations on small arrays), the loop
-# ~14 us plus ~1.5 us a step (Llama-2-70B, 19 decodes, the 2-core development machine: 8 steps
-# 69 against 27 us, 32: 68 against 63, 40: 70 against 76, 63: 71 against 110).
-_VECTOR_MIN_STEPS = 32
+# vectorized call costs a fixed 18-30 us (a dozen numpy operations on small arrays), the loop
+# ~3 us plus ~0.4 us a step from the sources, and a quarter of that from a compiled build
+# (docs/compiled_core.md), whose numpy calls cost the same (Llama-2-70B, 19 decodes, a 2-core
+# Xeon, 2026-11-26; vectorized against loop in us, sources: 16 steps 18 / 12, 32: 18 / 18,
+# 64: 19 / 33; compiled: 64: 18 / 8, 128: 19 / 15, 256: 23 / 27). Both give the same times.
+_VECTOR_MIN_STEPS = 32 if __file__.endswith(".py") else 192
 
 
 def _decode_ends(
