@@ -48,10 +48,13 @@ def append_steps(
     # run; undone if the pool runs out). The rest take blocks below: (sequence, its table,
     # tokens held, tokens after).
     grows: list[tuple[int, list[int], int, int]] = []
+    # Each sequence's table by its order, for placing the blocks taken below.
+    order_tables: list[list[int]] = []
     added = num_decodes * num_steps
     for order, seq_id in enumerate(decodes):
         held = tokens[seq_id]
         table = tables[seq_id]
+        order_tables.append(table)
         partial = held % bs
         if partial:
             if shared and ref[table[-1]] != 1:
@@ -72,9 +75,11 @@ def append_steps(
         if grown > left:
             grown = left
         if grown <= 0:
+            order_tables.append([])  # (takes no block)
             continue
         held = tokens[seq_id]
         table = tables[seq_id]
+        order_tables.append(table)
         partial = held % bs
         if partial:
             if shared and ref[table[-1]] != 1:
@@ -126,16 +131,19 @@ def append_steps(
         fill[block_id] = bs  # (the last block of each sequence is set below)
     starts.sort()
     idx = 0
-    for key in starts:
-        count = many.get(key, 1) if many else 1
-        order = key % num_seqs
-        seq_id = decodes[order] if order < num_decodes else runs[order - num_decodes][0]
-        table = tables[seq_id]
-        if count == 1:
-            table.append(taken[idx])
-        else:
-            table.extend(taken[idx : idx + count])
-        idx += count
+    if not many:
+        for key in starts:
+            order_tables[key % num_seqs].append(taken[idx])
+            idx += 1
+    else:
+        for key in starts:
+            count = many.get(key, 1)
+            table = order_tables[key % num_seqs]
+            if count == 1:
+                table.append(taken[idx])
+            else:
+                table.extend(taken[idx : idx + count])
+            idx += count
     for seq_id, table, held, after in grows:
         tokens[seq_id] = after
         if held % bs:
