@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from engine.core.config import CacheConfig
 from engine.core.fastforward.growth import UNBOUNDED, ChunkRun, RepeatShape, RequestGrowth
-from engine.core.fastforward.memory import PagedRunMemory
+from engine.core.fastforward.memory import BlocksTaken, PagedRunMemory
 from engine.core.kv_manager import PagedKVManager
 from engine.core.request import Request
 
@@ -151,9 +151,9 @@ def test_growth_from_the_aggregate_shape_matches_growing_for_real(
     shape = _shape_of(kv, growth)
     sums = PagedRunMemory(kv)
     assert sums.shape_of(growth) == shape
-    by_shape = sums._shape_need(shape)
+    by_shape = BlocksTaken(shape, BLOCK_SIZE)
     for k in range(limit + 1):
-        assert by_shape(k) == _need_one_by_one(kv, growth, k), k
+        assert by_shape.after(k) == _need_one_by_one(kv, growth, k), k
     capacity = sums.growth_capacity(growth, limit)
     assert sums.growth_capacity(growth, limit, shape) == capacity
     waiting = Request("w", 0.0, num_prompt_tokens=3 * BLOCK_SIZE, max_output_tokens=1)
@@ -168,4 +168,4 @@ def test_growth_from_the_aggregate_shape_matches_growing_for_real(
         free_before = kv.allocator.num_free_blocks
         for request, per_step, left in growth:
             kv.grow(request, min(per_step * capacity, left))
-        assert free_before - kv.allocator.num_free_blocks == by_shape(capacity)
+        assert free_before - kv.allocator.num_free_blocks == by_shape.after(capacity)

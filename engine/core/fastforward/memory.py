@@ -6,7 +6,7 @@ contiguous memory alike (``run_memory``)."""
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import accumulate
 from typing import Protocol
 
@@ -68,6 +68,42 @@ def _blocks(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+class BlocksTaken:
+    """The blocks that ``k`` steps of ``shape`` take from the free pool, as a function of k
+    (``after``): O(1) per step count for the decodes. (An object, not a closure: a compiled
+    build, docs/compiled_core.md, makes each closure a reference cycle that only the garbage
+    collector frees, and one is made for most planned runs.)
+
+    A decoding sequence holding t tokens starts a block in repeat i (0 = the first) when
+    (t + i) is a multiple of the block size, so every bs repeats each one starts exactly
+    one block; ``starts[i]`` counts those started in repeats 0 .. i-1 of a cycle.
+    """
+
+    __slots__ = ("block_size", "chunks", "decodes", "starts")
+
+    def __init__(self, shape: RepeatShape, block_size: int) -> None:
+        bs = block_size
+        by_step = [0] * bs
+        for phase, count in enumerate(shape.decode_phases):
+            by_step[-phase % bs] += count
+        self.block_size = bs
+        self.starts = [0, *accumulate(by_step)]
+        self.decodes = shape.decode_seqs
+        self.chunks = [
+            (held, per_step, left, seqs, _blocks(held, bs))
+            for per_step, held, left, seqs in shape.chunks
+        ]
+
+    def after(self, k: int) -> int:
+        """Blocks taken by the first ``k`` steps."""
+        bs = self.block_size
+        cycles, rest = divmod(k, bs)
+        total = cycles * self.decodes + self.starts[rest]
+        for held, per_step, left, seqs, blocks in self.chunks:
+            total += (_blocks(held + min(per_step * k, left), bs) - blocks) * seqs
+        return total
+
+
 class PagedRunMemory:
     """Run sums over paged memory, read from its allocator's counters."""
 
@@ -90,13 +126,13 @@ class PagedRunMemory:
             bound += (-(-per_step * limit // bs) + 1) * seqs
         if bound <= free:
             return limit
-        need = self._shape_need(shape)
-        if need(limit) <= free:
+        need = BlocksTaken(shape, bs)
+        if need.after(limit) <= free:
             return limit
-        lo, hi = 0, limit  # need(lo) <= free < need(hi)
+        lo, hi = 0, limit  # need.after(lo) <= free < need.after(hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if need(mid) <= free:
+            if need.after(mid) <= free:
                 lo = mid
             else:
                 hi = mid
@@ -122,34 +158,6 @@ class PagedRunMemory:
                     chunks.append(ChunkRun(per_step, held, left, 1))
         return RepeatShape(decode_seqs, decode_tokens, tuple(phases), tuple(chunks))
 
-    def _shape_need(self, shape: RepeatShape) -> Callable[[int], int]:
-        """Blocks that ``k`` steps of ``shape`` take from the free pool, as a function of k:
-        O(1) per step count for the decodes.
-
-        A decoding sequence holding t tokens starts a block in repeat i (0 = the first) when
-        (t + i) is a multiple of the block size, so every bs repeats each one starts exactly
-        one block; ``starts[i]`` counts those started in repeats 0 .. i-1 of a cycle.
-        """
-        bs = self.block_size
-        by_step = [0] * bs
-        for phase, count in enumerate(shape.decode_phases):
-            by_step[-phase % bs] += count
-        starts = [0, *accumulate(by_step)]
-        decodes = shape.decode_seqs
-        chunks = [
-            (held, per_step, left, seqs, _blocks(held, bs))
-            for per_step, held, left, seqs in shape.chunks
-        ]
-
-        def need(k: int) -> int:
-            cycles, rest = divmod(k, bs)
-            total = cycles * decodes + starts[rest]
-            for held, per_step, left, seqs, blocks in chunks:
-                total += (_blocks(held + min(per_step * k, left), bs) - blocks) * seqs
-            return total
-
-        return need
-
     def can_admit_after(
         self,
         request: Request,
@@ -161,7 +169,7 @@ class PagedRunMemory:
     ) -> bool:
         if self.prefix_caching:
             return True  # growth may evict cached blocks and change the hits: assume it fits
-        taken = self._shape_need(shape or self.shape_of(growth))(steps)
+        taken = BlocksTaken(shape or self.shape_of(growth), self.block_size).after(steps)
         num_tokens = len(hits) * self.block_size + num_positions
         need = self.allocator.num_blocks_to_allocate(num_tokens, hits)
         return self.allocator.num_free_blocks - taken - need >= self.watermark_blocks
