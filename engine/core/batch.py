@@ -136,7 +136,7 @@ class ScheduledBatch:
         return sum([r.num_positions * len(r.seq_ids) for r in self.requests])
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class StepResult:
     """What executing a batch gives back.
 
@@ -148,3 +148,16 @@ class StepResult:
     duration_s: float
     sampled_token_ids: dict[int, int] = field(default_factory=dict)
     stopped_seq_ids: frozenset[int] = frozenset()
+
+    def __init__(
+        self,
+        duration_s: float,
+        sampled_token_ids: dict[int, int] | None = None,
+        stopped_seq_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        # (as ``MemorySnapshot``'s: frozen, and compiled in a compiled build)
+        object.__setattr__(self, "duration_s", duration_s)
+        object.__setattr__(
+            self, "sampled_token_ids", {} if sampled_token_ids is None else sampled_token_ids
+        )
+        object.__setattr__(self, "stopped_seq_ids", stopped_seq_ids)
