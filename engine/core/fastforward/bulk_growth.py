@@ -68,8 +68,11 @@ def append_steps(
         grows.append((seq_id, table, held, held + num_steps))
         num_new += new_blocks
         first = -held % bs  # a block every bs steps, from step ``first`` on
-        stop = (first + new_blocks * bs) * num_seqs
-        starts.extend(range(first * num_seqs + order, stop, bs * num_seqs))
+        if new_blocks == 1:  # (most often, in short runs)
+            starts.append(first * num_seqs + order)
+        else:
+            stop = (first + new_blocks * bs) * num_seqs
+            starts.extend(range(first * num_seqs + order, stop, bs * num_seqs))
     for idx, (seq_id, per_step, left) in enumerate(runs):
         grown = num_steps * per_step
         if grown > left:
@@ -98,8 +101,11 @@ def append_steps(
         order = num_decodes + idx
         if per_step == 1:  # a block every bs steps
             first = -held % bs
-            stop = (first + new_blocks * bs) * num_seqs
-            starts.extend(range(first * num_seqs + order, stop, bs * num_seqs))
+            if new_blocks == 1:
+                starts.append(first * num_seqs + order)
+            else:
+                stop = (first + new_blocks * bs) * num_seqs
+                starts.extend(range(first * num_seqs + order, stop, bs * num_seqs))
             continue
         blocks = len(table)
         for step in range(num_steps):
