@@ -140,3 +140,41 @@ if __name__ == "__main__":
             json.dumps(_golden_summary(case), indent=2, sort_keys=True) + "\n"
         )
         print("wrote", case)
+
+
+def test_a_simulation_collects_garbage_less_often_and_restores_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``simulate`` raises the collector's first threshold while it runs (sim/run.py) and puts
+    back the caller's setting afterwards, also when the run fails."""
+    import gc
+
+    import sim.run
+    from sim.deployment import run_deployment
+
+    seen: list[tuple[int, int, int]] = []
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(gc.get_threshold())
+        return run_deployment(*args, **kwargs)  # type: ignore[arg-type]
+
+    def fail(*args: object, **kwargs: object) -> object:
+        seen.append(gc.get_threshold())
+        raise RuntimeError("boom")
+
+    before = gc.get_threshold()
+    trace = load_trace(DATA / "example.csv")
+    try:
+        gc.set_threshold(700, 10, 10)
+        monkeypatch.setattr(sim.run, "run_deployment", spy)
+        simulate(trace, RunConfig(policy="continuous", **SMALL))  # type: ignore[arg-type]
+        assert seen[-1] == (sim.run._GC_THRESHOLD, 10, 10)
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(10 * sim.run._GC_THRESHOLD, 5, 5)  # a higher setting is kept
+        monkeypatch.setattr(sim.run, "run_deployment", fail)
+        with pytest.raises(RuntimeError, match="boom"):
+            simulate(trace, RunConfig(policy="continuous", **SMALL))  # type: ignore[arg-type]
+        assert seen[-1] == (10 * sim.run._GC_THRESHOLD, 5, 5)
+        assert gc.get_threshold() == (10 * sim.run._GC_THRESHOLD, 5, 5)
+    finally:
+        gc.set_threshold(*before)
