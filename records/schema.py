@@ -7,7 +7,7 @@ import math
 import struct
 from array import array
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 import pandas as pd
@@ -34,7 +34,7 @@ SLOT_COLUMNS = (
     "external_fragmentation_slots",
     "free_slots",
 )
-POOL_CODES = {"colocated": 0, "prefill": 1, "decode": 2}
+POOL_CODES: Final = {"colocated": 0, "prefill": 1, "decode": 2}
 # The step columns in order, each with how it is kept (an ``array`` type code): times as
 # doubles, per-step counts as 32-bit integers, the pool as a byte, sums over a row's steps
 # (tokens, slots) as 64-bit integers. At 100k requests (300k rows) that is 14 MB less than
@@ -75,8 +75,8 @@ SUMMED_COLUMNS = (
     "shared_saved_slots",
 )
 
-_ROW = struct.Struct(f"{len(STEP_COLUMNS)}d")  # one step row, packed
-_FLUSH_ROWS = 4096
+_ROW: Final = struct.Struct(f"{len(STEP_COLUMNS)}d")  # one step row, packed
+_FLUSH_ROWS: Final = 4096
 
 
 class StepRecorder:

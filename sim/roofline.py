@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -29,9 +30,9 @@ TERMS: tuple[str, ...] = (
 )
 """Keys of `step_breakdown`, in the order they are summed."""
 
-_LOGIT_BYTES = 4  # logits and the sampler's softmax are fp32 in vLLM and HF alike
+_LOGIT_BYTES: Final = 4  # logits and the sampler's softmax are fp32 in vLLM and HF alike
 _NO_WORK = (0.0,) * len(TERMS)
-_MAX_MEMO = 1 << 16
+_MAX_MEMO: Final = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)

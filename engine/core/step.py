@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 from engine.core.batch import ScheduledBatch, ScheduledRequest
 from engine.core.block_allocator import BlockPair
@@ -32,7 +32,7 @@ class StepHost(Protocol):
     def preempt(self, victim: Request, batch: ScheduledBatch) -> None: ...
 
 
-_UNLIMITED = 1 << 62  # a budget no step can use up (the policy set none)
+_UNLIMITED: Final = 1 << 62  # a budget no step can use up (the policy set none)
 
 
 def commit_scheduled(kv: KVCacheManager, request: Request, computed_end: int, known: int) -> None:

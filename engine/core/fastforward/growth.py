@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from engine.core.request import Request
 
 # Positions left for a decode: it grows until it finishes, however long the run.
-UNBOUNDED = 1 << 62
+UNBOUNDED: Final = 1 << 62
 
 
 # One request's growth over the run: (request, positions per step for each of its active
