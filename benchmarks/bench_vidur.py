@@ -35,7 +35,11 @@ CONFIGS = {
 }
 # The A100-80GB as priced before the rotary fit (rotary_bandwidth_efficiency 0.5).
 COST_AS_45813DD_HARDWARE = str(Path(__file__).with_name("a100_80gb_45813dd.toml"))
-VIDUR_REQ_PER_S = 370.0  # Vidur's loop on this kind of machine: 100k requests in 272 s
+# Vidur 0.0.26 on this workload, whole process, timed twice on a 2-core development machine with
+# the other core busy (benchmarks/results/vidur_measured.txt, 2026-11-26): 100k requests in 368.9
+# and 385.5 s (its vllm scheduler), 405.7 and 414.9 s (sarathi); the means below. Machines
+# differ: the ``x Vidur`` column holds on such a machine only.
+VIDUR_REQ_PER_S = {"continuous": 100_000 / 377.2, "chunked": 100_000 / 410.3}
 
 
 def run_one(
@@ -150,7 +154,7 @@ def print_row(policy: str, core: str, n: int, runs: list[dict[str, float]]) -> N
     spread = f"({walls[0]:.2f}-{walls[-1]:.2f})"
     print(
         f"{policy:<11}{core:>9}{n:>9}{wall_s:>8.2f}{spread:>14}{cpu_s:>8.2f}{rate:>11,.0f}"
-        f"{rate / VIDUR_REQ_PER_S:>8.1f}{peak:>9.0f}{r['steps']:>9,.0f}"
+        f"{rate / VIDUR_REQ_PER_S[policy]:>8.1f}{peak:>9.0f}{r['steps']:>9,.0f}"
         f"{r['simulated_steps']:>11,.0f}{r['mean_ttft_ms'] / 1000:>9,.1f}"
         f"{r['mean_tpot_ms']:>8.2f}",
         flush=True,
