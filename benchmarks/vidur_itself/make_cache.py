@@ -21,6 +21,8 @@ def add_dataset(cache: Path, kind: str, repo_id: str, files: dict[str, Path], co
     (base / "refs").mkdir(exist_ok=True)
     (base / "refs" / "main").write_text(REVISION)
     for name, source in files.items():
+        if not source.is_file():
+            sys.exit(f"make_cache.py: {source} is missing (Vidur's profiling tables, ../shared)")
         with source.open("rb") as src, lzma.open(snapshot / name, "wb") as dst:
             shutil.copyfileobj(src, dst)
     (snapshot / "config.json").write_text(json.dumps(config))
