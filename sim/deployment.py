@@ -248,8 +248,9 @@ class Disaggregated:
                     replica.close()
 
 
-def _fresh(user: Request, **changes: object) -> Request:
-    """A new request with ``user``'s lengths, samples and prompt identity (no state)."""
+def _fresh(user: Request, hold_kv_on_finish: bool = False, **changes: object) -> Request:
+    """A new request with ``user``'s lengths, samples and prompt identity (no state), which
+    keeps its KV when it finishes if ``hold_kv_on_finish``."""
     fields: dict[str, object] = {
         "request_id": user.request_id,
         "arrival_s": user.arrival_s,
@@ -260,7 +261,9 @@ def _fresh(user: Request, **changes: object) -> Request:
         "prefix_hash_ids": user.prefix_hash_ids,
         "hash_block_tokens": user.hash_block_tokens,
     }
-    return Request(**(fields | changes))  # type: ignore[arg-type]
+    request = Request(**(fields | changes))  # type: ignore[arg-type]
+    request.hold_kv_on_finish = hold_kv_on_finish
+    return request
 
 
 def _merge(user: Request, prompt: Request, decode: Request) -> None:

@@ -4,7 +4,6 @@ cost model instead of running a model."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from operator import mul
 from typing import Protocol
 
 import numpy as np
@@ -13,6 +12,7 @@ from engine.core.batch import ScheduledBatch, StepResult
 from engine.core.fastforward import RepeatShape
 from records.step_shapes import batch_sequences
 from sim.cost_model import CostModel, StepShape
+from sim.roofline import RepeatStepper, RooflineCostModel
 
 
 def step_shape(batch: ScheduledBatch, block_size: int) -> StepShape:
@@ -71,6 +71,9 @@ class CostModelExecutor:
         self.cost_model = cost_model
         self.block_size = block_size
         self._aggregate = getattr(cost_model, "aggregate_step_time_s", None)
+        # The roofline, typed as such: a compiled build then calls its methods and its
+        # stepper's directly rather than through the interpreter's call protocol.
+        self._roofline = cost_model if isinstance(cost_model, RooflineCostModel) else None
         self._padding = 0
         self._last_split: tuple[
             ScheduledBatch | None, tuple[tuple[int, int], ...], tuple[int, ...]
@@ -83,7 +86,7 @@ class CostModelExecutor:
             chunks, contexts = self._split(batch)
             bs = self.block_size
             blocks = sum([-(-c // bs) for c in contexts])
-            return StepResult(self._aggregate(chunks, len(contexts), sum(contexts), blocks, bs))
+            return StepResult(self._aggregate_s(chunks, len(contexts), sum(contexts), blocks))
         return StepResult(self.cost_model.step_time_s(step_shape(batch, self.block_size)))
 
     def repeat_end_times(
@@ -111,7 +114,9 @@ class CostModelExecutor:
             total = shape.decode_tokens + num_seqs
             phases = shape.decode_phases
             # Blocks of c + 1 tokens for each sequence holding c: c // bs + 1.
-            remainders = sum(map(mul, range(bs), phases))
+            remainders = 0
+            for phase in range(bs):
+                remainders += phase * phases[phase]
             blocks = (shape.decode_tokens - remainders) // bs + num_seqs
             # A sequence starts a new block when its context becomes k * bs + 1.
             by_phase = [phases[-1], *phases[:-1]]
@@ -150,11 +155,10 @@ class CostModelExecutor:
                 ends.append(now_s)
                 contexts = [c + 1 for c in contexts]
             return ends
-        aggregate = self._aggregate
-        stepper = getattr(self.cost_model, "repeat_stepper", None)
-        # The cost model's stepper for steps whose chunks are all whole (bit-identical to
+        roofline = self._roofline
+        # The roofline's stepper for steps whose chunks are all whole (bit-identical to
         # ``execute``); a prompt's last, shorter chunk is priced from aggregates.
-        full = stepper(tuple(chunks), num_seqs, bs) if stepper is not None else None
+        full = None if roofline is None else RepeatStepper(roofline, tuple(chunks), num_seqs, bs)
         whole = 0
         if full is not None:
             pairs = zip(chunks, lefts, strict=True)
@@ -163,7 +167,7 @@ class CostModelExecutor:
         if full is not None and not chunks and admit_step >= max_steps:
             # Decodes alone, every step on the stepper: the same loop with nothing to decide.
             for step in range(max_steps):
-                now_s += full(step_chunks, total, blocks)
+                now_s += full.step(step_chunks, total, blocks)
                 ends.append(now_s)
                 total += num_seqs
                 blocks += by_phase[(-step) % bs]
@@ -172,15 +176,28 @@ class CostModelExecutor:
             if chunks:
                 step_chunks = _step_chunks(chunks, lefts, step)
             if step == admit_step:
-                now_s += aggregate(step_chunks + admitted, num_seqs, total, blocks, bs)
-            elif step < whole:
-                now_s += full(step_chunks, total, blocks)  # type: ignore[misc]
+                now_s += self._aggregate_s(step_chunks + admitted, num_seqs, total, blocks)
+            elif full is not None and step < whole:
+                now_s += full.step(step_chunks, total, blocks)
             else:
-                now_s += aggregate(step_chunks, num_seqs, total, blocks, bs)
+                now_s += self._aggregate_s(step_chunks, num_seqs, total, blocks)
             ends.append(now_s)
             total += num_seqs
             blocks += by_phase[(-step) % bs]
         return ends
+
+    def _aggregate_s(
+        self, chunks: tuple[tuple[int, int], ...], num_seqs: int, total: int, blocks: int
+    ) -> float:
+        """The cost model's ``aggregate_step_time_s`` (which it offers) of a step."""
+        if self._roofline is not None:
+            return self._roofline.aggregate_step_time_s(
+                chunks, num_seqs, total, blocks, self.block_size
+            )
+        aggregate = self._aggregate
+        assert aggregate is not None
+        duration_s: float = aggregate(chunks, num_seqs, total, blocks, self.block_size)
+        return duration_s
 
     def _split(self, batch: ScheduledBatch) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
         """``batch_sequences(batch)``, kept for the batch last split (executed, then

@@ -317,64 +317,9 @@ class RooflineCostModel:
     ) -> Callable[[tuple[tuple[int, int], ...], int, int], float]:
         """For steps of one shape (the same chunk sizes and decode count), a function of
         (chunks, summed context, summed context blocks) giving what ``aggregate_step_time_s``
-        gives, to the last bit, with the terms that do not change computed once."""
-        if not prefill_chunks and num_decode_seqs > 0:
-            return self._decode_stepper(num_decode_seqs, block_size)
-        num_tokens = num_decode_seqs + sum(n for n, _ in prefill_chunks)
-        num_seqs = num_decode_seqs + len(prefill_chunks)
-        # The rest, in the order `_terms` lists them (copies and swaps are 0.0 here; adding
-        # 0.0 changes nothing, so they are left out).
-        linear, *after, overhead = self._size_terms(num_tokens, num_seqs)
-        prefill, decode = self.prefill_attention_s, self.decode_attention_s
-
-        def step(chunks: tuple[tuple[int, int], ...], sum_context: int, sum_blocks: int) -> float:
-            total = linear + (prefill(chunks, block_size) if chunks else 0.0)
-            total += decode(num_decode_seqs, sum_context, sum_blocks * block_size)
-            for term in after:
-                total += term
-            return total + overhead
-
-        def async_step(
-            chunks: tuple[tuple[int, int], ...], sum_context: int, sum_blocks: int
-        ) -> float:
-            total = linear + (prefill(chunks, block_size) if chunks else 0.0)
-            total += decode(num_decode_seqs, sum_context, sum_blocks * block_size)
-            for term in after:
-                total += term
-            wait = overhead - total  # `host_wait_s`, inlined: one call less per priced step
-            return total + (wait if wait > 0.0 else 0.0)
-
-        return async_step if self.config.async_scheduling else step
-
-    def _decode_stepper(
-        self, num_decode_seqs: int, block_size: int
-    ) -> Callable[[tuple[tuple[int, int], ...], int, int], float]:
-        """``repeat_stepper`` for decode-only steps: ``decode_attention_s`` and the sums that
-        follow it written out, the same operations in the same order (so the same bits), with
-        no call per step. Fast-forward prices most short decode runs here."""
-        linear, store_kv, elementwise, lm_head, allreduce, overhead = self._size_terms(
-            num_decode_seqs, num_decode_seqs
-        )
-        start = linear + 0.0  # (what `_terms` adds for no prefill chunk)
-        flops_per_pair = self._attention_flops_per_pair
-        flops_per_s = self._attention_flops_per_s
-        q_bytes = num_decode_seqs * self._attention_q_bytes_per_token
-        kv_bytes_per_token = self._kv_bytes_per_token
-        bytes_per_s = self._attention_bytes_per_s
-        latency = self._attention_latency_s
-        overlap = self.config.async_scheduling
-
-        def step(chunks: tuple[tuple[int, int], ...], sum_context: int, sum_blocks: int) -> float:
-            compute = sum_context * flops_per_pair / flops_per_s
-            bytes_moved = q_bytes + (sum_blocks * block_size) * kv_bytes_per_token
-            total = start + (latency + max(compute, bytes_moved / bytes_per_s))
-            total = (((total + store_kv) + elementwise) + lm_head) + allreduce
-            if overlap:
-                wait = overhead - total  # `host_wait_s`, inlined
-                return total + (wait if wait > 0.0 else 0.0)
-            return total + overhead
-
-        return step
+        gives, to the last bit, with the terms that do not change computed once
+        (``RepeatStepper.step``)."""
+        return RepeatStepper(self, prefill_chunks, num_decode_seqs, block_size).step
 
     def decode_repeat_durations(
         self,
@@ -433,3 +378,66 @@ class RooflineCostModel:
             link_latency_s
             + num_tokens * self.model.kv_bytes_per_token() / link_bandwidth_bytes_per_s
         )
+
+
+class RepeatStepper:
+    """The price of each step of a run of one shape (the same chunk sizes and decode count):
+    ``step`` gives what ``aggregate_step_time_s`` gives, to the last bit, with the terms that
+    do not change computed once. A class rather than a closure, so that a compiled executor
+    (docs/compiled_core.md) calls ``step`` directly instead of through the interpreter's call
+    protocol; fast-forward prices most short runs here, step by step."""
+
+    def __init__(
+        self,
+        model: RooflineCostModel,
+        prefill_chunks: tuple[tuple[int, int], ...],
+        num_decode_seqs: int,
+        block_size: int,
+    ) -> None:
+        self.model = model
+        self.num_decode_seqs = num_decode_seqs
+        self.block_size = block_size
+        self.overlap = model.config.async_scheduling
+        # Decode-only steps write ``decode_attention_s`` and the sums after it out, the same
+        # operations in the same order (so the same bits), with no call per step.
+        self.decode_only = not prefill_chunks and num_decode_seqs > 0
+        num_tokens = num_decode_seqs + sum(n for n, _ in prefill_chunks)
+        num_seqs = num_decode_seqs + len(prefill_chunks)
+        # The rest, in the order `_terms` lists them (copies and swaps are 0.0 here; adding
+        # 0.0 changes nothing, so they are left out), added one by one in that order.
+        terms = model._size_terms(num_tokens, num_seqs)
+        linear, store_kv, elementwise, lm_head, allreduce, overhead = terms
+        self.linear: float = linear
+        self.start: float = linear + 0.0  # (what `_terms` adds for no prefill chunk)
+        self.store_kv: float = store_kv
+        self.elementwise: float = elementwise
+        self.lm_head: float = lm_head
+        self.allreduce: float = allreduce
+        self.overhead: float = overhead
+        self.flops_per_pair: int = model._attention_flops_per_pair
+        self.flops_per_s: float = model._attention_flops_per_s
+        self.q_bytes: int = num_decode_seqs * model._attention_q_bytes_per_token
+        self.kv_bytes_per_token: int = model._kv_bytes_per_token
+        self.bytes_per_s: float = model._attention_bytes_per_s
+        self.latency: float = model._attention_latency_s
+
+    def step(self, chunks: tuple[tuple[int, int], ...], sum_context: int, sum_blocks: int) -> float:
+        """One step's time: ``chunks`` its prompt chunks (new tokens, context after them),
+        its decodes' summed context tokens and summed context blocks."""
+        if self.decode_only:
+            compute = sum_context * self.flops_per_pair / self.flops_per_s
+            bytes_moved = self.q_bytes + (sum_blocks * self.block_size) * self.kv_bytes_per_token
+            total = self.start + (self.latency + max(compute, bytes_moved / self.bytes_per_s))
+        else:
+            model = self.model
+            total = self.linear + (
+                model.prefill_attention_s(chunks, self.block_size) if chunks else 0.0
+            )
+            total += model.decode_attention_s(
+                self.num_decode_seqs, sum_context, sum_blocks * self.block_size
+            )
+        total = (((total + self.store_kv) + self.elementwise) + self.lm_head) + self.allreduce
+        if self.overlap:
+            wait = self.overhead - total  # `host_wait_s`, inlined: one call less per step
+            return total + (wait if wait > 0.0 else 0.0)
+        return total + self.overhead

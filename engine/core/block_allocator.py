@@ -40,8 +40,11 @@ class BlockAllocator:
         # oldest first: as vLLM's BlockPool they stay cached, and one takes over the key when
         # the block holding it is evicted.
         self._duplicates: dict[int, list[int]] = {}
-        self._tables: dict[int, list[int]] = {}
-        self._num_tokens: dict[int, int] = {}
+        # By sequence id (ids are small non-negative ints, handed out in order): a list
+        # indexes faster than a dict, above all once compiled (no boxed key, no hash). None:
+        # the sequence holds no GPU table (never had one, freed or swapped out).
+        self._tables: list[list[int] | None] = []
+        self._num_tokens: list[int] = []
 
         self._cpu_ref = [0] * num_cpu_blocks
         self._cpu_fill = [0] * num_cpu_blocks
@@ -70,18 +73,21 @@ class BlockAllocator:
         return len(self._cpu_free)
 
     def has_table(self, seq_id: int) -> bool:
-        return seq_id in self._tables
+        return 0 <= seq_id < len(self._tables) and self._tables[seq_id] is not None
 
     def is_swapped(self, seq_id: int) -> bool:
         return seq_id in self._cpu_tables
 
     def block_table(self, seq_id: int) -> Sequence[int]:
-        return self._tables[seq_id]
+        return self._table(seq_id)
 
     def cpu_block_table(self, seq_id: int) -> Sequence[int]:
         return self._cpu_tables[seq_id]
 
     def num_tokens(self, seq_id: int) -> int:
+        """Tokens ``seq_id`` holds, in its GPU table or swapped out."""
+        if not self.has_table(seq_id) and seq_id not in self._cpu_tables:
+            raise ValueError(f"sequence {seq_id} has no block table")
         return self._num_tokens[seq_id]
 
     def ref_count(self, block_id: int) -> int:
@@ -106,8 +112,12 @@ class BlockAllocator:
         return KVState(
             num_free_blocks=self.num_free_blocks,
             ref_counts=tuple(self._ref),
-            block_tables=tuple((s, tuple(t)) for s, t in sorted(self._tables.items())),
-            num_tokens=tuple(sorted(self._num_tokens.items())),
+            block_tables=tuple((s, tuple(t)) for s, t in enumerate(self._tables) if t is not None),
+            num_tokens=tuple(
+                (s, n)
+                for s, n in enumerate(self._num_tokens)
+                if self._tables[s] is not None or s in self._cpu_tables
+            ),
             prefix_cache=frozenset(self._key_to_block.items()),
             eviction_order=tuple(self._evictable),
             swapped_tables=tuple((s, tuple(t)) for s, t in sorted(self._cpu_tables.items())),
@@ -135,7 +145,7 @@ class BlockAllocator:
 
     def num_blocks_to_append(self, seq_id: int, num_new_tokens: int) -> int:
         """Free-pool blocks appending ``num_new_tokens`` would consume (copy-on-write included)."""
-        table = self._tables[seq_id]
+        table = self._table(seq_id)
         num_tokens = self._num_tokens[seq_id]
         shared_tail = num_tokens % self.block_size and self._ref[table[-1]] > 1
         cow = 1 if shared_tail and num_new_tokens else 0
@@ -143,6 +153,30 @@ class BlockAllocator:
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def _table(self, seq_id: int) -> list[int]:
+        """``seq_id``'s GPU block table; ValueError if it has none."""
+        if 0 <= seq_id < len(self._tables):
+            table = self._tables[seq_id]
+            if table is not None:
+                return table
+        raise ValueError(f"sequence {seq_id} has no block table")
+
+    def _set_table(self, seq_id: int, table: list[int], num_tokens: int) -> None:
+        """Give ``seq_id`` (which has no GPU table) ``table`` holding ``num_tokens``."""
+        tables = self._tables
+        if seq_id >= len(tables):
+            missing = seq_id + 1 - len(tables)
+            tables.extend([None] * missing)
+            self._num_tokens.extend([0] * missing)
+        tables[seq_id] = table
+        self._num_tokens[seq_id] = num_tokens
+
+    def _no_table(self, seq_id: int) -> bool:
+        """Whether ``seq_id`` holds no table, GPU or CPU (ValueError for a negative id)."""
+        if seq_id < 0:
+            raise ValueError(f"sequence ids are non-negative, got {seq_id}")
+        return not self.has_table(seq_id) and seq_id not in self._cpu_tables
 
     # -- block life cycle ----------------------------------------------------------------
 
@@ -237,7 +271,7 @@ class BlockAllocator:
 
     def allocate(self, seq_id: int, num_tokens: int, cached_blocks: Sequence[int] = ()) -> None:
         """Create ``seq_id``'s table: ``cached_blocks`` (full prefix hits) then fresh blocks."""
-        if seq_id in self._tables or seq_id in self._cpu_tables:
+        if not self._no_table(seq_id):
             raise ValueError(f"sequence {seq_id} already has a block table")
         if num_tokens < len(cached_blocks) * self.block_size:
             raise ValueError(f"{num_tokens} tokens cannot cover {len(cached_blocks)} cached blocks")
@@ -251,8 +285,7 @@ class BlockAllocator:
             table.append(block_id)
         hit_tokens = len(cached_blocks) * self.block_size
         self._write(table, hit_tokens, num_tokens - hit_tokens)
-        self._tables[seq_id] = table
-        self._num_tokens[seq_id] = num_tokens
+        self._set_table(seq_id, table, num_tokens)
 
     def append_slots(self, seq_id: int, num_new_tokens: int) -> list[BlockPair]:
         """Give ``seq_id`` slots for ``num_new_tokens`` more tokens.
@@ -260,7 +293,7 @@ class BlockAllocator:
         A shared, partly filled last block is never written: it is copied first and the
         returned ``(src, dst)`` pair names the copy the executor must make.
         """
-        table = self._tables[seq_id]
+        table = self._table(seq_id)
         num_tokens = self._num_tokens[seq_id]
         partial = num_tokens % self.block_size
         if partial and num_new_tokens <= self.block_size - partial and self._ref[table[-1]] == 1:
@@ -289,7 +322,9 @@ class BlockAllocator:
     def append_in_place(self, seq_id: int) -> bool:
         """Append one token if the last block is held alone and has room; else do nothing and
         return False (the caller takes the general ``append_slots`` path)."""
-        table = self._tables[seq_id]
+        table = self._tables[seq_id] if seq_id >= 0 else None
+        if table is None:
+            raise ValueError(f"sequence {seq_id} has no block table")
         num_tokens = self._num_tokens[seq_id]
         if not num_tokens % self.block_size or self._ref[table[-1]] != 1:
             return False
@@ -300,13 +335,12 @@ class BlockAllocator:
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         """Give ``child_seq_id`` all of the parent's blocks, shared (ref_count + 1 each)."""
-        if child_seq_id in self._tables or child_seq_id in self._cpu_tables:
+        if not self._no_table(child_seq_id):
             raise ValueError(f"sequence {child_seq_id} already has a block table")
-        table = self._tables[parent_seq_id]
+        table = self._table(parent_seq_id)
         for block_id in table:
             self._share(block_id)
-        self._tables[child_seq_id] = list(table)
-        self._num_tokens[child_seq_id] = self._num_tokens[parent_seq_id]
+        self._set_table(child_seq_id, list(table), self._num_tokens[parent_seq_id])
 
     def free(self, seq_id: int) -> None:
         """Release every block of ``seq_id`` (GPU or CPU side); tail blocks evict first."""
@@ -314,7 +348,8 @@ class BlockAllocator:
             for cpu_id in self._cpu_tables.pop(seq_id):
                 self._release_cpu(cpu_id)
         else:
-            table = self._tables.pop(seq_id)
+            table = self._table(seq_id)
+            self._tables[seq_id] = None
             ref = self._ref
             if not self._key_to_block and (
                 # (no block is shared anywhere: every used block's count is 1, no need to look)
@@ -332,7 +367,7 @@ class BlockAllocator:
             else:
                 for block_id in reversed(table):
                     self._release(block_id)
-        del self._num_tokens[seq_id]
+        self._num_tokens[seq_id] = 0
 
     def cache_block(self, seq_id: int, block_idx: int, key: int) -> bool:
         """Record that block ``block_idx`` of ``seq_id`` (full) holds the content ``key``.
@@ -340,7 +375,7 @@ class BlockAllocator:
         Returns False when another block already caches that content: the first one stays
         the one hits take; this one is kept as a duplicate (evicted like any cached block).
         """
-        block_id = self._tables[seq_id][block_idx]
+        block_id = self._table(seq_id)[block_idx]
         if self._fill[block_id] != self.block_size:
             raise ValueError(f"block {block_id} is not full and cannot be cached")
         current = self._key[block_id]
@@ -365,7 +400,7 @@ class BlockAllocator:
         return counts
 
     def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
-        blocks = self._distinct(self._tables[s] for s in seq_ids)
+        blocks = self._distinct(self._table(s) for s in seq_ids)
         return len(blocks) <= len(self._cpu_free)
 
     def can_swap_in(self, seq_ids: Sequence[int]) -> bool:
@@ -378,7 +413,7 @@ class BlockAllocator:
         Blocks shared among ``seq_ids`` stay shared on the CPU side; blocks also held by other
         sequences keep their GPU copy for those.
         """
-        counts = self._distinct(self._tables[s] for s in seq_ids)
+        counts = self._distinct(self._table(s) for s in seq_ids)
         if len(counts) > len(self._cpu_free):
             raise OutOfBlocksError(f"need {len(counts)} CPU blocks, {len(self._cpu_free)} free")
         mapping: dict[int, int] = {}
@@ -389,7 +424,8 @@ class BlockAllocator:
             self._cpu_key[cpu_id] = self._key[gpu_id]
             mapping[gpu_id] = cpu_id
         for seq_id in seq_ids:
-            table = self._tables.pop(seq_id)
+            table = self._table(seq_id)
+            self._tables[seq_id] = None  # (its token count stays, for swapping in)
             self._cpu_tables[seq_id] = [mapping[b] for b in table]
             for block_id in reversed(table):
                 self._release(block_id)

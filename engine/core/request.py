@@ -105,7 +105,7 @@ def _no_output_ids() -> Mapping[int, list[int]]:
     return _NO_OUTPUT_IDS
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class Request:
     """One inference request and everything the scheduler tracks about it.
 
@@ -161,7 +161,54 @@ class Request:
     num_prefix_lookup_tokens: int = 0
     num_cow_copies: int = 0
 
-    def __post_init__(self) -> None:
+    # Written out (as ``ScheduledBatch``'s): a compiled build (docs/compiled_core.md) runs the
+    # ``__init__`` that ``dataclass`` generates as Python, a tenth of a simulated request's
+    # admission. Only the request's description is passed in; the rest is the core's state
+    # and starts as the defaults above say.
+    def __init__(
+        self,
+        request_id: str,
+        arrival_s: float,
+        num_prompt_tokens: int,
+        max_output_tokens: int,
+        n: int = 1,
+        prompt_token_ids: tuple[int, ...] | None = None,
+        prefix_hash_ids: tuple[int, ...] | None = None,
+        hash_block_tokens: int = 512,
+    ) -> None:
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_output_tokens = max_output_tokens
+        self.n = n
+        self.prompt_token_ids = prompt_token_ids
+        self.prefix_hash_ids = prefix_hash_ids
+        self.hash_block_tokens = hash_block_tokens
+        self.status = RequestStatus.WAITING
+        self.reject_reason = None
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.seq_ids = []
+        self.live_seq_ids = []
+        self.forked = False
+        self.output_token_ids = _NO_OUTPUT_IDS
+        self.internal_idx = -1
+        self.hold_kv_on_finish = False
+        self.kv_ready = True
+        self.first_scheduled_s = None
+        self.first_token_s = None
+        self.finish_s = None
+        self.tokens = TokenTimeline()
+        self.num_preemptions = 0
+        self.num_recomputed_tokens = 0
+        self.num_blocks_swapped_out = 0
+        self.num_blocks_swapped_in = 0
+        self.num_prefix_hit_tokens = 0
+        self.num_prefix_lookup_tokens = 0
+        self.num_cow_copies = 0
+        self._check()
+
+    def _check(self) -> None:
         if self.num_prompt_tokens < 1:
             raise ValueError(f"num_prompt_tokens must be >= 1, got {self.num_prompt_tokens!r}")
         if self.max_output_tokens < 1:

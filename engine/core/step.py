@@ -11,7 +11,7 @@ from typing import Final, Protocol
 from engine.core.batch import ScheduledBatch, ScheduledRequest
 from engine.core.block_allocator import BlockPair
 from engine.core.config import CacheConfig
-from engine.core.kv_manager import KVCacheManager
+from engine.core.kv_manager import KVCacheManager, PagedKVManager
 from engine.core.policies import Policy
 from engine.core.request import Request, RequestStatus
 
@@ -180,7 +180,10 @@ class Step:
         ``in_order``, stops at the first request that is not decoding and returns it with
         every request after it, none of them scheduled."""
         others: list[Request] = []
-        grow_in_place = self.s.kv.grow_in_place
+        kv = self.s.kv
+        grow_in_place = kv.grow_in_place
+        # Paged memory's allocator, typed as such: a compiled build calls it directly.
+        alloc = kv.allocator if isinstance(kv, PagedKVManager) else None
         scheduled, preempted = self._scheduled, self._preempted
         requests_out = self.batch.requests
         running = RequestStatus.RUNNING
@@ -207,7 +210,9 @@ class Step:
                 and request.kv_ready
                 and internal_idx not in scheduled
                 and (not preempted or internal_idx not in preempted)
-                and grow_in_place(live[0])
+                and (
+                    alloc.append_in_place(live[0]) if alloc is not None else grow_in_place(live[0])
+                )
             ):
                 scheduled.add(internal_idx)
                 taken += 1

@@ -317,3 +317,33 @@ def test_dynamic_replay_wakes_without_arrivals() -> None:
     result = replay(requests, CacheConfig(num_blocks=64, block_size=4), config)
     first = next(b for b in result.batches if not b.is_empty)
     assert first.now_s == 0.1 + 0.5 and first.request_ids == ("r0", "r1")
+
+
+def test_written_out_inits_start_every_field_at_its_declared_default() -> None:
+    """``Request`` and ``ScheduledBatch`` write their ``__init__`` out (a
+    compiled build runs a generated one as Python): each field a caller does not pass starts
+    as the class declares, so a field added later without its line in ``__init__`` fails
+    here."""
+    import dataclasses
+
+    from engine.core.batch import ScheduledBatch
+
+    built = {
+        Request: Request("r", 0.5, 7, 3),
+        ScheduledBatch: ScheduledBatch(step_idx=0, now_s=0.0),
+    }
+    for cls, obj in built.items():
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.default is not dataclasses.MISSING:
+                assert getattr(obj, f.name) == f.default, (cls.__name__, f.name)
+            elif f.default_factory is not dataclasses.MISSING:
+                want = f.default_factory()
+                got = getattr(obj, f.name)
+                assert type(got) is type(want), (cls.__name__, f.name)
+                if not hasattr(want, "__slots__"):  # (a TokenTimeline has no equality)
+                    assert got == want, (cls.__name__, f.name)
+    request = built[Request]
+    assert (request.request_id, request.arrival_s, request.num_prompt_tokens) == ("r", 0.5, 7)
+    assert request.max_output_tokens == 3 and request.tokens.num_emissions == 0
+    with pytest.raises(ValueError, match="num_prompt_tokens"):
+        Request("bad", 0.0, 0, 3)

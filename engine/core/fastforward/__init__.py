@@ -58,10 +58,12 @@ class FastForward:
     def tokens(self, plan: RunPlan, num_steps: int) -> StepTokens:
         """Prompt and decode tokens the first ``num_steps`` steps of ``plan`` compute."""
         shape = plan.shape
-        prefill = sum(
-            min(num_steps * chunk.positions_per_step, chunk.positions_left) * chunk.num_seqs
-            for chunk in shape.chunks
-        )
+        prefill = 0
+        for chunk in shape.chunks:
+            positions = num_steps * chunk.positions_per_step
+            if positions > chunk.positions_left:
+                positions = chunk.positions_left
+            prefill += positions * chunk.num_seqs
         if shape.admit_step < num_steps:
             prefill += shape.admit_positions
         return StepTokens(prefill, num_steps * shape.decode_seqs)
@@ -118,21 +120,22 @@ class FastForward:
         # yet counted (all of the run's without prefix caching, else the last step's); a decode
         # samples in every step, a prompt once its last chunk is computed.
         finished: list[Request] = []
-        end_step = s.end_step
+        # (``s.end_step`` called as a method: a compiled build calls it directly, where a local
+        # alias would be a bound method called through the interpreter's protocol.)
         if caching:
             for request, per_step, left in growth:
                 if left == UNBOUNDED:
-                    end_step(request, 1, None, first_idx, last_s, finished, count)
+                    s.end_step(request, 1, None, first_idx, last_s, finished, count)
                 else:
                     final = max(0, min(per_step, left - (count - 1) * per_step))
-                    end_step(request, final, None, last_idx, last_s, finished)
+                    s.end_step(request, final, None, last_idx, last_s, finished)
         else:
             for request, per_step, left in growth:
                 if left == UNBOUNDED:
-                    end_step(request, count, None, first_idx, last_s, finished, count)
+                    s.end_step(request, count, None, first_idx, last_s, finished, count)
                 else:
                     positions = count * per_step
-                    end_step(
+                    s.end_step(
                         request,
                         positions if positions < left else left,
                         None,

@@ -52,8 +52,11 @@ def append_steps(
     order_tables: list[list[int]] = []
     added = num_decodes * num_steps
     for order, seq_id in enumerate(decodes):
-        held = tokens[seq_id]
         table = tables[seq_id]
+        if table is None:
+            _undo_in_place(alloc, decodes[:order], (), grows, num_steps)
+            raise ValueError(f"sequence {seq_id} has no block table")
+        held = tokens[seq_id]
         order_tables.append(table)
         partial = held % bs
         if partial:
@@ -67,12 +70,12 @@ def append_steps(
         new_blocks = (held + num_steps + bs - 1) // bs - len(table)
         grows.append((seq_id, table, held, held + num_steps))
         num_new += new_blocks
-        first = -held % bs  # a block every bs steps, from step ``first`` on
-        if new_blocks == 1:  # (most often, in short runs)
-            starts.append(first * num_seqs + order)
-        else:
-            stop = (first + new_blocks * bs) * num_seqs
-            starts.extend(range(first * num_seqs + order, stop, bs * num_seqs))
+        # A block every bs steps, from step -held % bs on (most often one, in short runs).
+        key = -held % bs * num_seqs + order
+        starts.append(key)
+        for _ in range(new_blocks - 1):
+            key += bs * num_seqs
+            starts.append(key)
     for idx, (seq_id, per_step, left) in enumerate(runs):
         grown = num_steps * per_step
         if grown > left:
@@ -80,8 +83,11 @@ def append_steps(
         if grown <= 0:
             order_tables.append([])  # (takes no block)
             continue
-        held = tokens[seq_id]
         table = tables[seq_id]
+        if table is None:
+            _undo_in_place(alloc, decodes, runs[:idx], grows, num_steps)
+            raise ValueError(f"sequence {seq_id} has no block table")
+        held = tokens[seq_id]
         order_tables.append(table)
         partial = held % bs
         if partial:
@@ -100,12 +106,11 @@ def append_steps(
         num_new += new_blocks
         order = num_decodes + idx
         if per_step == 1:  # a block every bs steps
-            first = -held % bs
-            if new_blocks == 1:
-                starts.append(first * num_seqs + order)
-            else:
-                stop = (first + new_blocks * bs) * num_seqs
-                starts.extend(range(first * num_seqs + order, stop, bs * num_seqs))
+            key = -held % bs * num_seqs + order
+            starts.append(key)
+            for _ in range(new_blocks - 1):
+                key += bs * num_seqs
+                starts.append(key)
             continue
         blocks = len(table)
         for step in range(num_steps):
@@ -171,6 +176,7 @@ def _undo_in_place(
     grown_by = [(seq_id, num_steps) for seq_id in decodes]
     grown_by += [(seq_id, min(num_steps * per_step, left)) for seq_id, per_step, left in runs]
     for seq_id, grown in grown_by:
-        if grown > 0 and seq_id not in deferred:
+        table = alloc._tables[seq_id]
+        if grown > 0 and seq_id not in deferred and table is not None:
             alloc._num_tokens[seq_id] -= grown
-            alloc._fill[alloc._tables[seq_id][-1]] -= grown
+            alloc._fill[table[-1]] -= grown
