@@ -83,10 +83,23 @@ class CostModelExecutor:
         if batch.is_empty and not (batch.swap_out or batch.copies):
             return StepResult(duration_s=0.0)
         if self._aggregate is not None and _is_plain(batch):
-            chunks, contexts = self._split(batch)
+            # ``batch_sequences`` in aggregate, in one pass: the chunks, in order, and the
+            # decodes' count, summed context and summed blocks.
             bs = self.block_size
-            blocks = sum([-(-c // bs) for c in contexts])
-            return StepResult(self._aggregate_s(chunks, len(contexts), sum(contexts), blocks))
+            chunks: list[tuple[int, int]] = []
+            num_seqs = total = blocks = 0
+            for scheduled in batch.requests:
+                width = len(scheduled.seq_ids)
+                if scheduled.is_prefill:
+                    chunk = (scheduled.num_positions, scheduled.num_computed_tokens)
+                    for _ in range(width):
+                        chunks.append(chunk)
+                else:
+                    context = scheduled.num_computed_tokens + 1
+                    num_seqs += width
+                    total += context * width
+                    blocks += -(-context // bs) * width
+            return StepResult(self._aggregate_s(tuple(chunks), num_seqs, total, blocks))
         return StepResult(self.cost_model.step_time_s(step_shape(batch, self.block_size)))
 
     def repeat_end_times(

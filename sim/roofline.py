@@ -359,9 +359,16 @@ class RooflineCostModel:
         block_size: int = 16,
     ) -> float:
         """A step without padding, copies or swaps, its decodes given by aggregates alone.
-        Equal, to the last bit, to ``step_time_s`` of the same step."""
-        decode = (num_decode_seqs, sum_context_tokens, sum_context_blocks * block_size)
-        return sum(self._terms(prefill_chunks, decode, 0, (0, 0), block_size))
+        Equal, to the last bit, to ``step_time_s`` of the same step: ``RepeatStepper`` adds
+        the same terms in the same order (a fifth of the work of building them all)."""
+        num_tokens = num_decode_seqs
+        for num_new, _ in prefill_chunks:
+            num_tokens += num_new
+        if num_tokens <= 0:  # (no work: ``_terms`` prices nothing at all)
+            decode = (num_decode_seqs, sum_context_tokens, sum_context_blocks * block_size)
+            return sum(self._terms(prefill_chunks, decode, 0, (0, 0), block_size))
+        stepper = RepeatStepper(self, prefill_chunks, num_decode_seqs, block_size)
+        return stepper.step(prefill_chunks, sum_context_tokens, sum_context_blocks)
 
     def kv_transfer_time_s(
         self, num_tokens: int, link_bandwidth_bytes_per_s: float, link_latency_s: float

@@ -152,6 +152,47 @@ def test_monotone_in_tokens_and_context(
         assert model.step_time_s(other) >= model.step_time_s(base)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    model=st.sampled_from(sorted(MODEL_PRESETS)),
+    tp=st.sampled_from([1, 2, 4]),
+    async_scheduling=st.booleans(),
+    overhead_s=st.sampled_from([0.0, 1e-4, 0.05]),
+    contexts=st.lists(st.integers(1, 100_000), max_size=40),
+    chunks=st.lists(st.tuples(st.integers(1, 8192), st.integers(0, 100_000)), max_size=3),
+    block_size=st.sampled_from([1, 16, 32]),
+)
+def test_aggregate_price_equals_the_step_priced_whole_bit_for_bit(
+    model: str,
+    tp: int,
+    async_scheduling: bool,
+    overhead_s: float,
+    contexts: list[int],
+    chunks: list[tuple[int, int]],
+    block_size: int,
+) -> None:
+    """``aggregate_step_time_s`` (and the stepper it shares with fast-forward) adds the
+    terms of ``step_time_s`` itself, in its order: the same float, not just a close one."""
+    spec = MODEL_PRESETS[model]
+    if spec.num_heads % tp:
+        return  # not a valid sharding of this model
+    config = CostModelConfig(async_scheduling=async_scheduling, step_overhead_s=overhead_s)
+    cost = RooflineCostModel(spec, HARDWARE_PRESETS["A100-80GB"], tp=tp, config=config)
+    shape = StepShape(
+        prefill_chunks=tuple(chunks),
+        decode_context_tokens=tuple(contexts),
+        block_size=block_size,
+    )
+    blocks = sum(-(-c // block_size) for c in contexts)
+    got = cost.aggregate_step_time_s(
+        tuple(chunks), len(contexts), sum(contexts), blocks, block_size
+    )
+    assert got == cost.step_time_s(shape)
+    if contexts or chunks:  # (a step with work: what a stepper prices)
+        stepper = cost.repeat_stepper(tuple(chunks), len(contexts), block_size)
+        assert stepper(tuple(chunks), sum(contexts), blocks) == got
+
+
 def test_decode_reads_whole_blocks(roofline: RooflineCostModel) -> None:
     one = roofline.step_breakdown(StepShape(decode_context_tokens=(1,)))["decode_attention"]
     sixteen = roofline.step_breakdown(StepShape(decode_context_tokens=(16,)))["decode_attention"]

@@ -84,6 +84,9 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
     phases = [0] * bs
     decode_seqs = decode_tokens = 0
     chunks: list[ChunkRun] = []
+    # The decodes' sequences, one each, when the allocator's shorter path can grow them
+    # (as ``plan_continuation`` gives them): else None.
+    seq_ids: list[int] | None = [] if isinstance(s.kv, PagedKVManager) else None
     for scheduled in batch.requests:
         request = scheduled.request
         if request.status is not running:
@@ -107,6 +110,11 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
             phases[computed % bs] += width
             decode_seqs += width
             decode_tokens += computed * width
+            if seq_ids is not None:
+                if width == 1 and request.n == 1 and chunked is None:
+                    seq_ids.append(scheduled.seq_ids[0])
+                else:  # (several samples, or a decode after the chunk: the general path)
+                    seq_ids = None
             continue
         if width != len(request.active_seq_ids):
             return None
@@ -120,8 +128,11 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
         chunk, pending = scheduled.num_positions, request.num_pending_positions
         grown.append((request, chunk, pending))
         chunks.append(ChunkRun(chunk, request.num_computed_tokens, pending, width))
+        if request.n != 1:
+            seq_ids = None
     shape = RepeatShape(decode_seqs, decode_tokens, tuple(phases), tuple(chunks))
-    return _plan(s, memory, batch, limit, grown, shape, chunked, chunk, pending)
+    decode_seq_ids = tuple(seq_ids) if seq_ids is not None else None
+    return _plan(s, memory, batch, limit, grown, shape, chunked, chunk, pending, decode_seq_ids)
 
 
 def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
