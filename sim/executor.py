@@ -174,8 +174,11 @@ class CostModelExecutor:
         full = None if roofline is None else RepeatStepper(roofline, tuple(chunks), num_seqs, bs)
         whole = 0
         if full is not None:
-            pairs = zip(chunks, lefts, strict=True)
-            whole = min((left // n for (n, _), left in pairs), default=max_steps)
+            # The steps before the first prompt's last, shorter chunk (all, without chunks).
+            whole = max_steps
+            for (n, _), left in zip(chunks, lefts, strict=True):
+                if left // n < whole:
+                    whole = left // n
         step_chunks: tuple[tuple[int, int], ...] = ()
         if full is not None and not chunks and admit_step >= max_steps:
             # Decodes alone, every step on the stepper: the same loop with nothing to decide.

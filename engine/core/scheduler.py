@@ -288,7 +288,7 @@ class Scheduler:
             ):
                 # A decode continuing its run of steps, not its last: the common case.
                 request.num_output_tokens = outputs + num_steps
-                counts[-1] += num_steps
+                counts[-1] = counts[-1] + num_steps  # (typed: no generic in-place add)
                 tokens.num_emissions += num_steps
             else:
                 self._sample(request, result, step_idx, num_steps)
