@@ -240,7 +240,8 @@ class BlockAllocator:
         partial = num_tokens % bs
         if partial and left:
             add = min(bs - partial, left)
-            self._fill[table[-1]] += add
+            tail = table[-1]
+            self._fill[tail] = self._fill[tail] + add  # (typed: no generic in-place add)
             self.num_filled_slots += add
             left -= add
         if left and self._free:
@@ -298,7 +299,8 @@ class BlockAllocator:
         partial = num_tokens % self.block_size
         if partial and num_new_tokens <= self.block_size - partial and self._ref[table[-1]] == 1:
             # The common decode case: room in an exclusively held last block.
-            self._fill[table[-1]] += num_new_tokens
+            tail = table[-1]
+            self._fill[tail] = self._fill[tail] + num_new_tokens
             self.num_filled_slots += num_new_tokens
             self._num_tokens[seq_id] = num_tokens + num_new_tokens
             return []
@@ -328,7 +330,8 @@ class BlockAllocator:
         num_tokens = self._num_tokens[seq_id]
         if not num_tokens % self.block_size or self._ref[table[-1]] != 1:
             return False
-        self._fill[table[-1]] += 1
+        tail = table[-1]
+        self._fill[tail] = self._fill[tail] + 1
         self.num_filled_slots += 1
         self._num_tokens[seq_id] = num_tokens + 1
         return True

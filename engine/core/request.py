@@ -73,7 +73,7 @@ class TokenTimeline:
         """Emissions at the ends of steps ``step_idx .. step_idx + count - 1``."""
         starts, counts = self.run_starts, self.run_counts
         if counts and starts[-1] + counts[-1] == step_idx:
-            counts[-1] += count
+            counts[-1] = counts[-1] + count  # (typed: no generic in-place add)
         elif not counts:
             # The first run, usually the only one: lists of exactly one item (an append
             # would reserve four), 48 bytes less a request over a whole trace.

@@ -65,7 +65,8 @@ def append_steps(
                 raise ValueError(f"sequence {seq_id} shares its tail block: it needs a copy")
             if partial + num_steps <= bs:
                 tokens[seq_id] = held + num_steps
-                fill[table[-1]] += num_steps
+                tail = table[-1]
+                fill[tail] = fill[tail] + num_steps  # (typed: no generic in-place add)
                 continue
         new_blocks = (held + num_steps + bs - 1) // bs - len(table)
         grows.append((seq_id, table, held, held + num_steps))
@@ -96,7 +97,8 @@ def append_steps(
                 raise ValueError(f"sequence {seq_id} shares its tail block: it needs a copy")
             if partial + grown <= bs:
                 tokens[seq_id] = held + grown
-                fill[table[-1]] += grown
+                tail = table[-1]
+                fill[tail] = fill[tail] + grown
                 added += grown
                 continue
         after = held + grown

@@ -107,7 +107,8 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
                 limit = remaining
             grown.append((request, 1, UNBOUNDED))
             computed = request.num_computed_tokens
-            phases[computed % bs] += width
+            phase = computed % bs
+            phases[phase] = phases[phase] + width  # (typed: no generic in-place add)
             decode_seqs += width
             decode_tokens += computed * width
             if seq_ids is not None:
@@ -188,7 +189,8 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
             if remaining < limit:
                 limit = remaining
             grown.append((request, 1, UNBOUNDED))
-            phases[computed % bs] += 1
+            phase = computed % bs
+            phases[phase] = phases[phase] + 1
             decode_tokens += computed
             requests.append(ScheduledRequest(request, 1, computed - 1, (live[0],), False))
             seq_ids.append(live[0])
