@@ -340,3 +340,32 @@ def test_append_steps_takes_blocks_as_appending_step_by_step(
     assert bulk.num_used_blocks == stepwise.num_used_blocks
     used = [b for b in range(num_blocks) if bulk.ref_count(b)]  # a free block's fill is stale
     assert [bulk.block_fill(b) for b in used] == [stepwise.block_fill(b) for b in used]
+
+
+def test_sequence_ids_index_the_tables() -> None:
+    """Tables are kept by sequence id (a list, not a dict): ids beyond any table are simply
+    absent, a negative id is refused, and a swapped-out sequence keeps its token count for
+    swapping in and in the state, as it did when the tables were a dict."""
+    alloc = BlockAllocator(num_blocks=8, block_size=4, num_cpu_blocks=8)
+    assert not alloc.has_table(10**6) and not alloc.has_table(-1)
+    with pytest.raises(ValueError, match="non-negative"):
+        alloc.allocate(-1, 3)
+    with pytest.raises(ValueError, match="no block table"):
+        alloc.append_slots(5, 1)
+    alloc.allocate(5, 6)  # ids need not start at 0 or come in order
+    alloc.allocate(2, 1)
+    assert list(alloc.block_table(5)) == [0, 1] and alloc.num_tokens(5) == 6
+    assert [s for s, _ in alloc.state().block_tables] == [2, 5]
+    alloc.swap_out([5])
+    assert not alloc.has_table(5) and alloc.is_swapped(5) and alloc.num_tokens(5) == 6
+    assert dict(alloc.state().num_tokens) == {2: 1, 5: 6}
+    with pytest.raises(ValueError, match="already has a block table"):
+        alloc.allocate(5, 1)
+    alloc.swap_in([5])
+    assert alloc.has_table(5) and alloc.num_tokens(5) == 6
+    alloc.free(5)
+    alloc.free(2)
+    assert not alloc.has_table(5) and alloc.state().num_tokens == ()
+    with pytest.raises(ValueError, match="no block table"):
+        alloc.num_tokens(5)
+    assert alloc.num_free_blocks == 8 and alloc.num_used_blocks == 0

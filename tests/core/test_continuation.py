@@ -105,9 +105,7 @@ def _check_shape(scheduler: Scheduler, plan: RunPlan) -> None:
     expected = PagedRunMemory(scheduler.kv).shape_of(plan.growth)
     shape = plan.shape
     assert sum(shape.decode_phases) == shape.decode_seqs
-    assert shape._replace(
-        admit_step=expected.admit_step, admit_positions=0, admit_request=None
-    ) == (expected)
+    assert shape.admitting(expected.admit_step, 0, None) == expected
 
 
 @settings(max_examples=60, deadline=None)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from engine.core.request import Request
@@ -35,7 +36,8 @@ class StepTokens(NamedTuple):
     decode: int
 
 
-class RepeatShape(NamedTuple):
+@dataclass(frozen=True, slots=True, init=False)
+class RepeatShape:
     """A repeated step in aggregate: what pricing it and summing its memory need, gathered
     once when the run is planned instead of once per use.
 
@@ -44,15 +46,48 @@ class RepeatShape(NamedTuple):
     chunk is a ``ChunkRun``. When the run's last step also admits the waiting head
     (``admit_request``, its first chunk of ``admit_positions`` filling the budget that a
     prompt's last chunk left), ``admit_step`` is that step's index (else ``UNBOUNDED``).
-    Planning builds one per planned run: a named tuple builds in a third of the time of a
-    frozen dataclass; ``sum(decode_phases) == decode_seqs`` holds by construction (tests
-    check it against the per-request growth, ``PagedRunMemory.shape_of``).
+    ``sum(decode_phases) == decode_seqs`` holds by construction (tests check it against the
+    per-request growth, ``PagedRunMemory.shape_of``). Planning builds one per planned run: a
+    class with its ``__init__`` written out, which a compiled build (docs/compiled_core.md)
+    builds and reads natively (a named tuple's constructor would run as Python, and each
+    field read be a generic attribute lookup).
     """
 
     decode_seqs: int
     decode_tokens: int
     decode_phases: tuple[int, ...]
     chunks: tuple[ChunkRun, ...]
-    admit_step: int = UNBOUNDED
-    admit_positions: int = 0
-    admit_request: Request | None = None
+    admit_step: int
+    admit_positions: int
+    admit_request: Request | None
+
+    def __init__(
+        self,
+        decode_seqs: int,
+        decode_tokens: int,
+        decode_phases: tuple[int, ...],
+        chunks: tuple[ChunkRun, ...],
+        admit_step: int = UNBOUNDED,
+        admit_positions: int = 0,
+        admit_request: Request | None = None,
+    ) -> None:
+        object.__setattr__(self, "decode_seqs", decode_seqs)
+        object.__setattr__(self, "decode_tokens", decode_tokens)
+        object.__setattr__(self, "decode_phases", decode_phases)
+        object.__setattr__(self, "chunks", chunks)
+        object.__setattr__(self, "admit_step", admit_step)
+        object.__setattr__(self, "admit_positions", admit_positions)
+        object.__setattr__(self, "admit_request", admit_request)
+
+    def admitting(self, step: int, positions: int, request: Request | None) -> RepeatShape:
+        """The same shape with the waiting head ``request`` admitted in repeat ``step`` with
+        its first ``positions`` (``UNBOUNDED``, 0 and None: admitting nobody)."""
+        return RepeatShape(
+            self.decode_seqs,
+            self.decode_tokens,
+            self.decode_phases,
+            self.chunks,
+            step,
+            positions,
+            request,
+        )

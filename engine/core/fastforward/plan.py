@@ -5,7 +5,7 @@ built without running the policy. Reads the scheduler through its public members
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from engine.core.batch import ScheduledBatch, ScheduledRequest
 from engine.core.fastforward.growth import (
@@ -20,7 +20,8 @@ from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 
 
-class RunPlan(NamedTuple):
+@dataclass(frozen=True, slots=True, init=False)
+class RunPlan:
     """Up to ``max_steps`` more steps exactly like ``batch`` (already executed and updated),
     if nothing arrives: what each request grows per step (``growth``, in batch order) and
     the same in aggregate (``shape``). ``step_idx`` is the scheduler's step counter when the
@@ -28,8 +29,8 @@ class RunPlan(NamedTuple):
     head then (memory snapshots look at it). ``decode_seq_ids``, when given, are the decodes'
     sequences in order, one each, ahead of any prompt chunk (the growth's last entry then):
     paged memory grows them on a shorter path. Only ``plan_repeat`` and ``plan_continuation``
-    build one (``max_steps`` > 0, one growth per scheduled request), once per planned run: a
-    named tuple, which builds in a third of the time of a frozen dataclass."""
+    build one (``max_steps`` > 0, one growth per scheduled request), once per planned run,
+    with the ``__init__`` written out (see ``RepeatShape``)."""
 
     batch: ScheduledBatch
     max_steps: int
@@ -37,7 +38,25 @@ class RunPlan(NamedTuple):
     shape: RepeatShape
     step_idx: int
     next_waiting: Request | None
-    decode_seq_ids: tuple[int, ...] | None = None
+    decode_seq_ids: tuple[int, ...] | None
+
+    def __init__(
+        self,
+        batch: ScheduledBatch,
+        max_steps: int,
+        growth: tuple[RequestGrowth, ...],
+        shape: RepeatShape,
+        step_idx: int,
+        next_waiting: Request | None,
+        decode_seq_ids: tuple[int, ...] | None = None,
+    ) -> None:
+        object.__setattr__(self, "batch", batch)
+        object.__setattr__(self, "max_steps", max_steps)
+        object.__setattr__(self, "growth", growth)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "step_idx", step_idx)
+        object.__setattr__(self, "next_waiting", next_waiting)
+        object.__setattr__(self, "decode_seq_ids", decode_seq_ids)
 
 
 def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPlan | None:
@@ -274,9 +293,7 @@ def _plan(
             limit = last if repeats else last - 1
             if positions:
                 # That step also admits the waiting head, with the budget the chunk leaves.
-                shape = shape._replace(
-                    admit_step=last - 1, admit_positions=positions, admit_request=s.waiting[0]
-                )
+                shape = shape.admitting(last - 1, positions, s.waiting[0])
     if limit <= 0:
         return None
     max_steps = memory.growth_capacity(grown, limit, shape)
