@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -68,9 +68,18 @@ class MemorySnapshot:
         object.__setattr__(self, "shared_saved_slots", shared_saved_slots)
 
     def __sub__(self, other: MemorySnapshot) -> MemorySnapshot:
-        """Field by field: e.g. the last step's snapshot, from the sums with and without it."""
+        """Field by field: e.g. the last step's snapshot, from the sums with and without it.
+        (Written out, as ``__init__``: a compiled build runs ``fields()`` and ``getattr`` as
+        Python, once for every run that ends in an admission.)"""
         return MemorySnapshot(
-            *(getattr(self, f.name) - getattr(other, f.name) for f in fields(MemorySnapshot))
+            self.total_slots - other.total_slots,
+            self.real_token_slots - other.real_token_slots,
+            self.internal_fragmentation_slots - other.internal_fragmentation_slots,
+            self.reservation_waste_slots - other.reservation_waste_slots,
+            self.cached_free_slots - other.cached_free_slots,
+            self.external_fragmentation_slots - other.external_fragmentation_slots,
+            self.free_slots - other.free_slots,
+            self.shared_saved_slots - other.shared_saved_slots,
         )
 
     @property

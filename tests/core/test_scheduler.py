@@ -319,6 +319,29 @@ def test_dynamic_replay_wakes_without_arrivals() -> None:
     assert first.now_s == 0.1 + 0.5 and first.request_ids == ("r0", "r1")
 
 
+def test_memory_snapshot_difference_takes_every_field() -> None:
+    """``MemorySnapshot.__sub__`` is written out field by field: a field added later without
+    its line there fails here (each field gets its own distinct values)."""
+    import dataclasses
+
+    from engine.core.memory import MemorySnapshot
+
+    names = [f.name for f in dataclasses.fields(MemorySnapshot)]
+    parts = [n for n in names if n not in ("total_slots", "shared_saved_slots")]
+
+    def snapshot(scale: int) -> MemorySnapshot:
+        values = {name: scale * (3 + 2 * i) for i, name in enumerate(parts)}
+        values["total_slots"] = sum(values.values())
+        values["shared_saved_slots"] = scale * 101
+        return MemorySnapshot(**values)
+
+    a, b = snapshot(7), snapshot(2)
+    diff = a - b
+    for name in names:
+        assert getattr(diff, name) == getattr(a, name) - getattr(b, name), name
+    assert diff == snapshot(5)
+
+
 def test_written_out_inits_start_every_field_at_its_declared_default() -> None:
     """``Request`` and ``ScheduledBatch`` write their ``__init__`` out (a
     compiled build runs a generated one as Python): each field a caller does not pass starts
