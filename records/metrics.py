@@ -69,17 +69,21 @@ def summarize(
     out["total_token_throughput"] = (
         (input_tokens + output_tokens) / duration_s if duration_s > 0 else None
     )
-    arrival = _column(finished, _ARRIVAL)
-    ttft = _column(finished, _FIRST_TOKEN) - arrival  # (NaN: none)
+    # (the ITL groups first, while little else is held: they hold a float for every step)
     runs = _Runs(finished)
     tpot = runs.tpot_s()
+    _itl_stats(runs, out)
+    del runs
+    arrival = _column(finished, _ARRIVAL)
+    ttft = _column(finished, _FIRST_TOKEN) - arrival  # (NaN: none)
     _stats("ttft", ttft[~np.isnan(ttft)], out)
     _stats("tpot", tpot[~np.isnan(tpot)], out)
     e2el = _column(finished, _FINISH) - arrival
     _stats("e2el", e2el[~np.isnan(e2el)], out)
+    del e2el
     queueing = _column(finished, _FIRST_SCHEDULED) - arrival
     _stats("queueing", queueing[~np.isnan(queueing)], out)
-    _itl_stats(runs, out)
+    del queueing, arrival
     # (a request without a TTFT or TPOT meets that SLO, as ``r.ttft_s or 0.0`` would say)
     good = np.ones(len(finished), dtype=bool)
     if slo_ttft_s is not None:
@@ -133,7 +137,9 @@ class _Runs:
         total = int(self.num_runs.sum())
         # (concatenated by in-place adds to one list: twice as fast as chaining iterators)
         self.starts = np.array(functools.reduce(operator.iadd, starts, []), np.int64)
+        del starts
         self.counts = np.array(functools.reduce(operator.iadd, counts, []), np.int64)
+        del counts
         assert self.starts.size == self.counts.size == total
         self.emissions = np.fromiter(
             map(operator.attrgetter("num_emissions"), timelines), np.int64, n
@@ -152,11 +158,24 @@ class _Runs:
             index = {key: i for i, key in enumerate(by_id)}
             which = np.fromiter(map(index.__getitem__, ids), np.int64, n)
         self.clocks = [np.frombuffer(a, dtype=np.float64) for a in by_id.values()]
-        sizes = np.array([c.size for c in self.clocks], dtype=np.int64)
-        self.ends = np.concatenate(self.clocks) if self.clocks else np.empty(0)
-        self.clock_base = np.cumsum(sizes) - sizes  # where each clock starts in ``ends``
-        self.run_clock = np.repeat(which, self.num_runs)
+        del timelines, clocks, ids, by_id
+        # Each run's clock (None: all on the one clock).
+        self.run_clock = np.repeat(which, self.num_runs) if len(self.clocks) > 1 else None
         self.first_run = np.cumsum(self.num_runs) - self.num_runs  # (valid where num_runs > 0)
+
+    def end_s(self, runs: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """The end of step ``steps[i]`` on the clock of run ``runs[i]``, for each i (read
+        clock by clock: a clock is as long as its replica's steps, never copied)."""
+        if len(self.clocks) == 1:
+            one: np.ndarray = self.clocks[0][steps]
+            return one
+        assert self.run_clock is not None
+        out = np.empty(steps.size)
+        clock_of = self.run_clock[runs]
+        for index, clock in enumerate(self.clocks):
+            mine = clock_of == index
+            out[mine] = clock[steps[mine]]
+        return out
 
     def tpot_s(self) -> np.ndarray:
         """Each request's ``tpot_s``: (last emission - first) / (emissions - 1); NaN if none."""
@@ -164,11 +183,11 @@ class _Runs:
         first = np.full(self.emissions.size, np.nan)
         last = np.full(self.emissions.size, np.nan)
         if self.starts.size:
-            at = self.clock_base[self.run_clock] + self.starts  # each run's first step in ends
             first_runs = self.first_run[has_runs]
             last_runs = first_runs + self.num_runs[has_runs] - 1
-            first[has_runs] = self.ends[at[first_runs]]
-            last[has_runs] = self.ends[at[last_runs] + self.counts[last_runs] - 1]
+            first[has_runs] = self.end_s(first_runs, self.starts[first_runs])
+            last_steps = self.starts[last_runs] + self.counts[last_runs] - 1
+            last[has_runs] = self.end_s(last_runs, last_steps)
         external = ~np.isnan(self.external)
         first[external] = self.external[external]
         last[external & ~has_runs] = self.external[external & ~has_runs]
@@ -183,14 +202,15 @@ class _Runs:
         to the first run."""
         if not self.starts.size:
             return np.empty(0)
-        at = self.clock_base[self.run_clock] + self.starts
         later = np.ones(self.starts.size, dtype=bool)
         later[self.first_run[self.num_runs > 0]] = False
-        (k,) = np.nonzero(later)
-        between = self.ends[at[k]] - self.ends[at[k - 1] + self.counts[k - 1] - 1]
+        (k,) = np.nonzero(later)  # (run k - 1 is the same request's, on the same clock)
+        between = self.end_s(k, self.starts[k]) - self.end_s(
+            k, self.starts[k - 1] + self.counts[k - 1] - 1
+        )
         external = (self.num_runs > 0) & ~np.isnan(self.external)
         firsts = self.first_run[external]
-        after_external = self.ends[at[firsts]] - self.external[external]
+        after_external = self.end_s(firsts, self.starts[firsts]) - self.external[external]
         return np.concatenate([between, after_external])
 
 
@@ -209,12 +229,15 @@ def itl_groups(requests: Sequence[Request] | _Runs) -> list[tuple[int, np.ndarra
     irregular = runs.irregular_gaps_s()
     sources: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # ends, run bounds
     for index, ends in enumerate(runs.clocks):
-        mine = runs.run_clock == index
         # A run of ``count`` emissions from step ``start`` has gaps ending at steps
         # start + 1 .. start + count - 1: it is mid-run there.
-        starts = runs.starts[mine]
+        if runs.run_clock is None:
+            starts, counts = runs.starts, runs.counts
+        else:
+            mine = runs.run_clock == index
+            starts, counts = runs.starts[mine], runs.counts[mine]
         firsts_at = np.sort(starts + 1)
-        stops_at = np.sort(starts + runs.counts[mine])
+        stops_at = np.sort(starts + counts)
         sources.append((ends, firsts_at, stops_at))
     sizes: dict[int, int] = {}
     for ends, firsts_at, stops_at in sources:

@@ -145,12 +145,25 @@ class StepRecorder:
         tokens: tuple[int, int],
         replica: int = 0,
         pool: str = "colocated",
+        num_requests: int = -1,
     ) -> None:
         """One row for a run of steps identical to ``batch``: token counts and memory slots
         are sums over its steps (``memory`` is the sum of their snapshots), so column sums
-        are the same whether steps were recorded one by one or in runs."""
+        are the same whether steps were recorded one by one or in runs. ``num_requests``
+        (if not -1) counts the step's requests instead of ``batch.requests`` (a planned
+        batch may not list them: ``FastForward``'s ``itemized``)."""
         duration_s = step_end_s[-1] - start_s
-        self._row(batch, start_s, duration_s, len(step_end_s), memory, replica, pool, tokens)
+        self._row(
+            batch,
+            start_s,
+            duration_s,
+            len(step_end_s),
+            memory,
+            replica,
+            pool,
+            tokens,
+            num_requests=num_requests,
+        )
 
     def record_admission(
         self,
@@ -161,10 +174,23 @@ class StepRecorder:
         tokens: tuple[int, int],
         replica: int = 0,
         pool: str = "colocated",
+        num_requests: int = -1,
     ) -> None:
         """One row for the last step of a run of steps like ``batch`` that also admitted the
-        waiting head (one more request running, one fewer waiting)."""
-        self._row(batch, start_s, end_s - start_s, 1, memory, replica, pool, tokens, admitted=1)
+        waiting head (one more request running, one fewer waiting); ``num_requests`` as in
+        ``record_repeat``."""
+        self._row(
+            batch,
+            start_s,
+            end_s - start_s,
+            1,
+            memory,
+            replica,
+            pool,
+            tokens,
+            admitted=1,
+            num_requests=num_requests,
+        )
 
     def _row(
         self,
@@ -177,7 +203,10 @@ class StepRecorder:
         pool: str,
         tokens: tuple[int, int] | None = None,
         admitted: int = 0,
+        num_requests: int = -1,
     ) -> None:
+        if num_requests < 0:
+            num_requests = len(batch.requests)
         if tokens is None:
             prefill = decode = 0
             for scheduled in batch.requests:
@@ -192,7 +221,7 @@ class StepRecorder:
             start_s,
             duration_s,
             num_steps,
-            len(batch.requests) + admitted,
+            num_requests + admitted,
             tokens[0],
             tokens[1],
             batch.num_padding_tokens * num_steps,

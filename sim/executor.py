@@ -79,6 +79,12 @@ class CostModelExecutor:
             ScheduledBatch | None, tuple[tuple[int, int], ...], tuple[int, ...]
         ] = (None, (), ())
 
+    @property
+    def prices_from_shape(self) -> bool:
+        """Whether ``repeat_end_times`` prices a plain run from its ``shape`` alone, never
+        reading the batch's requests (the cost model prices aggregates)."""
+        return self._aggregate is not None
+
     def execute(self, batch: ScheduledBatch) -> StepResult:
         if batch.is_empty and not (batch.swap_out or batch.copies):
             return StepResult(duration_s=0.0)

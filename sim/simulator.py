@@ -17,7 +17,7 @@ from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from records.schema import StepRecorder
 from sim.errors import SimulationError as SimulationError
-from sim.executor import StepExecutor
+from sim.executor import CostModelExecutor, StepExecutor
 from traces.schema import TraceRequest
 
 
@@ -79,7 +79,11 @@ class Replica:
         self.executor = executor
         self.recorder = recorder
         self.fast_forward = fast_forward
-        self.skipper = FastForward(scheduler) if fast_forward else None
+        # A continuation's batch need not list its requests when the executor prices a run
+        # from its shape (one object fewer a running request at each): rows count requests
+        # from the plan's growth.
+        itemized = not (isinstance(executor, CostModelExecutor) and executor.prices_from_shape)
+        self.skipper = FastForward(scheduler, itemized) if fast_forward else None
         self.arrivals_done = False
         self.clock_s = 0.0
         self.on_finished: Callable[[list[Request]], None] = _ignore
@@ -164,7 +168,9 @@ class Replica:
         if shape.admit_step >= count:
             self.clock_s = ends[-1]
             self.on_finished(skipper.apply(plan, ends))
-            self.recorder.record_repeat(batch, start_s, ends, memory, tokens, self.index, self.pool)
+            self.recorder.record_repeat(
+                batch, start_s, ends, memory, tokens, self.index, self.pool, len(plan.growth)
+            )
             return True
         # The last step also admitted the waiting head: it gets a row of its own.
         rows: list[tuple[float, list[float], MemorySnapshot, StepTokens]] = []
@@ -180,10 +186,17 @@ class Replica:
         self.on_finished(skipper.apply(plan, ends))
         for row_start_s, row_ends, row_memory, row_tokens in rows:
             self.recorder.record_repeat(
-                batch, row_start_s, row_ends, row_memory, row_tokens, self.index, self.pool
+                batch,
+                row_start_s,
+                row_ends,
+                row_memory,
+                row_tokens,
+                self.index,
+                self.pool,
+                len(plan.growth),
             )
         self.recorder.record_admission(
-            batch, admitted_s, ends[-1], memory, tokens, self.index, self.pool
+            batch, admitted_s, ends[-1], memory, tokens, self.index, self.pool, len(plan.growth)
         )
         return True
 

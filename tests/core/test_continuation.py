@@ -53,6 +53,7 @@ def _drive(
     the waiting head in their first step, steps)."""
     scheduler, pending = _setup(policy, num_blocks, budget, specs)
     skipper = FastForward(scheduler)
+    lean = FastForward(scheduler, itemized=False)
     now_s, offered, admitted, steps = 0.0, 0, 0, 0
     predicted = None
     admission: tuple[Request, int] | None = None
@@ -85,6 +86,7 @@ def _drive(
         while pending and pending[0].arrival_s <= now_s:
             scheduler.add_request(pending.pop(0), now_s)
         plan = skipper.plan_continuation()
+        _check_lean(plan, lean.plan_continuation())
         predicted = plan.batch if plan is not None else None
         admission = None
         if plan is not None:
@@ -96,6 +98,20 @@ def _drive(
                 assert shape.admit_request is not None
                 admission = (shape.admit_request, shape.admit_positions)
     return offered, admitted, steps
+
+
+def _check_lean(plan: RunPlan | None, lean: RunPlan | None) -> None:
+    """A plan made without ``itemized`` is the same plan, its batch without requests: the
+    growth lists them, one entry each, in the batch's order."""
+    if plan is None:
+        assert lean is None
+        return
+    assert lean is not None and not lean.batch.requests
+    assert [g[0] for g in plan.growth] == [s.request for s in plan.batch.requests]
+    for name in ("max_steps", "growth", "shape", "step_idx", "next_waiting", "decode_seq_ids"):
+        assert getattr(lean, name) == getattr(plan, name), name
+    for name in ("step_idx", "now_s", "num_running", "num_waiting", "num_swapped"):
+        assert getattr(lean.batch, name) == getattr(plan.batch, name), name
 
 
 def _check_shape(scheduler: Scheduler, plan: RunPlan) -> None:

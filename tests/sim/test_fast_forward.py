@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.fastforward import FastForward, RunPlan
+from engine.core.batch import ScheduledBatch, StepResult
+from engine.core.fastforward import FastForward, RepeatShape, RunPlan
 from engine.core.policies import POLICIES
 from records.schema import SUMMED_COLUMNS
 from sim import executor
@@ -128,13 +129,15 @@ def test_steps_built_without_the_policy_are_used_and_change_nothing(
     def counted(self: FastForward) -> RunPlan | None:
         plan = continuation(self)
         if plan is not None:
-            built.append(plan.batch)
+            built.append(plan)
         return plan
 
     monkeypatch.setattr(FastForward, "plan_continuation", counted)
     continued = simulate(trace, config)
     assert len(built) > 20
-    assert any(any(s.is_prefill for s in batch.requests) for batch in built)
+    assert any(plan.shape.chunks for plan in built)  # (a prompt chunk among the decodes)
+    # The roofline prices runs from their shapes: the batches need not list their requests.
+    assert all(not plan.batch.requests and plan.growth for plan in built)
     monkeypatch.setattr(FastForward, "plan_continuation", lambda self: None)
     scheduled = simulate(trace, config)
     assert continued.summary == scheduled.summary
@@ -143,6 +146,61 @@ def test_steps_built_without_the_policy_are_used_and_change_nothing(
     assert len(rows) < len(other)
     for column in SUM_COLUMNS:
         assert rows[column].sum() == other[column].sum(), column
+
+
+class _Wrapped:
+    """An executor wrapper (as validation's recorder is): the replica cannot know it prices
+    runs from their shapes, so its continuations list their requests."""
+
+    def __init__(self, inner: executor.CostModelExecutor) -> None:
+        self.inner = inner
+
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        return self.inner.execute(batch)
+
+    def repeat_end_times(
+        self,
+        batch: ScheduledBatch,
+        start_s: float,
+        max_steps: int,
+        shape: RepeatShape | None = None,
+    ) -> list[float]:
+        return self.inner.repeat_end_times(batch, start_s, max_steps, shape)
+
+
+@pytest.mark.parametrize("policy", ["chunked", "continuous"])
+def test_continuations_with_and_without_their_requests_listed_agree(
+    monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    """The replica plans continuations without listing their requests when its executor is
+    a ``CostModelExecutor`` pricing from shapes, and with them behind a wrapper: both give
+    the same rows, requests and summary."""
+    config = RunConfig(
+        policy=policy,
+        model="Llama-2-7B",
+        hardware="A100-80GB",
+        num_blocks=300,
+        max_num_batched_tokens=256,
+    )
+    trace = load_trace(DATA / "bursty.csv")
+    listed: list[bool] = []
+    continuation = FastForward.plan_continuation
+
+    def counted(self: FastForward) -> RunPlan | None:
+        plan = continuation(self)
+        if plan is not None:
+            listed.append(bool(plan.batch.requests))
+        return plan
+
+    monkeypatch.setattr(FastForward, "plan_continuation", counted)
+    lean = simulate(trace, config)
+    assert listed and not any(listed)
+    listed.clear()
+    itemized = simulate(trace, config, wrap_executor=_Wrapped)
+    assert listed and all(listed)
+    assert lean.summary == itemized.summary
+    assert lean.requests_frame().equals(itemized.requests_frame())
+    assert lean.steps.to_frame().equals(itemized.steps.to_frame())
 
 
 def test_a_forked_decode_beside_an_unforked_prompt_chunk_is_exact() -> None:

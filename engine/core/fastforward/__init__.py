@@ -43,8 +43,12 @@ class FastForward:
     """Plans, totals and applies runs of identical steps on one scheduler (see the module
     docstring for the contract)."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, itemized: bool = True) -> None:
+        """``itemized``: whether a planned continuation's batch lists its requests (see
+        ``plan_continuation``); a caller that prices and records a run from the plan's
+        ``shape`` and ``growth`` alone may do without."""
         self.scheduler = scheduler
+        self.itemized = itemized
         self._memory: RunMemory = run_memory(scheduler.kv)
 
     def plan_repeat(self, batch: ScheduledBatch) -> RunPlan | None:
@@ -53,7 +57,7 @@ class FastForward:
 
     def plan_continuation(self) -> RunPlan | None:
         """The run of the next step, built without the policy (see ``plan_continuation``)."""
-        return plan_continuation(self.scheduler, self._memory)
+        return plan_continuation(self.scheduler, self._memory, self.itemized)
 
     def tokens(self, plan: RunPlan, num_steps: int) -> StepTokens:
         """Prompt and decode tokens the first ``num_steps`` steps of ``plan`` compute."""

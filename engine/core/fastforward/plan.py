@@ -30,7 +30,9 @@ class RunPlan:
     sequences in order, one each, ahead of any prompt chunk (the growth's last entry then):
     paged memory grows them on a shorter path. Only ``plan_repeat`` and ``plan_continuation``
     build one (``max_steps`` > 0, one growth per scheduled request), once per planned run,
-    with the ``__init__`` written out (see ``RepeatShape``)."""
+    with the ``__init__`` written out (see ``RepeatShape``). A plan that ``plan_continuation``
+    made without ``itemized`` has a batch with no ``requests``: ``growth`` still holds one
+    entry for each."""
 
     batch: ScheduledBatch
     max_steps: int
@@ -155,12 +157,14 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
     return _plan(s, memory, batch, limit, grown, shape, chunked, chunk, pending, decode_seq_ids)
 
 
-def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
+def plan_continuation(s: Scheduler, memory: RunMemory, itemized: bool = True) -> RunPlan | None:
     """The run of the step ``schedule`` would produce now, built without running the policy,
     when that step is every running request decoding one position, plus (with a policy that
     ``continues_chunks``) at most one running prompt taking the rest of the token budget as
     its chunk, and nothing else, and when it repeats; else None (the policy must schedule
-    the next step). The plan's batch stands for that step as if it had just run."""
+    the next step). The plan's batch stands for that step as if it had just run; without
+    ``itemized`` its ``requests`` stay empty (the plan's ``growth`` and ``shape`` say the
+    same), for a caller that needs only those: one ``ScheduledRequest`` fewer a request."""
     policy = s.policy
     if (
         not policy.continues_decodes
@@ -211,7 +215,8 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
             phase = computed % bs
             phases[phase] = phases[phase] + 1
             decode_tokens += computed
-            requests.append(ScheduledRequest(request, 1, computed - 1, (live[0],), False))
+            if itemized:
+                requests.append(ScheduledRequest(request, 1, computed - 1, (live[0],), False))
             seq_ids.append(live[0])
         elif prompt is None and policy.continues_chunks and request.n == 1:
             prompt = request
@@ -232,9 +237,10 @@ def plan_continuation(s: Scheduler, memory: RunMemory) -> RunPlan | None:
         computed = prompt.num_computed_tokens
         grown.append((prompt, chunk, pending))
         chunks = (ChunkRun(chunk, computed, pending, 1),)
-        requests.append(
-            ScheduledRequest(prompt, chunk, computed - chunk, (prompt.live_seq_ids[0],), True)
-        )
+        if itemized:
+            requests.append(
+                ScheduledRequest(prompt, chunk, computed - chunk, (prompt.live_seq_ids[0],), True)
+            )
     elif head_fits:
         return None  # decodes alone would leave budget to the head
     batch = ScheduledBatch(
