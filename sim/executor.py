@@ -182,9 +182,12 @@ class CostModelExecutor:
         if full is not None:
             # The steps before the first prompt's last, shorter chunk (all, without chunks).
             whole = max_steps
-            for (n, _), left in zip(chunks, lefts, strict=True):
-                if left // n < whole:
-                    whole = left // n
+            # (indexed: ``zip(strict=True)`` is a keyword call the compiled build leaves to
+            # the interpreter, once a run)
+            for idx in range(len(chunks)):
+                n = chunks[idx][0]
+                if lefts[idx] // n < whole:
+                    whole = lefts[idx] // n
         step_chunks: tuple[tuple[int, int], ...] = ()
         if full is not None and not chunks and admit_step >= max_steps:
             # Decodes alone, every step on the stepper: the same loop with nothing to decide.

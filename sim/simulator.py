@@ -82,7 +82,10 @@ class Replica:
         # A continuation's batch need not list its requests when the executor prices a run
         # from its shape (one object fewer a running request at each): rows count requests
         # from the plan's growth.
-        itemized = not (isinstance(executor, CostModelExecutor) and executor.prices_from_shape)
+        # The executor typed as such when it is one: a compiled build calls it directly, not
+        # through the interpreter's protocol (one call a step, one a run).
+        self._costs = executor if isinstance(executor, CostModelExecutor) else None
+        itemized = not (self._costs is not None and self._costs.prices_from_shape)
         self.skipper = FastForward(scheduler, itemized) if fast_forward else None
         self.arrivals_done = False
         self.clock_s = 0.0
@@ -126,7 +129,8 @@ class Replica:
                     return
                 yield from self._sleep(batch)
                 continue
-            result = self.executor.execute(batch)
+            costs = self._costs
+            result = costs.execute(batch) if costs is not None else self.executor.execute(batch)
             end_s = now_s + result.duration_s
             yield env.timeout(result.duration_s)
             self.clock_s = end_s
@@ -150,7 +154,11 @@ class Replica:
         batch = plan.batch
         start_s = self.clock_s
         shape = plan.shape
-        ends = self.executor.repeat_end_times(batch, start_s, plan.max_steps, shape)
+        costs = self._costs
+        if costs is not None:
+            ends = costs.repeat_end_times(batch, start_s, plan.max_steps, shape)
+        else:
+            ends = self.executor.repeat_end_times(batch, start_s, plan.max_steps, shape)
         last = len(ends) - 1
         self._skipping = True
         while True:
@@ -180,7 +188,7 @@ class Replica:
             tokens_before = skipper.tokens(plan, before)
             rows.append((start_s, ends[:before], memory_before, tokens_before))
             memory = memory - memory_before
-            tokens = StepTokens(tokens[0] - tokens_before[0], tokens[1] - tokens_before[1])
+            tokens = (tokens[0] - tokens_before[0], tokens[1] - tokens_before[1])
         admitted_s = ends[before - 1] if before else start_s
         self.clock_s = ends[-1]
         self.on_finished(skipper.apply(plan, ends))

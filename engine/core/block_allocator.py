@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 from engine.core.errors import OutOfBlocksError as OutOfBlocksError
 from engine.core.kv_state import KVState
@@ -250,10 +251,16 @@ class BlockAllocator:
             blocks = self._free[-take:]
             del self._free[-take:]
             blocks.reverse()
-            ref, fill = self._ref, self._fill
+            # (through the lists typed as holding objects, with 1 and bs boxed once: a
+            # compiled build would box both again for every block)
+            ref_objects = cast("list[object]", self._ref)
+            fill_objects = cast("list[object]", self._fill)
+            one: object = 1
+            full: object = bs
             for block_id in blocks:
-                ref[block_id] = 1
-                fill[block_id] = bs
+                ref_objects[block_id] = one
+                fill_objects[block_id] = full
+            fill = self._fill
             added = min(left, take * bs)
             fill[blocks[-1]] = added - (take - 1) * bs  # the last block may be partly filled
             left -= added
@@ -361,8 +368,10 @@ class BlockAllocator:
                 # The common case: every block held by this sequence alone, none cached. Its
                 # blocks hold exactly its tokens; a free block's fill is never read (it is set
                 # when the block is handed out again), so it is left as it is.
+                ref_objects = cast("list[object]", ref)  # (0 boxed once: see _write)
+                zero: object = 0
                 for block_id in table:
-                    ref[block_id] = 0
+                    ref_objects[block_id] = zero
                 self.num_used_blocks -= len(table)
                 self.num_filled_slots -= self._num_tokens[seq_id]
                 table.reverse()

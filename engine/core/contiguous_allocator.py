@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from engine.core.block_allocator import BlockPair, OutOfBlocksError
 from engine.core.config import CacheConfig, ReservationRule
-from engine.core.kv_manager import RangeCopy
+from engine.core.kv_manager import KVCacheManager, RangeCopy
 from engine.core.kv_state import KVState
 from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
@@ -97,7 +97,7 @@ class ContiguousAllocator:
             self._hole_sizes.insert(i, size)
 
 
-class ContiguousKVManager:
+class ContiguousKVManager(KVCacheManager):
     """Contiguous reservations: one range per sample, reserved whole at admission.
 
     A reservation covers the sequence's final length, so growth never fails and nothing is

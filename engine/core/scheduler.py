@@ -16,7 +16,7 @@ from engine.core.kv_state import KVState
 from engine.core.memory import MemorySnapshot
 from engine.core.policies import POLICIES, Policy
 from engine.core.request import Request, RequestStatus, TokenTimeline
-from engine.core.step import Step, arrival_order
+from engine.core.step import Step, StepHost, arrival_order
 
 
 def make_kv_manager(config: CacheConfig) -> KVCacheManager:
@@ -34,7 +34,7 @@ def make_policy(config: SchedulerConfig) -> Policy:
         ) from None
 
 
-class Scheduler:
+class Scheduler(StepHost):
     """Drives one replica's requests through schedule → execute → update.
 
     The scheduler never reads a clock: every entry point takes ``now_s``. ``update`` gets the

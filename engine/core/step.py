@@ -6,19 +6,20 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Sequence
-from typing import Final, Protocol
+from typing import Final
 
 from engine.core.batch import ScheduledBatch, ScheduledRequest
 from engine.core.block_allocator import BlockPair
 from engine.core.config import CacheConfig
 from engine.core.kv_manager import KVCacheManager, PagedKVManager
-from engine.core.policies import Policy
+from engine.core.policies import Policy, StepContext
 from engine.core.request import Request, RequestStatus
 
 
-class StepHost(Protocol):
+class StepHost:
     """What a step needs from its scheduler (``Scheduler`` is the one implementation; naming
-    it here instead keeps the import one-way)."""
+    it here instead keeps the import one-way). A base class rather than a protocol: a
+    compiled build then reads the scheduler's attributes directly."""
 
     policy: Policy
     cache_config: CacheConfig
@@ -29,10 +30,12 @@ class StepHost(Protocol):
     arrivals_done: bool
     num_held_samples: int
 
-    def preempt(self, victim: Request, batch: ScheduledBatch) -> None: ...
+    def preempt(self, victim: Request, batch: ScheduledBatch) -> None:
+        raise NotImplementedError
 
 
-_UNLIMITED: Final = 1 << 62  # a budget no step can use up (the policy set none)
+# A budget no step can use up (the policy set none); as ``fastforward.UNBOUNDED``, unboxed.
+_UNLIMITED: Final = (1 << 62) - 1
 
 
 def commit_scheduled(kv: KVCacheManager, request: Request, computed_end: int, known: int) -> None:
@@ -48,7 +51,7 @@ def arrival_order(request: Request) -> tuple[float, int]:
     return (request.arrival_s, request.internal_idx)
 
 
-class Step:
+class Step(StepContext):
     """The ``StepContext`` of one ``Scheduler.schedule`` call."""
 
     def __init__(self, scheduler: StepHost, now_s: float, batch: ScheduledBatch) -> None:

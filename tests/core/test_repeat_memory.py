@@ -107,7 +107,7 @@ def _shape_of(kv: PagedKVManager, growth: list[RequestGrowth]) -> RepeatShape:
             decode_tokens += held
             phases[held % BLOCK_SIZE] += 1
         else:
-            chunks.append(ChunkRun(per_step, held, left, 1))
+            chunks.append((per_step, held, left, 1))
     return RepeatShape(decode_seqs, decode_tokens, tuple(phases), tuple(chunks))
 
 

@@ -63,14 +63,14 @@ class FastForward:
         """Prompt and decode tokens the first ``num_steps`` steps of ``plan`` compute."""
         shape = plan.shape
         prefill = 0
-        for chunk in shape.chunks:
-            positions = num_steps * chunk.positions_per_step
-            if positions > chunk.positions_left:
-                positions = chunk.positions_left
-            prefill += positions * chunk.num_seqs
+        for per_step, _, left, num_seqs in shape.chunks:
+            positions = num_steps * per_step
+            if positions > left:
+                positions = left
+            prefill += positions * num_seqs
         if shape.admit_step < num_steps:
             prefill += shape.admit_positions
-        return StepTokens(prefill, num_steps * shape.decode_seqs)
+        return (prefill, num_steps * shape.decode_seqs)
 
     def memory_sum(self, plan: RunPlan, num_steps: int) -> MemorySnapshot:
         """The sum of the memory snapshots of the first ``num_steps`` steps of ``plan``

@@ -6,7 +6,7 @@ class: the counters and tables it changes are the allocator's own, kept as appen
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from engine.core.block_allocator import BlockAllocator
 from engine.core.errors import OutOfBlocksError
@@ -139,9 +139,15 @@ def append_steps(
         alloc.num_used_blocks += num_new
     else:
         taken = [alloc._take_block() for _ in range(num_new)]
+    # (through the lists typed as holding objects, with 1 and bs boxed once: a compiled build
+    # would box both again for every block, a prompt chunk's dozens a step)
+    ref_objects = cast("list[object]", ref)
+    fill_objects = cast("list[object]", fill)
+    one: object = 1
+    full: object = bs
     for block_id in taken:
-        ref[block_id] = 1
-        fill[block_id] = bs  # (the last block of each sequence is set below)
+        ref_objects[block_id] = one
+        fill_objects[block_id] = full  # (the last block of each sequence is set below)
     starts.sort()
     idx = 0
     if not many:

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Final
 
 from engine.core.request import Request
 
 # Positions left for a decode: it grows until it finishes, however long the run.
-UNBOUNDED: Final = 1 << 62
+# The largest int a compiled build holds unboxed (docs/compiled_core.md): 1 << 62 would be a
+# boxed long, and every comparison with it a call into the interpreter's integers.
+UNBOUNDED: Final = (1 << 62) - 1
 
 
 # One request's growth over the run: (request, positions per step for each of its active
@@ -19,21 +21,14 @@ UNBOUNDED: Final = 1 << 62
 RequestGrowth = tuple[Request, int, int]
 
 
-class ChunkRun(NamedTuple):
-    """A prompt taking one chunk a step: ``num_seqs`` sequences each holding
-    ``tokens_held`` tokens, growing ``positions_per_step`` a step until ``positions_left``."""
+# A prompt taking one chunk a step: (positions_per_step, tokens_held, positions_left,
+# num_seqs): ``num_seqs`` sequences each holding ``tokens_held`` tokens, growing
+# ``positions_per_step`` a step until ``positions_left``. Plain tuples, as ``RequestGrowth``:
+# a named tuple's constructor runs as Python even in a compiled build.
+ChunkRun = tuple[int, int, int, int]
 
-    positions_per_step: int
-    tokens_held: int
-    positions_left: int
-    num_seqs: int
-
-
-class StepTokens(NamedTuple):
-    """Tokens that steps compute, prompt (prefill) and decode."""
-
-    prefill: int
-    decode: int
+# Tokens that steps compute: (prefill, decode).
+StepTokens = tuple[int, int]
 
 
 @dataclass(frozen=True, slots=True, init=False)

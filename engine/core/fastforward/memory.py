@@ -8,7 +8,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import accumulate
-from typing import Protocol
 
 from engine.core.contiguous_allocator import ContiguousKVManager
 from engine.core.fastforward.growth import UNBOUNDED, ChunkRun, RepeatShape, RequestGrowth
@@ -17,8 +16,10 @@ from engine.core.memory import MemorySnapshot
 from engine.core.request import Request
 
 
-class RunMemory(Protocol):
-    """A memory manager seen by fast-forward: read-only sums over a planned run."""
+class RunMemory:
+    """A memory manager seen by fast-forward: read-only sums over a planned run
+    (``PagedRunMemory``, ``ContiguousRunMemory``). A base class rather than a protocol, as
+    ``KVCacheManager``: a compiled build calls its methods directly."""
 
     def growth_capacity(
         self, growth: Sequence[RequestGrowth], limit: int, shape: RepeatShape | None = None
@@ -26,7 +27,7 @@ class RunMemory(Protocol):
         """The most steps (up to ``limit``) in which every request of ``growth`` can grow
         together without running out of memory (no copy-on-write pending); ``shape``, when
         given, is the same growth in aggregate."""
-        ...
+        raise NotImplementedError
 
     def can_admit_after(
         self,
@@ -40,7 +41,7 @@ class RunMemory(Protocol):
         """``can_admit`` once every request of ``growth`` (``shape`` in aggregate, when
         given) has grown ``steps`` more times (computed, not applied). May answer True when
         unsure (callers use it to rule admission out)."""
-        ...
+        raise NotImplementedError
 
     def repeat_memory_sum(
         self,
@@ -52,7 +53,7 @@ class RunMemory(Protocol):
         """The sum of the snapshots ``count`` repeated steps would take, each after growing
         every request of ``growth`` once more (computed, not applied); ``shape``, when
         given, is the same growth in aggregate."""
-        ...
+        raise NotImplementedError
 
 
 def run_memory(kv: KVCacheManager) -> RunMemory:
@@ -104,7 +105,7 @@ class BlocksTaken:
         return total
 
 
-class PagedRunMemory:
+class PagedRunMemory(RunMemory):
     """Run sums over paged memory, read from its allocator's counters."""
 
     def __init__(self, kv: PagedKVManager) -> None:
@@ -155,7 +156,7 @@ class PagedRunMemory:
                     decode_tokens += held
                     phases[held % bs] += 1
                 else:
-                    chunks.append(ChunkRun(per_step, held, left, 1))
+                    chunks.append((per_step, held, left, 1))
         return RepeatShape(decode_seqs, decode_tokens, tuple(phases), tuple(chunks))
 
     def can_admit_after(
@@ -269,7 +270,7 @@ class PagedRunMemory:
         return real, internal, cached, free
 
 
-class ContiguousRunMemory:
+class ContiguousRunMemory(RunMemory):
     """Run sums over contiguous reservations: growth stays inside them."""
 
     def __init__(self, kv: ContiguousKVManager) -> None:

@@ -149,7 +149,7 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
         chunked = request
         chunk, pending = scheduled.num_positions, request.num_pending_positions
         grown.append((request, chunk, pending))
-        chunks.append(ChunkRun(chunk, request.num_computed_tokens, pending, width))
+        chunks.append((chunk, request.num_computed_tokens, pending, width))
         if request.n != 1:
             seq_ids = None
     shape = RepeatShape(decode_seqs, decode_tokens, tuple(phases), tuple(chunks))
@@ -236,7 +236,7 @@ def plan_continuation(s: Scheduler, memory: RunMemory, itemized: bool = True) ->
             return None
         computed = prompt.num_computed_tokens
         grown.append((prompt, chunk, pending))
-        chunks = (ChunkRun(chunk, computed, pending, 1),)
+        chunks = ((chunk, computed, pending, 1),)
         if itemized:
             requests.append(
                 ScheduledRequest(prompt, chunk, computed - chunk, (prompt.live_seq_ids[0],), True)

@@ -4,43 +4,58 @@ scheduler's ``StepContext`` carries the decision out (allocation, preemption, sw
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from engine.core.config import MemoryModel, SchedulerConfig
 from engine.core.request import Request
 
 
-class StepContext(Protocol):
-    """A policy's read-only view of one step, and its one way to act: ``schedule``."""
+class StepContext:
+    """A policy's read-only view of one step, and its one way to act: ``schedule``. The
+    scheduler's ``Step`` implements it. A base class rather than a protocol: a compiled build
+    (docs/compiled_core.md) then calls a step's methods from a policy directly."""
 
     @property
-    def now_s(self) -> float: ...
+    def now_s(self) -> float:
+        raise NotImplementedError
+
     @property
-    def running(self) -> Sequence[Request]: ...
+    def running(self) -> Sequence[Request]:
+        raise NotImplementedError
+
     @property
     def waiting(self) -> Sequence[Request]:
         """The live waiting queue (FCFS); admitting a request removes it from here."""
-        ...
+        raise NotImplementedError
 
     @property
-    def swapped(self) -> Sequence[Request]: ...
+    def swapped(self) -> Sequence[Request]:
+        raise NotImplementedError
+
     @property
-    def arrivals_done(self) -> bool: ...
+    def arrivals_done(self) -> bool:
+        raise NotImplementedError
+
     @property
-    def token_budget_left(self) -> int: ...
+    def token_budget_left(self) -> int:
+        raise NotImplementedError
+
     @property
-    def preempted_any(self) -> bool: ...
+    def preempted_any(self) -> bool:
+        raise NotImplementedError
+
     @property
-    def num_held_samples(self) -> int: ...
+    def num_held_samples(self) -> int:
+        raise NotImplementedError
 
     def pending_positions(self, request: Request) -> int:
         """Positions the request could compute now (after prefix-cache hits, if waiting)."""
-        ...
+        raise NotImplementedError
 
     def schedule(self, request: Request, num_positions: int) -> bool:
         """Give ``request`` ``num_positions`` positions this step; False if it cannot run
         (budget, memory, or it was preempted). May preempt later-arrived running requests."""
-        ...
+        raise NotImplementedError
 
     def schedule_decodes(
         self, requests: Sequence[Request], in_order: bool = False
@@ -49,13 +64,14 @@ class StepContext(Protocol):
         requests that are not decoding (prompts, recomputes), in order. With ``in_order``
         it stops at the first request that is not decoding and returns it and all after it
         (unscheduled), so a policy that keeps the running order can go on from there."""
-        ...
+        raise NotImplementedError
 
-    def add_padding(self, num_tokens: int) -> None: ...
+    def add_padding(self, num_tokens: int) -> None:
+        raise NotImplementedError
 
     def wake_at(self, when_s: float) -> None:
         """Ask to be scheduled again at ``when_s`` even if nothing arrives."""
-        ...
+        raise NotImplementedError
 
 
 class Policy:
