@@ -3,7 +3,6 @@ admission, allocation, preemption (recompute or swap), forking, finishing and ab
 
 from __future__ import annotations
 
-import bisect
 from array import array
 from collections import deque
 from collections.abc import Sequence
@@ -16,7 +15,7 @@ from engine.core.kv_state import KVState
 from engine.core.memory import MemorySnapshot
 from engine.core.policies import POLICIES, Policy
 from engine.core.request import Request, RequestStatus, TokenTimeline
-from engine.core.step import Step, StepHost, arrival_order
+from engine.core.step import Step, StepHost, arrival_order, insert_by_arrival
 
 
 def make_kv_manager(config: CacheConfig) -> KVCacheManager:
@@ -162,7 +161,7 @@ class Scheduler(StepHost):
             if request.n > 1:
                 self.kv.fork(request)
                 request.forked = True
-            bisect.insort(self.running, request, key=arrival_order)
+            insert_by_arrival(self.running, request)
             batch.transfers.append(request)
 
     def mark_arrivals_done(self) -> None:
@@ -377,7 +376,7 @@ class Scheduler(StepHost):
         request.num_computed_tokens = 0
         request.num_prefix_lookup_tokens += request.num_tokens  # (looked up, as in ``Step``)
         request.status = RequestStatus.RUNNING
-        bisect.insort(self.running, request, key=arrival_order)
+        insert_by_arrival(self.running, request)
         if request.first_scheduled_s is None:
             request.first_scheduled_s = start_s
         return True

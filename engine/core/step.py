@@ -3,7 +3,6 @@ the mechanism behind ``StepContext.schedule`` (growth, preemption, admission, sw
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from collections.abc import Sequence
 from typing import Final
@@ -49,6 +48,23 @@ def commit_scheduled(kv: KVCacheManager, request: Request, computed_end: int, kn
 def arrival_order(request: Request) -> tuple[float, int]:
     """FCFS order: arrival time, then the order requests were added."""
     return (request.arrival_s, request.internal_idx)
+
+
+def insert_by_arrival(running: list[Request], request: Request) -> None:
+    """``bisect.insort(running, request, key=arrival_order)`` written out: a compiled build
+    would call the key function through the interpreter at each comparison."""
+    arrival_s, idx = request.arrival_s, request.internal_idx
+    lo, hi = 0, len(running)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        other = running[mid]
+        if arrival_s < other.arrival_s or (
+            arrival_s == other.arrival_s and idx < other.internal_idx
+        ):
+            hi = mid
+        else:
+            lo = mid + 1
+    running.insert(lo, request)
 
 
 class Step(StepContext):
@@ -286,7 +302,7 @@ class Step(StepContext):
 
     def _to_running(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
-        bisect.insort(self.s.running, request, key=arrival_order)
+        insert_by_arrival(self.s.running, request)
 
     def _record(
         self,

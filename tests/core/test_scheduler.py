@@ -5,6 +5,8 @@ test_scheduler_sharing.py."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.core.batch import StepResult
 from engine.core.config import CacheConfig, SchedulerConfig
@@ -370,3 +372,25 @@ def test_written_out_inits_start_every_field_at_its_declared_default() -> None:
     assert request.max_output_tokens == 3 and request.tokens.num_emissions == 0
     with pytest.raises(ValueError, match="num_prompt_tokens"):
         Request("bad", 0.0, 0, 3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.5]), st.integers(0, 50)), max_size=20))
+def test_insert_by_arrival_is_insort_by_arrival_order(keys: list[tuple[float, int]]) -> None:
+    """The written-out insertion keeps ``running`` in the order ``bisect.insort`` would, ties
+    of arrival time broken by the order requests were added."""
+    import bisect
+
+    from engine.core.step import arrival_order, insert_by_arrival
+
+    requests = []
+    for i, (arrival_s, idx) in enumerate(keys):
+        request = Request(f"r{i}", arrival_s, 4, 2)
+        request.internal_idx = idx * 100 + i  # (unique, as the scheduler's are)
+        requests.append(request)
+    ours: list[Request] = []
+    theirs: list[Request] = []
+    for request in requests:
+        insert_by_arrival(ours, request)
+        bisect.insort(theirs, request, key=arrival_order)
+    assert ours == theirs

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from itertools import accumulate
 
 from engine.core.contiguous_allocator import ContiguousKVManager
 from engine.core.fastforward.growth import UNBOUNDED, ChunkRun, RepeatShape, RequestGrowth
@@ -88,7 +87,13 @@ class BlocksTaken:
         for phase, count in enumerate(shape.decode_phases):
             by_step[-phase % bs] += count
         self.block_size = bs
-        self.starts = [0, *accumulate(by_step)]
+        # (a loop: ``accumulate`` into a list is a generic iteration in a compiled build)
+        starts = [0] * (bs + 1)
+        running = 0
+        for i in range(bs):
+            running += by_step[i]
+            starts[i + 1] = running
+        self.starts = starts
         self.decodes = shape.decode_seqs
         self.chunks = [
             (held, per_step, left, seqs, _blocks(held, bs))
@@ -255,13 +260,19 @@ class PagedRunMemory(RunMemory):
         alloc = self.allocator
         bs = self.block_size
         # Step k starts a block for the sequences in phase (-k) % bs: 0, bs-1, ..., 1, 0, ...
-        cycle = [by_phase[0], *reversed(by_phase[1:])]
-        per_step = (cycle * (count // bs + 1))[:count]
-        new_blocks = list(accumulate(per_step))  # blocks added up to and including each step
-        sum_new = sum(new_blocks)
+        # (loops, not ``accumulate`` and ``sum``: builtins over iterators that a compiled
+        # build calls generically)
+        new_blocks = [0] * count  # blocks added up to and including each step
+        running = sum_new = 0
+        for step in range(count):
+            running += by_phase[(-step) % bs]
+            new_blocks[step] = running
+            sum_new += running
         # Uncached free blocks are taken first, then cached-free ones are evicted.
         below = bisect_left(new_blocks, free0)  # steps that still had uncached free blocks
-        sum_below = sum(new_blocks[:below])
+        sum_below = 0
+        for step in range(below):
+            sum_below += new_blocks[step]
         real = count * alloc.num_filled_slots + decodes * count * (count + 1) // 2
         internal = (count * alloc.num_used_blocks + sum_new) * bs - real
         free = (below * free0 - sum_below) * bs
