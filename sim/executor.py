@@ -12,7 +12,7 @@ from engine.core.batch import ScheduledBatch, StepResult
 from engine.core.fastforward import RepeatShape
 from records.step_shapes import batch_sequences
 from sim.cost_model import CostModel, StepShape
-from sim.roofline import RepeatStepper, RooflineCostModel
+from sim.roofline import RooflineCostModel
 
 
 def step_shape(batch: ScheduledBatch, block_size: int) -> StepShape:
@@ -177,7 +177,7 @@ class CostModelExecutor:
         roofline = self._roofline
         # The roofline's stepper for steps whose chunks are all whole (bit-identical to
         # ``execute``); a prompt's last, shorter chunk is priced from aggregates.
-        full = None if roofline is None else RepeatStepper(roofline, tuple(chunks), num_seqs, bs)
+        full = None if roofline is None else roofline.stepper(tuple(chunks), num_seqs, bs)
         whole = 0
         if full is not None:
             # The steps before the first prompt's last, shorter chunk (all, without chunks).

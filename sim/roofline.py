@@ -92,6 +92,7 @@ class RooflineCostModel:
         self._precompute_shapes(model, tp)
         # Terms that depend only on (tokens, sequences) in a step, computed once per pair.
         self._by_size: dict[tuple[int, int], tuple[float, ...]] = {}
+        self._steppers: dict[tuple[int, int, int, int], RepeatStepper] = {}
 
     def _precompute_shapes(self, model: ModelSpec, tp: int) -> None:
         """Per-model constants, so a step costs a few multiplications."""
@@ -367,8 +368,26 @@ class RooflineCostModel:
         if num_tokens <= 0:  # (no work: ``_terms`` prices nothing at all)
             decode = (num_decode_seqs, sum_context_tokens, sum_context_blocks * block_size)
             return sum(self._terms(prefill_chunks, decode, 0, (0, 0), block_size))
-        stepper = RepeatStepper(self, prefill_chunks, num_decode_seqs, block_size)
+        stepper = self.stepper(prefill_chunks, num_decode_seqs, block_size)
         return stepper.step(prefill_chunks, sum_context_tokens, sum_context_blocks)
+
+    def stepper(
+        self, prefill_chunks: tuple[tuple[int, int], ...], num_decode_seqs: int, block_size: int
+    ) -> RepeatStepper:
+        """``RepeatStepper(self, prefill_chunks, num_decode_seqs, block_size)``, memoized: it
+        reads the chunks only through their count and their new tokens' total (a step's price
+        builds one, and most steps repeat a size seen before)."""
+        num_tokens = num_decode_seqs
+        for num_new, _ in prefill_chunks:
+            num_tokens += num_new
+        key = (num_decode_seqs, num_tokens, len(prefill_chunks), block_size)
+        stepper = self._steppers.get(key)
+        if stepper is None:
+            if len(self._steppers) >= _MAX_MEMO:
+                self._steppers.clear()  # (bounded, as ``_size_terms``)
+            stepper = RepeatStepper(self, prefill_chunks, num_decode_seqs, block_size)
+            self._steppers[key] = stepper
+        return stepper
 
     def kv_transfer_time_s(
         self, num_tokens: int, link_bandwidth_bytes_per_s: float, link_latency_s: float
