@@ -5,7 +5,6 @@ contiguous memory alike (``run_memory``)."""
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Sequence
 
 from engine.core.contiguous_allocator import ContiguousKVManager
@@ -262,17 +261,16 @@ class PagedRunMemory(RunMemory):
         # Step k starts a block for the sequences in phase (-k) % bs: 0, bs-1, ..., 1, 0, ...
         # (loops, not ``accumulate`` and ``sum``: builtins over iterators that a compiled
         # build calls generically)
-        new_blocks = [0] * count  # blocks added up to and including each step
-        running = sum_new = 0
+        # ``running``: blocks added up to and including each step, never decreasing. Uncached
+        # free blocks are taken first, then cached-free ones are evicted: ``below`` counts the
+        # steps that still had uncached free blocks (running < free0, a prefix of the steps).
+        running = sum_new = below = sum_below = 0
         for step in range(count):
             running += by_phase[(-step) % bs]
-            new_blocks[step] = running
             sum_new += running
-        # Uncached free blocks are taken first, then cached-free ones are evicted.
-        below = bisect_left(new_blocks, free0)  # steps that still had uncached free blocks
-        sum_below = 0
-        for step in range(below):
-            sum_below += new_blocks[step]
+            if running < free0:
+                below += 1
+                sum_below += running
         real = count * alloc.num_filled_slots + decodes * count * (count + 1) // 2
         internal = (count * alloc.num_used_blocks + sum_new) * bs - real
         free = (below * free0 - sum_below) * bs
