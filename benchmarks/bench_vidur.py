@@ -35,12 +35,13 @@ CONFIGS = {
 }
 # The A100-80GB as priced before the rotary fit (rotary_bandwidth_efficiency 0.5).
 COST_AS_45813DD_HARDWARE = str(Path(__file__).with_name("a100_80gb_45813dd.toml"))
-# Vidur 0.0.26 on this workload, whole process, timed three times on a 2-core development machine
+# Vidur 0.0.26 on this workload, whole process, timed six times on a 2-core development machine
 # with the other core busy (benchmarks/results/vidur_measured.txt, 2026-11-26): 100k requests in
-# 368.9, 385.5 and 281.7 s (its vllm scheduler), 405.7, 414.9 and 270.3 s (sarathi), the machine
-# faster at the last pair; the means below. The ``x Vidur`` column holds only roughly, on such a
-# machine: a ratio worth quoting times both in the same minutes (vidur_measured.txt).
-VIDUR_REQ_PER_S = {"continuous": 100_000 / 345.4, "chunked": 100_000 / 363.6}
+# 368.9, 385.5, 281.7, 241.2, 253.2 and 267.6 s (its vllm scheduler), 405.7, 414.9, 270.3, 275.6,
+# 293.7 and 304.6 s (sarathi), the machine faster in the later runs; the means below. The
+# ``x Vidur`` column holds only roughly, on such a machine: a ratio worth quoting times both in
+# the same minutes (vidur_measured.txt).
+VIDUR_REQ_PER_S = {"continuous": 100_000 / 299.7, "chunked": 100_000 / 327.5}
 
 
 def run_one(
