@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.batch import ScheduledBatch, StepResult
-from engine.core.fastforward import FastForward, RepeatShape, RunPlan
+from engine.core.fastforward import FastForward, RunPlan
 from engine.core.policies import POLICIES
 from records.schema import SUMMED_COLUMNS
 from sim import executor
 from sim.run import RunConfig, simulate
+from sim.validate import RecordingExecutor
 from traces.loaders import load_trace
 from traces.schema import Trace, TraceRequest
 
@@ -148,33 +148,14 @@ def test_steps_built_without_the_policy_are_used_and_change_nothing(
         assert rows[column].sum() == other[column].sum(), column
 
 
-class _Wrapped:
-    """An executor wrapper (as validation's recorder is): the replica cannot know it prices
-    runs from their shapes, so its continuations list their requests."""
-
-    def __init__(self, inner: executor.CostModelExecutor) -> None:
-        self.inner = inner
-
-    def execute(self, batch: ScheduledBatch) -> StepResult:
-        return self.inner.execute(batch)
-
-    def repeat_end_times(
-        self,
-        batch: ScheduledBatch,
-        start_s: float,
-        max_steps: int,
-        shape: RepeatShape | None = None,
-    ) -> list[float]:
-        return self.inner.repeat_end_times(batch, start_s, max_steps, shape)
-
-
 @pytest.mark.parametrize("policy", ["chunked", "continuous"])
 def test_continuations_with_and_without_their_requests_listed_agree(
     monkeypatch: pytest.MonkeyPatch, policy: str
 ) -> None:
     """The replica plans continuations without listing their requests when its executor is
-    a ``CostModelExecutor`` pricing from shapes, and with them behind a wrapper: both give
-    the same rows, requests and summary."""
+    a ``CostModelExecutor`` pricing from shapes, and with them behind a wrapper (validation's
+    ``RecordingExecutor``, which may read them): both give the same rows, requests and
+    summary."""
     config = RunConfig(
         policy=policy,
         model="Llama-2-7B",
@@ -196,7 +177,7 @@ def test_continuations_with_and_without_their_requests_listed_agree(
     lean = simulate(trace, config)
     assert listed and not any(listed)
     listed.clear()
-    itemized = simulate(trace, config, wrap_executor=_Wrapped)
+    itemized = simulate(trace, config, wrap_executor=RecordingExecutor)
     assert listed and all(listed)
     assert lean.summary == itemized.summary
     assert lean.requests_frame().equals(itemized.requests_frame())
