@@ -365,7 +365,7 @@ def test_written_out_inits_start_every_field_at_its_declared_default() -> None:
                 want = f.default_factory()
                 got = getattr(obj, f.name)
                 assert type(got) is type(want), (cls.__name__, f.name)
-                if not hasattr(want, "__slots__"):  # (a TokenTimeline has no equality)
+                if type(want).__eq__ is not object.__eq__:  # (a TokenTimeline has no equality)
                     assert got == want, (cls.__name__, f.name)
     request = built[Request]
     assert (request.request_id, request.arrival_s, request.num_prompt_tokens) == ("r", 0.5, 7)

@@ -7,12 +7,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import simpy
 
+from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.fastforward import FastForward, RunPlan
 from engine.core.policies import POLICIES
-from records.schema import SUMMED_COLUMNS
+from engine.core.scheduler import Scheduler
+from records.schema import SUMMED_COLUMNS, StepRecorder
 from sim import executor
-from sim.run import RunConfig, simulate
+from sim.cost_model import make_cost_model
+from sim.hardware_file import load_hardware
+from sim.run import RunConfig, load_model, simulate
+from sim.simulator import Replica
 from sim.validate import RecordingExecutor
 from traces.loaders import load_trace
 from traces.schema import Trace, TraceRequest
@@ -148,14 +154,31 @@ def test_steps_built_without_the_policy_are_used_and_change_nothing(
         assert rows[column].sum() == other[column].sum(), column
 
 
+def test_the_replica_lists_a_continuations_requests_only_behind_a_wrapper() -> None:
+    """A replica whose executor is a ``CostModelExecutor`` pricing from shapes plans
+    continuations without listing their requests; behind a wrapper (validation's
+    ``RecordingExecutor``, which may read them) it lists them. (Read off the replica, not by
+    patching: a compiled build's classes cannot be patched.)"""
+    cost_model = make_cost_model(load_model("Llama-2-7B"), load_hardware("A100-80GB"), 1)
+    scheduler = Scheduler(
+        CacheConfig(num_blocks=64, block_size=16), SchedulerConfig(policy="chunked")
+    )
+
+    def replica(costs: executor.StepExecutor) -> Replica:
+        return Replica(simpy.Environment(), 0, "colocated", scheduler, costs, StepRecorder())
+
+    costs = executor.CostModelExecutor(cost_model, 16)
+    assert costs.prices_from_shape
+    lean = replica(costs).skipper
+    listed = replica(RecordingExecutor(costs)).skipper
+    assert lean is not None and not lean.itemized
+    assert listed is not None and listed.itemized
+
+
 @pytest.mark.parametrize("policy", ["chunked", "continuous"])
-def test_continuations_with_and_without_their_requests_listed_agree(
-    monkeypatch: pytest.MonkeyPatch, policy: str
-) -> None:
-    """The replica plans continuations without listing their requests when its executor is
-    a ``CostModelExecutor`` pricing from shapes, and with them behind a wrapper (validation's
-    ``RecordingExecutor``, which may read them): both give the same rows, requests and
-    summary."""
+def test_continuations_with_and_without_their_requests_listed_agree(policy: str) -> None:
+    """Both ways of planning a continuation (see the test above) give the same rows, requests
+    and summary."""
     config = RunConfig(
         policy=policy,
         model="Llama-2-7B",
@@ -164,21 +187,8 @@ def test_continuations_with_and_without_their_requests_listed_agree(
         max_num_batched_tokens=256,
     )
     trace = load_trace(DATA / "bursty.csv")
-    listed: list[bool] = []
-    continuation = FastForward.plan_continuation
-
-    def counted(self: FastForward) -> RunPlan | None:
-        plan = continuation(self)
-        if plan is not None:
-            listed.append(bool(plan.batch.requests))
-        return plan
-
-    monkeypatch.setattr(FastForward, "plan_continuation", counted)
     lean = simulate(trace, config)
-    assert listed and not any(listed)
-    listed.clear()
     itemized = simulate(trace, config, wrap_executor=RecordingExecutor)
-    assert listed and all(listed)
     assert lean.summary == itemized.summary
     assert lean.requests_frame().equals(itemized.requests_frame())
     assert lean.steps.to_frame().equals(itemized.steps.to_frame())
