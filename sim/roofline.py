@@ -320,7 +320,7 @@ class RooflineCostModel:
         (chunks, summed context, summed context blocks) giving what ``aggregate_step_time_s``
         gives, to the last bit, with the terms that do not change computed once
         (``RepeatStepper.step``)."""
-        return RepeatStepper(self, prefill_chunks, num_decode_seqs, block_size).step
+        return self.stepper(prefill_chunks, num_decode_seqs, block_size).step
 
     def decode_repeat_durations(
         self,
