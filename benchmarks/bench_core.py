@@ -11,11 +11,11 @@ import platform
 import random
 import time
 
-from engine.core.batch import StepResult
-from engine.core.block_allocator import BlockAllocator
-from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.request import Request
-from engine.core.scheduler import Scheduler
+from core.batch import StepResult
+from core.block_allocator import BlockAllocator
+from core.config import CacheConfig, SchedulerConfig
+from core.request import Request
+from core.scheduler import Scheduler
 
 NUM_RUNNING = 256
 

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.attention import build_metadata  # noqa: E402
-from engine.model import load_model  # noqa: E402
+from engine.model.weights import load_model  # noqa: E402
 
 
 def time_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model, device=device, dtype=dtype, weights="random")
     hbm = peak = None
     if args.hardware:
-        from sim.hardware_spec import get_hardware_preset
+        from sim.specs.hardware import get_hardware_preset
 
         spec = get_hardware_preset(args.hardware)
         element = next(model.parameters()).element_size()

@@ -69,8 +69,8 @@ def run_sweep(spec: Path, out: Path, jobs: int, ray: bool) -> tuple[float, float
 def child(spec: str, out: str, jobs: int, ray: bool) -> int:
     """One sweep in this process; prints its timings as one JSON line."""
     sys.path.insert(0, str(ROOT))
-    from sim.sweep import PointOutput
-    from sim.sweep import run_sweep as sweep
+    from sim.experiments.sweep import PointOutput
+    from sim.experiments.sweep import run_sweep as sweep
 
     points_cpu_s: list[float] = []
 

@@ -63,9 +63,9 @@ def run_one(
         async_scheduling=not cost_as_45813dd,
         **CONFIGS[policy],  # type: ignore[arg-type]
     )
-    import engine.core.scheduler
+    import core.scheduler
 
-    compiled = not engine.core.scheduler.__file__.endswith(".py")
+    compiled = not core.scheduler.__file__.endswith(".py")
     start, cpu_start = time.perf_counter(), time.process_time()
     result = simulate(trace, config)
     wall_s = time.perf_counter() - start

@@ -25,16 +25,16 @@ from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
-from sim.cost_model import CostModelConfig, make_cost_model
-from sim.costmodel_check import Comparison, compare_mlp, run_check, summarize
-from sim.hardware_spec import HARDWARE_PRESETS, HardwareSpec, hardware_for_node
-from sim.kernel_costs import allreduce_s
-from sim.kv_capacity import vidur_num_blocks, vllm_kv_capacity
-from sim.model_spec import MODEL_PRESETS
-from sim.profile_import import vidur_profile, write_vidur_profile
-from sim.roofline import RooflineCostModel
-from sim.step_shape import StepShape
-from sim.vidur_profiles import MlpRow, find_vidur_files, read_mlp_csv
+from sim.costmodel.base import CostModelConfig, make_cost_model
+from sim.costmodel.check import Comparison, compare_mlp, run_check, summarize
+from sim.costmodel.kernel_costs import allreduce_s
+from sim.costmodel.profile_import import vidur_profile, write_vidur_profile
+from sim.costmodel.roofline import RooflineCostModel
+from sim.costmodel.step_shape import StepShape
+from sim.costmodel.vidur_profiles import MlpRow, find_vidur_files, read_mlp_csv
+from sim.specs.hardware import HARDWARE_PRESETS, HardwareSpec, hardware_for_node
+from sim.specs.kv_capacity import vidur_num_blocks, vllm_kv_capacity
+from sim.specs.model import MODEL_PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 VIDUR = ROOT.parent / "shared/profiles/vidur"

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, seed, settings
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sim.run import RunConfig
-from tests.sim.differential import assert_fast_forward_exact, configs, traces
+from tests.sim.fastforward.differential import assert_fast_forward_exact, configs, traces
 from traces.schema import Trace
 
 

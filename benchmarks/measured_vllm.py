@@ -33,16 +33,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fidelity.cli.measured import replay_config, validate_run
+from fidelity.measured import write_measured_run
+from fidelity.measured_importers import import_llmservingsim
 from records.compare import Comparison
 from records.run_dir import load_run
-from sim.cost_model import TERMS, CostModelConfig, StepShape
-from sim.hardware_file import load_hardware
-from sim.hardware_spec import HardwareSpec
-from sim.measured import write_measured_run
-from sim.measured_cli import replay_config, validate_run
-from sim.measured_importers import import_llmservingsim
-from sim.roofline import RooflineCostModel
+from sim.costmodel.base import TERMS, CostModelConfig, StepShape
+from sim.costmodel.roofline import RooflineCostModel
 from sim.run import RunConfig, RunResult, load_model
+from sim.specs.hardware import HardwareSpec
+from sim.specs.hardware_file import load_hardware
 
 RUNS = Path(__file__).resolve().parents[1].parent / "shared" / "vllm-runs" / "llmservingsim"
 METRICS = ("TTFT", "TPOT", "E2E")

@@ -29,11 +29,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fidelity import validation  # noqa: E402
+from fidelity.calibrate import calibrate  # noqa: E402
+from fidelity.clocks import CLOCK_CHOICES, resolve_clock  # noqa: E402
+from fidelity.validate import ValidateConfig, subset, validate  # noqa: E402
 from records.run_dir import load_run  # noqa: E402
 from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes, shapes_equal  # noqa: E402
-from sim import validation  # noqa: E402
-from sim.calibrate import CLOCK_CHOICES, calibrate, resolve_clock  # noqa: E402
-from sim.validate import ValidateConfig, subset, validate  # noqa: E402
 from traces.loaders import load_trace  # noqa: E402
 
 TRACES = ("example", "bursty", "shared_prefix", "parallel_sampling")

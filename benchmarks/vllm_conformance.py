@@ -2,7 +2,7 @@
 
 Both schedulers get the same requests and settings. vLLM's ``Scheduler`` is driven with fake
 model outputs (one sampled token per request that reaches the end of its known tokens), as
-vLLM's own ``tests/v1/core/utils.py`` drives it; our ``engine.core`` Scheduler runs the same
+vLLM's own ``tests/v1/core/utils.py`` drives it; our ``core`` Scheduler runs the same
 requests with our defaults. Every step is compared: tokens scheduled per request (with the
 tokens it had computed before, which shows prefix hits), preempted requests, finished
 requests and free blocks after scheduling. A configuration conforms when every step matches.
@@ -56,10 +56,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.core.batch import StepResult  # noqa: E402
-from engine.core.config import CacheConfig, SchedulerConfig  # noqa: E402
-from engine.core.request import Request  # noqa: E402
-from engine.core.scheduler import Scheduler  # noqa: E402
+from core.batch import StepResult  # noqa: E402
+from core.config import CacheConfig, SchedulerConfig  # noqa: E402
+from core.request import Request  # noqa: E402
+from core.scheduler import Scheduler  # noqa: E402
 from traces.loaders import load_trace  # noqa: E402
 
 BLOCK_SIZE = 16

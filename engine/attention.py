@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
 from kernels.contracts import resolve_backend
 from kernels.torch_attention import (
     DecodePlan,
@@ -75,7 +74,11 @@ def attend(
     """Store the step's k, v [T, kv_heads, D], then attend with q [T, q_heads, D]."""
     if meta.torch_plan is not None:
         return _attend_torch(q, k, v, k_cache, v_cache, meta, scale)
-    kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
+    # The Triton wrappers are imported where they are first called: importing one imports
+    # triton, whose @jit reads TRITON_INTERPRET as the module loads (tests set it late).
+    from kernels.cache_ops import store_kv
+
+    store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
     num_decode = meta.num_decode_tokens
     if meta.num_prefills == 0:
         return _decode(q, k_cache, v_cache, meta, scale)
@@ -118,7 +121,9 @@ def _decode(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    out: torch.Tensor = kernels.paged_decode_attention(
+    from kernels.paged_attention import paged_decode_attention
+
+    out: torch.Tensor = paged_decode_attention(
         q,
         k_cache,
         v_cache,
@@ -138,7 +143,9 @@ def _prefill(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    out: torch.Tensor = kernels.paged_prefill_attention(
+    from kernels.prefill_attention import paged_prefill_attention
+
+    out: torch.Tensor = paged_prefill_attention(
         q,
         k_cache,
         v_cache,

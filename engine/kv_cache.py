@@ -12,8 +12,6 @@ from collections.abc import Sequence
 
 import torch
 
-import kernels
-
 BlockPair = tuple[int, int]
 
 
@@ -64,9 +62,12 @@ class KVCache:
         if swap_in:
             self._move(swap_in, to_host=False)
         if copies:
+            # Imported on first use: it imports triton (see engine.attention.attend).
+            from kernels.cache_ops import copy_blocks
+
             pairs = torch.tensor(copies, dtype=torch.int64, device=self.device).reshape(-1, 2)
             for k_cache, v_cache in self.layers:
-                kernels.copy_blocks(k_cache, v_cache, pairs, backend=self.backend)
+                copy_blocks(k_cache, v_cache, pairs, backend=self.backend)
 
     def _move(self, pairs: Sequence[BlockPair], to_host: bool) -> None:
         src = torch.tensor([p[0] for p in pairs], dtype=torch.int64)

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.core.request import Request, RequestStatus
+from core.request import Request, RequestStatus
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.sampling import SamplingParams
 

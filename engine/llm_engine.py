@@ -17,13 +17,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.core.batch import ScheduledBatch, StepResult
-from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.request import Request
-from engine.core.scheduler import Scheduler
+from core.batch import ScheduledBatch, StepResult
+from core.config import CacheConfig, SchedulerConfig
+from core.request import Request
+from core.scheduler import Scheduler
 from engine.kv_cache import KVCache
-from engine.model import load_model
 from engine.model.config import ModelConfig
+from engine.model.weights import load_model
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from core.batch import ScheduledBatch, ScheduledRequest, StepResult
+from core.request import Request
 from engine.attention import build_metadata
-from engine.core.batch import ScheduledBatch, ScheduledRequest, StepResult
-from engine.core.request import Request
 from engine.kv_cache import KVCache
 from engine.sampling import SampleSpec, SamplingParams, sample
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from engine.core.request import Request
+from core.request import Request
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.sampling import SamplingParams
 from records.metrics import summarize

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from engine.core.request import Request, RequestStatus
+from core.request import Request, RequestStatus
 
 PERCENTILES = (50, 90, 99)
 

@@ -12,9 +12,9 @@ from typing import Any, Final, Protocol
 import numpy as np
 import pandas as pd
 
-from engine.core.batch import ScheduledBatch
-from engine.core.memory import MemorySnapshot
-from engine.core.request import Request
+from core.batch import ScheduledBatch
+from core.memory import MemorySnapshot
+from core.request import Request
 
 
 class TransferLike(Protocol):
@@ -25,7 +25,7 @@ class TransferLike(Protocol):
     end_s: float
 
 
-# The partition of the KV cache's slots (see engine.core.memory.MemorySnapshot).
+# The partition of the KV cache's slots (see core.memory.MemorySnapshot).
 SLOT_COLUMNS = (
     "real_token_slots",
     "internal_fragmentation_slots",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.core.batch import ScheduledBatch
+from core.batch import ScheduledBatch
 
 STEP_SHAPES_FILE = "step_shapes.jsonl"
 
@@ -20,10 +20,11 @@ STEP_SHAPES_FILE = "step_shapes.jsonl"
 class StepShapeRecord:
     """One executed step. ``prefill_chunks`` holds (new tokens, context before) per prefilling
     sequence and ``decode_context_tokens`` the context (new token included) per decoding
-    sequence, as ``sim.step_shape.StepShape`` takes them. ``duration_s`` is schedule + prepare +
-    execute; ``update_s`` the scheduler's update after it (the engine is busy for both); both
-    are on the run's timeline (wall clock, or thread-CPU time with ``--clock cpu``).
-    ``wall_s`` and ``cpu_s`` are the whole step on each clock (None in files from before)."""
+    sequence, as ``sim.costmodel.step_shape.StepShape`` takes them. ``duration_s`` is
+    schedule + prepare + execute; ``update_s`` the scheduler's update after it (the engine is
+    busy for both); both are on the run's timeline (wall clock, or thread-CPU time with
+    ``--clock cpu``). ``wall_s`` and ``cpu_s`` are the whole step on each clock (None in files
+    from before)."""
 
     step_idx: int
     start_s: float

@@ -14,7 +14,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.offline
 
-from engine.core.memory import MemorySnapshot
+from core.memory import MemorySnapshot
 from records import metrics
 from records.run_dir import RunRecords
 from reports import disagg, latency, load, memory

@@ -1,5 +1,5 @@
 """The validation section: the simulator against the real engine, from ``validation.json``'s
-content (``sim.validate``): predicted-vs-measured scatters, error CDFs, and the cost model's
+content (``fidelity.validate``): predicted-vs-measured scatters, error CDFs, and the cost model's
 step-time error by batch size and by context."""
 
 from __future__ import annotations

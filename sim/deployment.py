@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from engine.core.request import Request, RequestStatus
+from core.request import Request, RequestStatus
 from records.schema import StepRecorder
 from sim.simulator import Replica, to_request
 from traces.schema import Trace

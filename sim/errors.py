@@ -1,5 +1,5 @@
 """The simulator's exceptions, kept apart from the modules a compiled build compiles (mypyc
-cannot compile a class derived from a built-in exception; see engine.core.compiled)."""
+cannot compile a class derived from a built-in exception; see sim.compiled.build)."""
 
 
 class SimulationError(RuntimeError):

@@ -8,11 +8,11 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.core.batch import ScheduledBatch, StepResult
-from engine.core.fastforward import RepeatShape
+from core.batch import ScheduledBatch, StepResult
 from records.step_shapes import batch_sequences
-from sim.cost_model import CostModel, StepShape
-from sim.roofline import RooflineCostModel
+from sim.costmodel.base import CostModel, StepShape
+from sim.costmodel.roofline import RooflineCostModel
+from sim.fastforward import RepeatShape
 
 
 def step_shape(batch: ScheduledBatch, block_size: int) -> StepShape:

@@ -17,27 +17,27 @@ import pandas as pd
 import simpy
 from tqdm import tqdm
 
-from engine.core.config import (
+from core.config import (
     CacheConfig,
     MemoryModel,
     PreemptionMode,
     ReservationRule,
     SchedulerConfig,
 )
-from engine.core.policies import POLICIES
-from engine.core.request import Request
-from engine.core.scheduler import Scheduler
+from core.policies import POLICIES
+from core.request import Request
+from core.scheduler import Scheduler
 from records.metrics import summarize
 from records.run_dir import write_run_dir
 from records.schema import StepRecorder, request_frame
-from sim.cost_model import CostModelConfig, make_cost_model
+from sim.costmodel.base import CostModelConfig, make_cost_model
 from sim.deployment import ROUTERS, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
-from sim.hardware_file import load_hardware
-from sim.hardware_spec import derive_num_blocks
-from sim.hf_config import model_spec_from_hf_config
-from sim.model_spec import ModelSpec, get_model_preset
 from sim.simulator import Replica
+from sim.specs.hardware_file import load_hardware
+from sim.specs.hf_config import model_spec_from_hf_config
+from sim.specs.kv_capacity import derive_num_blocks
+from sim.specs.model import ModelSpec, get_model_preset
 from traces.schema import Trace
 
 GIB = 1 << 30

@@ -10,14 +10,14 @@ from collections.abc import Callable, Generator
 
 import simpy
 
-from engine.core.batch import ScheduledBatch, StepResult
-from engine.core.fastforward import FastForward, RunPlan, StepTokens
-from engine.core.memory import MemorySnapshot
-from engine.core.request import Request
-from engine.core.scheduler import Scheduler
+from core.batch import ScheduledBatch, StepResult
+from core.memory import MemorySnapshot
+from core.request import Request
+from core.scheduler import Scheduler
 from records.schema import StepRecorder
 from sim.errors import SimulationError as SimulationError
 from sim.executor import CostModelExecutor, StepExecutor
+from sim.fastforward import FastForward, RunPlan, StepTokens
 from traces.schema import TraceRequest
 
 

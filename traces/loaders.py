@@ -9,6 +9,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from core.text_files import binary_message, open_text, trace_stem
 from traces.problems import TraceFormatError, TraceProblem
 from traces.rows import (
     ParsedRow,
@@ -20,7 +21,6 @@ from traces.rows import (
     read_csv_rows,
 )
 from traces.schema import DEFAULT_HASH_BLOCK_TOKENS, LengthTable, Trace
-from traces.text_files import binary_message, open_text, trace_stem
 from traces.timestamps import parse_timestamp_ns
 
 RowFunction = Callable[[list[str], dict[str, int], int, RowParser], ParsedRow | None]

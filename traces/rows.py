@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from core.text_files import open_text
 from traces.problems import TraceFormatError, TraceProblem
 from traces.schema import DEFAULT_HASH_BLOCK_TOKENS, Trace, TraceRequest
-from traces.text_files import open_text
 
 OnError = Literal["raise", "skip"]
 ON_ERROR_CHOICES: tuple[str, ...] = ("raise", "skip")

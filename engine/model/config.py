@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from engine.model.config_json import read_config_json
+from core.model.config_json import read_config_json
 
 # HF `architectures` entries and `model_type` values we can run, by our family name.
 ARCHITECTURES = {
@@ -234,7 +234,7 @@ def _rope(fields: _Fields) -> tuple[float, RopeScaling | None]:
 
 def _dtype_name(fields: _Fields) -> str | None:
     # Recent transformers write "dtype" and older ones "torch_dtype"; where a config has both,
-    # "dtype" is the newer and wins (as in sim.hf_config).
+    # "dtype" is the newer and wins (as in sim.specs.hf_config).
     field = "dtype" if fields.config.get("dtype") is not None else "torch_dtype"
     value = fields.config.get(field)
     if value is None:

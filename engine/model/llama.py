@@ -9,7 +9,6 @@ Face tensor name onto the slice of our parameter it fills.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import cast
 
 import torch
@@ -17,10 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata, attend
-from engine.model.config import ModelConfig, RopeScaling, load_model_config
+from engine.model.config import ModelConfig, RopeScaling
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-WEIGHT_MODES = ("auto", "random")
 
 
 class Linear(nn.Module):
@@ -320,35 +318,3 @@ def resolve_dtype(
     if config.torch_dtype in ("float16", "bfloat16"):
         return DTYPES[config.torch_dtype]
     return torch.bfloat16
-
-
-def load_model(
-    name_or_dir: str,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None,
-    weights: str = "auto",
-    seed: int = 0,
-) -> LlamaForCausalLM:
-    """Build the model of a bundled config or a Hugging Face directory, in eval mode.
-
-    ``weights="auto"`` loads the directory's safetensors (an error when there are none);
-    ``"random"`` draws seeded weights (for timing, or a bundled config with no checkpoint).
-    """
-    from engine.model.weights import init_random_weights, load_weights
-
-    if weights not in WEIGHT_MODES:
-        raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {weights!r}")
-    config = load_model_config(name_or_dir)
-    device = torch.device(device)
-    model = LlamaForCausalLM(config, device, resolve_dtype(config, device, dtype))
-    if weights == "random":
-        init_random_weights(model, seed)
-    elif Path(name_or_dir).is_dir():
-        load_weights(model, Path(name_or_dir))
-    else:
-        raise ValueError(
-            f"model {str(name_or_dir)!r} is not a directory, so it has no weights to load; "
-            "pass weights='random'"
-        )
-    model.requires_grad_(False)
-    return model.eval()

@@ -10,7 +10,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.model.llama import LlamaForCausalLM
+from engine.model.config import load_model_config
+from engine.model.llama import LlamaForCausalLM, resolve_dtype
+
+WEIGHT_MODES = ("auto", "random")
 
 INDEX_FILE = "model.safetensors.index.json"
 RANDOM_STD = 0.02  # keeps activations of a deep random model near unit scale
@@ -100,3 +103,33 @@ def init_random_weights(model: LlamaForCausalLM, seed: int) -> None:
             param.fill_(1.0)
         else:
             param.normal_(0.0, RANDOM_STD, generator=generator)
+
+
+def load_model(
+    name_or_dir: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    weights: str = "auto",
+    seed: int = 0,
+) -> LlamaForCausalLM:
+    """Build the model of a bundled config or a Hugging Face directory, in eval mode.
+
+    ``weights="auto"`` loads the directory's safetensors (an error when there are none);
+    ``"random"`` draws seeded weights (for timing, or a bundled config with no checkpoint).
+    """
+    if weights not in WEIGHT_MODES:
+        raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {weights!r}")
+    config = load_model_config(name_or_dir)
+    device = torch.device(device)
+    model = LlamaForCausalLM(config, device, resolve_dtype(config, device, dtype))
+    if weights == "random":
+        init_random_weights(model, seed)
+    elif Path(name_or_dir).is_dir():
+        load_weights(model, Path(name_or_dir))
+    else:
+        raise ValueError(
+            f"model {str(name_or_dir)!r} is not a directory, so it has no weights to load; "
+            "pass weights='random'"
+        )
+    model.requires_grad_(False)
+    return model.eval()

@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
-import kernels
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.profiling.grid import CalibrationGrid
 from engine.profiling.parts import StepParts
 from engine.profiling.steps import check_steps, grid_steps
 from engine.profiling.timer import Timer
+from kernels.contracts import resolve_backend
 
 
 @dataclass
@@ -90,8 +90,8 @@ def measure(
     out.device, out.software = _device_info(device)
     out.timer = timer.kind
     # Which context a decode batch costs as ("mean", "max" or "per_sequence") is chosen by
-    # sim.calibrate from the skewed check points timed below; "mean" until then.
-    backend = kernels.resolve_backend(device, config.backend)
+    # fidelity.calibrate from the skewed check points timed below; "mean" until then.
+    backend = resolve_backend(device, config.backend)
     out.decode_attention_context = "mean"
     out.engine = {
         "backend": backend,

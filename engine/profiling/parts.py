@@ -11,7 +11,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-import kernels
 from engine.attention import build_metadata
 from engine.llm_engine import LLMEngine
 from engine.model.llama import apply_rope
@@ -89,7 +88,9 @@ class StepParts:
             self.block_size, device=self.device
         )
         slot_mapping = slots.reshape(-1)[:n].contiguous()
-        return lambda: kernels.store_kv(
+        from kernels.cache_ops import store_kv  # imports triton (see engine.attention.attend)
+
+        return lambda: store_kv(
             k, v, self.k_cache, self.v_cache, slot_mapping, backend=self.backend
         )
 
@@ -113,7 +114,9 @@ class StepParts:
             # each layer only attends.
             plan = plan_decode(tables, contexts, self.block_size)
             return lambda: paged_decode_attention_torch(q, self.k_cache, self.v_cache, plan, scale)
-        return lambda: kernels.paged_decode_attention(
+        from kernels.paged_attention import paged_decode_attention  # imports triton
+
+        return lambda: paged_decode_attention(
             q, self.k_cache, self.v_cache, tables, lens, scale,
             backend=self.backend, max_seq_len=longest,
         )  # fmt: skip
@@ -133,7 +136,9 @@ class StepParts:
             return lambda: paged_prefill_attention_torch(
                 q, self.k_cache, self.v_cache, chunks, scale
             )
-        return lambda: kernels.paged_prefill_attention(
+        from kernels.prefill_attention import paged_prefill_attention  # imports triton
+
+        return lambda: paged_prefill_attention(
             q, self.k_cache, self.v_cache, tables, start_loc, seq_lens, ctx, scale,
             backend=self.backend, max_query_len=query,
         )  # fmt: skip

@@ -54,7 +54,8 @@ def grid_steps(
     ``context``-token synthetic prompt, prefilled under chunked prefill at the engine's own
     token budget, then decoded ``grid.step_decodes`` steps. Each step's shape and busy time on
     the engine's clock, as ``check_steps``. These are the steps the calibrated model fits its
-    terms to (``sim.calibrated``), so they cover decode batches and prefill chunks alike."""
+    terms to (``sim.costmodel.calibrated``), so they cover decode batches and prefill chunks
+    alike."""
     from dataclasses import replace
 
     tick = on_point or (lambda _: None)

@@ -7,12 +7,12 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.core.batch import ScheduledBatch, StepResult
-from engine.core.block_allocator import BlockPair
-from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.memory import MemorySnapshot
-from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler
+from core.batch import ScheduledBatch, StepResult
+from core.block_allocator import BlockPair
+from core.config import CacheConfig, SchedulerConfig
+from core.memory import MemorySnapshot
+from core.request import Request, RequestStatus
+from core.scheduler import Scheduler
 
 StepTime = Callable[[ScheduledBatch], float]
 StopFn = Callable[[ScheduledBatch], frozenset[int]]

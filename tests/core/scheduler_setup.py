@@ -3,14 +3,14 @@ at a time by hand, and the check that a scheduler holds nothing."""
 
 from __future__ import annotations
 
-from engine.core.batch import ScheduledBatch, StepResult
-from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.contiguous_allocator import ContiguousKVManager
-from engine.core.kv_manager import PagedKVManager
-from engine.core.policies import POLICIES
-from engine.core.policies.static import StaticBatching
-from engine.core.request import Request
-from engine.core.scheduler import Scheduler
+from core.batch import ScheduledBatch, StepResult
+from core.config import CacheConfig, SchedulerConfig
+from core.contiguous_allocator import ContiguousKVManager
+from core.kv_manager import PagedKVManager
+from core.policies import POLICIES
+from core.policies.static import StaticBatching
+from core.request import Request
+from core.scheduler import Scheduler
 
 STATIC_POLICIES = [p for p, cls in POLICIES.items() if issubclass(cls, StaticBatching)]
 

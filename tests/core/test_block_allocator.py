@@ -22,8 +22,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from engine.core.block_allocator import BlockAllocator, OutOfBlocksError
-from engine.core.fastforward.bulk_growth import SeqRun, append_steps
+from core.block_allocator import BlockAllocator, OutOfBlocksError
+from sim.fastforward.bulk_growth import SeqRun, append_steps
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 24

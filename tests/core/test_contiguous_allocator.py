@@ -10,14 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from engine.core.block_allocator import OutOfBlocksError
-from engine.core.config import CacheConfig
-from engine.core.contiguous_allocator import (
+from core.block_allocator import OutOfBlocksError
+from core.config import CacheConfig
+from core.contiguous_allocator import (
     ContiguousAllocator,
     ContiguousKVManager,
     reservation_slots,
 )
-from engine.core.request import Request
+from core.request import Request
 
 NUM_SLOTS = 256
 

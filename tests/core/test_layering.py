@@ -1,9 +1,11 @@
-"""The layering rule: engine/core is standard library only, and importing the simulator or the
-core never loads torch or triton."""
+"""The layering: each top-level package may import only the packages below it, the core only the
+standard library, and no module reaches itself through imports. Every import counts: at the top,
+inside functions, under ``TYPE_CHECKING``, and as an ``import_module("...")`` string."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,103 +13,90 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CORE = ROOT / "engine" / "core"
+
+# Each package and the packages of ours it may import. Bottom to top: the core; the traces and
+# the run records; the reports; the kernels; the two executors (the simulator, the engine);
+# the code that compares them.
+ALLOWED: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "traces": frozenset({"core"}),
+    "records": frozenset({"core"}),
+    "reports": frozenset({"core", "records"}),
+    "kernels": frozenset(),
+    "sim": frozenset({"core", "traces", "records", "reports"}),
+    "engine": frozenset({"core", "traces", "records", "reports", "kernels"}),
+    "fidelity": frozenset({"core", "traces", "records", "reports", "kernels", "sim", "engine"}),
+}
+# Third-party packages a layer must not load: the core is standard library only (checked apart),
+# and below the engine nothing may touch torch or triton.
+HEAVY = ("torch", "triton")
+NO_HEAVY = ("traces", "records", "reports", "sim")
+_IMPORT_MODULE = re.compile(r"""import_module\(\s*["']([\w.]+)["']""")
 
 
-def _imported_roots(path: Path) -> set[str]:
-    roots: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            roots.add(node.module.split(".")[0])
-    return roots
-
-
-@pytest.mark.parametrize("path", sorted(CORE.rglob("*.py")), ids=lambda p: p.name)
-def test_core_imports_only_the_standard_library(path: Path) -> None:
-    outside = {
-        root
-        for root in _imported_roots(path)
-        if root not in sys.stdlib_module_names and root not in {"engine", "__future__"}
-    }
-    assert not outside, f"{path.relative_to(ROOT)} imports {sorted(outside)}"
-
-
-def test_importing_sim_and_core_loads_neither_torch_nor_triton() -> None:
-    code = (
-        "import sys, importlib, pkgutil\n"
-        "import sim, engine.core, traces\n"
-        "for pkg in (sim, engine.core):\n"
-        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
-        "        if not m.name.endswith('__main__'): importlib.import_module(m.name)\n"
-        "heavy = sorted(m for m in ('torch', 'triton') if m in sys.modules)\n"
-        "print(','.join(heavy))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "", f"loaded: {out.stdout.strip()}"
-
-
-def _imported_modules(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-    return names
-
-
-@pytest.mark.parametrize(
-    ("package", "forbidden"),
-    [
-        # The run-record schema sits below its writers and readers.
-        ("records", ("sim", "reports", "kernels", "traces", "torch")),
-        # Reports read through records; of the engine they may see only the stdlib core.
-        ("reports", ("sim", "kernels", "torch")),
-        # The engine may not import the simulator (its CLI may render a report, as sim's does).
-        ("engine", ("sim",)),
-    ],
-)
-def test_packages_import_only_downward(package: str, forbidden: tuple[str, ...]) -> None:
-    for path in sorted((ROOT / package).rglob("*.py")):
-        for name in _imported_modules(path):
-            root = name.split(".")[0]
-            engine_outside_core = root == "engine" and not name.startswith("engine.core")
-            bad = root in forbidden or (package != "engine" and engine_outside_core)
-            assert not bad, f"{path.relative_to(ROOT)} imports {name}"
-
-
-def _core_module(path: Path) -> str:
+def _module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _core_import_graph() -> dict[str, set[str]]:
-    """engine.core module -> the engine.core modules it imports, anywhere in the file
-    (``TYPE_CHECKING`` blocks and function bodies included)."""
-    modules = {_core_module(path): path for path in CORE.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for module, path in modules.items():
-        edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                # ``from engine.core import x`` names a module x when there is one.
-                names = [f"{node.module}.{alias.name}" for alias in node.names]
-                names = [n if n in modules else node.module for n in names]
-            edges.update(n for n in names if n in modules and n != module)
-        graph[module] = edges
-    return graph
+MODULES = {
+    _module_name(path): path for package in ALLOWED for path in (ROOT / package).rglob("*.py")
+}
 
 
-def test_no_import_cycle_inside_the_core() -> None:
-    """No module of engine/core reaches itself through imports, counting ``TYPE_CHECKING``."""
-    graph = _core_import_graph()
+def _imports(path: Path) -> set[str]:
+    """Every module name ``path`` imports, anywhere in the file. ``from a import b`` counts as
+    ``a.b`` when that is one of our modules, else as ``a``."""
+    text = path.read_text()
+    names: set[str] = set(_IMPORT_MODULE.findall(text))
+    for node in ast.walk(ast.parse(text, filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                names.add(name if name in MODULES else node.module)
+    return names
+
+
+def test_every_top_level_package_has_a_rule() -> None:
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    assert packages - {"tests", "benchmarks"} == set(ALLOWED)
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_packages_import_only_downward(package: str) -> None:
+    ours = set(ALLOWED)
+    bad = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for name in sorted(_imports(path)):
+            root = name.split(".")[0]
+            if root in ours and root != package and root not in ALLOWED[package]:
+                bad.append(f"{path.relative_to(ROOT)} imports {name}")
+            if package in NO_HEAVY and root in HEAVY:
+                bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "core").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_core_imports_only_the_standard_library(path: Path) -> None:
+    outside = {
+        name.split(".")[0]
+        for name in _imports(path)
+        if name.split(".")[0] not in sys.stdlib_module_names
+        and name.split(".")[0] not in {"core", "__future__"}
+    }
+    assert not outside, f"{path.relative_to(ROOT)} imports {sorted(outside)}"
+
+
+def test_no_import_cycle() -> None:
+    """No module reaches itself through imports (a package counts as its ``__init__``)."""
+    graph = {
+        module: {name for name in _imports(path) if name in MODULES and name != module}
+        for module, path in MODULES.items()
+    }
     done: set[str] = set()
 
     def visit(module: str, path: list[str]) -> None:
@@ -124,15 +113,28 @@ def test_no_import_cycle_inside_the_core() -> None:
         visit(module, [])
 
 
-def test_fast_forward_is_reached_only_by_the_simulator() -> None:
-    """A reader of the core for the engine can skip engine/core/fastforward whole: nothing
-    outside it in the core, and nothing in the engine, imports it."""
-    graph = _core_import_graph()
-    package = "engine.core.fastforward"
-    for module, targets in graph.items():
-        if not module.startswith(package):
-            assert not any(t.startswith(package) for t in targets), module
-    inside = ROOT / "engine" / "core" / "fastforward"
-    for path in sorted((ROOT / "engine").rglob("*.py")):
-        if inside not in path.parents:
-            assert not any(n.startswith(package) for n in _imported_modules(path)), path
+def test_importing_the_simulator_loads_neither_torch_nor_triton() -> None:
+    """Every module of the layers below the engine imports without torch; so does building
+    ``python -m sim``'s parser with its plugged-in commands."""
+    code = (
+        "import sys, importlib, pkgutil\n"
+        f"for name in {(*NO_HEAVY, 'core')!r}:\n"
+        "    pkg = importlib.import_module(name)\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, name + '.'):\n"
+        "        if not m.name.endswith('__main__'): importlib.import_module(m.name)\n"
+        "from sim.cli.parser import build_parser\n"
+        "build_parser()\n"
+        "print(','.join(sorted(m for m in ('torch', 'triton') if m in sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "", f"loaded: {out.stdout.strip()}"
+
+
+def test_the_engine_and_the_core_never_reach_fast_forward() -> None:
+    """Fast-forward is the simulator's: a reader of the core for the engine never meets it."""
+    for module, path in MODULES.items():
+        if module.split(".")[0] in ("core", "engine"):
+            reached = [n for n in _imports(path) if n.startswith("sim")]
+            assert not reached, f"{module} imports {reached}"

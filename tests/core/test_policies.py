@@ -10,14 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.core.batch import ScheduledBatch
-from engine.core.config import PREEMPTION_MODES, CacheConfig, SchedulerConfig
-from engine.core.contiguous_allocator import reservation_slots
-from engine.core.kv_manager import PagedKVManager
-from engine.core.policies import POLICIES
-from engine.core.policies.static import StaticBatching
-from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler
+from core.batch import ScheduledBatch
+from core.config import PREEMPTION_MODES, CacheConfig, SchedulerConfig
+from core.contiguous_allocator import reservation_slots
+from core.kv_manager import PagedKVManager
+from core.policies import POLICIES
+from core.policies.static import StaticBatching
+from core.request import Request, RequestStatus
+from core.scheduler import Scheduler
 from tests.core.driver import ReplayResult, is_done, make_workload, replay
 
 BLOCK_SIZE = 16

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core.batch import StepResult
-from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.kv_manager import PagedKVManager
-from engine.core.policies import POLICIES
-from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler
+from core.batch import StepResult
+from core.config import CacheConfig, SchedulerConfig
+from core.kv_manager import PagedKVManager
+from core.policies import POLICIES
+from core.request import Request, RequestStatus
+from core.scheduler import Scheduler
 from tests.core.driver import replay
 from tests.core.scheduler_setup import (
     STATIC_POLICIES,
@@ -326,7 +326,7 @@ def test_memory_snapshot_difference_takes_every_field() -> None:
     its line there fails here (each field gets its own distinct values)."""
     import dataclasses
 
-    from engine.core.memory import MemorySnapshot
+    from core.memory import MemorySnapshot
 
     names = [f.name for f in dataclasses.fields(MemorySnapshot)]
     parts = [n for n in names if n not in ("total_slots", "shared_saved_slots")]
@@ -351,7 +351,7 @@ def test_written_out_inits_start_every_field_at_its_declared_default() -> None:
     here."""
     import dataclasses
 
-    from engine.core.batch import ScheduledBatch
+    from core.batch import ScheduledBatch
 
     built = {
         Request: Request("r", 0.5, 7, 3),
@@ -381,7 +381,7 @@ def test_insert_by_arrival_is_insort_by_arrival_order(keys: list[tuple[float, in
     of arrival time broken by the order requests were added."""
     import bisect
 
-    from engine.core.step import arrival_order, insert_by_arrival
+    from core.step import arrival_order, insert_by_arrival
 
     requests = []
     for i, (arrival_s, idx) in enumerate(keys):

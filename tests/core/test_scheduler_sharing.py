@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.batch import StepResult
-from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.policies import POLICIES
-from engine.core.request import Request, RequestStatus
+from core.batch import StepResult
+from core.config import CacheConfig, SchedulerConfig
+from core.policies import POLICIES
+from core.request import Request, RequestStatus
 from tests.core.driver import replay
 from tests.core.scheduler_setup import (
     STATIC_POLICIES,

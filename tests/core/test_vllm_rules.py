@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.batch import ScheduledBatch, StepResult
-from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler
+from core.batch import ScheduledBatch, StepResult
+from core.config import CacheConfig, SchedulerConfig
+from core.request import Request, RequestStatus
+from core.scheduler import Scheduler
 
 
 def make(

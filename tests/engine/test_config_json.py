@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from core.model.config_json import config_json_path, read_config_json
 from engine.model.config import model_config_from_hf
-from engine.model.config_json import config_json_path, read_config_json
-from sim.hf_config import model_spec_from_hf_config
+from sim.specs.hf_config import model_spec_from_hf_config
 
 QWEN2_SMALL: dict[str, Any] = {
     "architectures": ["Qwen2ForCausalLM"],

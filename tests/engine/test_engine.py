@@ -238,7 +238,7 @@ def test_trace_replay_writes_records_the_report_reads(tmp_path: Path) -> None:
     assert run.steps["duration_s"].gt(0).all()
     assert run.summary["completed"] == 12
 
-    from sim.cli import main as sim_main
+    from sim.cli.main import main as sim_main
 
     sim_out = tmp_path / "sim-run"
     assert (

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from engine.model import load_model  # noqa: E402
+from engine.model.weights import load_model  # noqa: E402
 from tests.engine.paged_steps import PagedSteps  # noqa: E402
 
 ATOL = 1e-4

@@ -13,8 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from engine.model import load_model  # noqa: E402
-from engine.model.weights import RANDOM_STD  # noqa: E402
+from engine.model.weights import RANDOM_STD, load_model  # noqa: E402
 from tests.engine.paged_steps import PagedSteps  # noqa: E402
 from tests.engine.test_model import make_hf_model, sequences  # noqa: E402
 

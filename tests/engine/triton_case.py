@@ -15,7 +15,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch
 
-from engine.model import load_model
+from engine.model.weights import load_model
 from tests.engine.paged_steps import PagedSteps
 
 CONFIG = {

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.batch import ScheduledBatch
-from engine.core.memory import MemorySnapshot
+from core.batch import ScheduledBatch
+from core.memory import MemorySnapshot
 from records.schema import ENGINE_STEP_COLUMNS, STEP_COLUMNS, StepRecorder
 from records.step_shapes import StepShapeRecord, load_step_shapes, write_step_shapes
 

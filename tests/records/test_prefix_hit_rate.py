@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.request import Request, RequestStatus
+from core.request import Request, RequestStatus
 from records.metrics import summarize
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace

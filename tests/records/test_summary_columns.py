@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.core.request import Request, RequestStatus
+from core.request import Request, RequestStatus
 from records.metrics import PERCENTILES, summarize
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace

@@ -12,7 +12,7 @@ from pathlib import Path
 import plotly.offline
 import pytest
 
-from engine.core.memory import MemorySnapshot
+from core.memory import MemorySnapshot
 from records import metrics
 from reports import RunRecords, render_report, write_report
 from reports.cli import main

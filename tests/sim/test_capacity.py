@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from records.sweep_table import load_sweep_csv
-from sim.capacity import (
+from sim.cli.main import main
+from sim.experiments.capacity import (
     ProbeRunner,
     SearchSettings,
     find_capacity,
@@ -18,9 +19,8 @@ from sim.capacity import (
     run_searches,
     search,
 )
-from sim.cli import main
-from sim.sweep import PointOutput, PointTask, Workers
-from sim.sweep_spec import TraceSource
+from sim.experiments.sweep import PointOutput, PointTask, Workers
+from sim.experiments.sweep_spec import TraceSource
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "traces" / "data" / "example.csv"
 

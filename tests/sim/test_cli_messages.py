@@ -12,9 +12,9 @@ from typing import Any, ClassVar
 
 import pytest
 
+import sim.cli.run
 import sim.run
-import sim.run_cli
-from sim.cli import main
+from sim.cli.main import main
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
 
@@ -245,7 +245,7 @@ def test_ctrl_c_exits_130_without_a_traceback(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sim.run_cli, "simulate", interrupted)
+    monkeypatch.setattr(sim.cli.run, "simulate", interrupted)
     assert main(["run", str(EXAMPLE), "--quiet"]) == 130
     err = capsys.readouterr().err
     assert err == "interrupted\n"

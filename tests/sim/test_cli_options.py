@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import build_parser, main
+from sim.cli.main import main
+from sim.cli.parser import build_parser
 from sim.run import RunConfig
 from traces.loaders import load_trace
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cost_model import (
+from sim.costmodel.base import (
     TERMS,
     CostModel,
     CostModelConfig,
@@ -20,8 +20,8 @@ from sim.cost_model import (
     StepShape,
     make_cost_model,
 )
-from sim.hardware_spec import HARDWARE_PRESETS
-from sim.model_spec import MODEL_PRESETS
+from sim.specs.hardware import HARDWARE_PRESETS
+from sim.specs.model import MODEL_PRESETS
 
 LLAMA = MODEL_PRESETS["Llama-2-7B"]
 A100 = HARDWARE_PRESETS["A100-80GB"]
@@ -286,7 +286,7 @@ def test_make_cost_model_without_profile_is_roofline() -> None:
 
 def test_cost_model_imports_neither_torch_nor_triton() -> None:
     code = (
-        "import sys, sim.cost_model, sim.model_spec, sim.hardware_spec\n"
+        "import sys, sim.costmodel.base, sim.specs.model, sim.specs.hardware\n"
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules, "
         "[m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')]"
     )

@@ -12,19 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
-from sim.costmodel_check import AllReduceTable, run_check
-from sim.hardware_spec import HARDWARE_PRESETS, hardware_for_node
-from sim.kernel_costs import allreduce_s, gemm_s, row_kernel_s
-from sim.layer_ops import LayerOps
-from sim.model_spec import MODEL_PRESETS
-from sim.vidur_profiles import (
+from sim.cli.main import main
+from sim.costmodel.check import AllReduceTable, run_check
+from sim.costmodel.kernel_costs import allreduce_s, gemm_s, row_kernel_s
+from sim.costmodel.layer_ops import LayerOps
+from sim.costmodel.vidur_profiles import (
     MLP_OPS,
     AllReduceRow,
     VidurFileError,
     read_allreduce_csv,
     read_mlp_csv,
 )
+from sim.specs.hardware import HARDWARE_PRESETS, hardware_for_node
+from sim.specs.model import MODEL_PRESETS
 
 A100 = HARDWARE_PRESETS["A100-80GB"]
 LLAMA = MODEL_PRESETS["Llama-2-7B"]

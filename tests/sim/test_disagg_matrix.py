@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.config import MEMORY_MODELS, PREEMPTION_MODES
-from engine.core.policies import POLICIES
-from engine.core.request import RequestStatus
+from core.config import MEMORY_MODELS, PREEMPTION_MODES
+from core.policies import POLICIES
+from core.request import RequestStatus
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
-from sim.hardware_file import load_hardware, load_hardware_file
-from sim.hardware_spec import HARDWARE_PRESETS, HardwareSpec
-from sim.model_spec import MODEL_PRESETS
-from sim.roofline import RooflineCostModel
+from sim.cli.main import main
+from sim.costmodel.roofline import RooflineCostModel
+from sim.specs.hardware import HARDWARE_PRESETS, HardwareSpec
+from sim.specs.hardware_file import load_hardware, load_hardware_file
+from sim.specs.model import MODEL_PRESETS
 
 FULL = {
     "name": "test-gpu",

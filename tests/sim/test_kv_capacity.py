@@ -7,15 +7,16 @@ from dataclasses import replace
 
 import pytest
 
-from sim.hardware_spec import HARDWARE_PRESETS, derive_num_blocks
-from sim.kv_capacity import (
+from sim.specs.hardware import HARDWARE_PRESETS
+from sim.specs.kv_capacity import (
     GIB,
     ModelDoesNotFitError,
+    derive_num_blocks,
     forward_peak_bytes,
     vidur_num_blocks,
     vllm_kv_capacity,
 )
-from sim.model_spec import MODEL_PRESETS
+from sim.specs.model import MODEL_PRESETS
 
 A100 = HARDWARE_PRESETS["A100-80GB"]
 LLAMA2_70B = MODEL_PRESETS["Llama-2-70B"]

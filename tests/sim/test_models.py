@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.hardware_spec import HARDWARE_PRESETS
-from sim.hf_config import model_spec_from_hf_config
-from sim.model_spec import MODEL_PRESETS, ModelSpec
-from sim.roofline import RooflineCostModel
+from sim.costmodel.roofline import RooflineCostModel
+from sim.specs.hardware import HARDWARE_PRESETS
+from sim.specs.hf_config import model_spec_from_hf_config
+from sim.specs.model import MODEL_PRESETS, ModelSpec
 
 # Keys as in the published config.json files (trimmed of keys the reader ignores).
 LLAMA31_8B = {

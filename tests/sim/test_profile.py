@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from sim.cost_model import CalibratedCostModel, RooflineCostModel, StepShape, make_cost_model
-from sim.hardware_spec import HARDWARE_PRESETS
-from sim.model_spec import MODEL_PRESETS
-from sim.profile import Table1D, Table2D, load_profile
+from sim.costmodel.base import CalibratedCostModel, RooflineCostModel, StepShape, make_cost_model
+from sim.costmodel.profile import Table1D, Table2D, load_profile
+from sim.specs.hardware import HARDWARE_PRESETS
+from sim.specs.model import MODEL_PRESETS
 
 PROFILE = Path(__file__).parent / "data" / "llama2_7b_a100_tp1.json"
 LLAMA = MODEL_PRESETS["Llama-2-7B"]

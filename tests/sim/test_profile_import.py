@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
-from sim.cost_model import make_cost_model
-from sim.hardware_spec import HARDWARE_PRESETS
-from sim.model_spec import MODEL_PRESETS
-from sim.profile import load_profile
-from sim.profile_import import vidur_profile
-from sim.step_shape import StepShape
-from sim.vidur_profiles import MLP_OPS, VidurFileError
+from sim.cli.main import main
+from sim.costmodel.base import make_cost_model
+from sim.costmodel.profile import load_profile
+from sim.costmodel.profile_import import vidur_profile
+from sim.costmodel.step_shape import StepShape
+from sim.costmodel.vidur_profiles import MLP_OPS, VidurFileError
+from sim.specs.hardware import HARDWARE_PRESETS
+from sim.specs.model import MODEL_PRESETS
 
 LLAMA = MODEL_PRESETS["Llama-2-7B"]
 SHAPE = "32,32,4096,11008,32768,True"

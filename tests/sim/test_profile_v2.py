@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from sim.cli import main as sim_main
-from sim.cost_model import StepShape, make_cost_model
-from sim.hardware_spec import HARDWARE_PRESETS
-from sim.model_spec import MODEL_PRESETS
-from sim.profile import load_profile
+from sim.cli.main import main as sim_main
+from sim.costmodel.base import StepShape, make_cost_model
+from sim.costmodel.profile import load_profile
+from sim.specs.hardware import HARDWARE_PRESETS
+from sim.specs.model import MODEL_PRESETS
 from tests.sim.profile_header import cpu_profile_header
 
 ROOT = Path(__file__).resolve().parents[2]

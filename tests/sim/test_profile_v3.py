@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from sim.calibrate import choose_decode_rule, resolve_clock
-from sim.cost_model import StepShape, make_cost_model
-from sim.hardware_spec import HARDWARE_PRESETS
-from sim.model_spec import MODEL_PRESETS
-from sim.profile import load_profile
+from fidelity.calibrate import choose_decode_rule, resolve_clock
+from sim.costmodel.base import StepShape, make_cost_model
+from sim.costmodel.profile import load_profile
+from sim.specs.hardware import HARDWARE_PRESETS
+from sim.specs.model import MODEL_PRESETS
 from tests.sim.profile_header import cpu_profile_header
 
 TINY = MODEL_PRESETS["tiny-llama"]

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from sim.cost_model import StepShape, make_cost_model
-from sim.hardware_spec import HARDWARE_PRESETS
-from sim.model_spec import MODEL_PRESETS
-from sim.profile import load_profile
+from sim.costmodel.base import StepShape, make_cost_model
+from sim.costmodel.profile import load_profile
+from sim.specs.hardware import HARDWARE_PRESETS
+from sim.specs.model import MODEL_PRESETS
 from tests.sim.profile_header import cpu_profile_header
 
 TINY = MODEL_PRESETS["tiny-llama"]
@@ -137,7 +137,7 @@ def test_bad_step_fit_names_the_field(tmp_path: Path) -> None:
 
 
 def test_padding_is_priced_only_where_the_engine_computes_it(tmp_path: Path) -> None:
-    from sim.roofline import CostModelConfig
+    from sim.costmodel.roofline import CostModelConfig
 
     padded = StepShape(prefill_chunks=((100, 0), (20, 0)), num_padding_tokens=80)
     packed = StepShape(prefill_chunks=((100, 0), (20, 0)))

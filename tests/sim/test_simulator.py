@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.policies import POLICIES
-from engine.core.request import RequestStatus
-from sim.cli import main
+from core.policies import POLICIES
+from core.request import RequestStatus
+from sim.cli.main import main
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
 

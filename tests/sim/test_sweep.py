@@ -11,11 +11,12 @@ import pandas as pd
 import pytest
 
 from records.sweep_table import load_sweep_csv, option_columns
-from sim.cli import build_parser, main
+from sim.cli.main import main
+from sim.cli.options import config_from_args
+from sim.cli.parser import build_parser
+from sim.experiments.sweep import PointTask, check_ray_address, execute, open_workers, run_sweep
+from sim.experiments.sweep_spec import load_spec, point_config, scale_trace
 from sim.run import simulate
-from sim.run_options import config_from_args
-from sim.sweep import PointTask, check_ray_address, execute, open_workers, run_sweep
-from sim.sweep_spec import load_spec, point_config, scale_trace
 from traces.loaders import load_trace
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "traces" / "data" / "example.csv"

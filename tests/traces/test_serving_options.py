@@ -63,7 +63,7 @@ def _run_parser(build: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def test_sim_and_engine_run_take_the_shared_options_alike() -> None:
     pytest.importorskip("torch")
     from engine.cli import build_parser as engine_parser
-    from sim.cli import build_parser as sim_parser
+    from sim.cli.parser import build_parser as sim_parser
 
     sim_run = _actions(_run_parser(sim_parser()))
     engine_run = _actions(_run_parser(engine_parser()))

@@ -1,0 +1,340 @@
+"""One scheduling step's context: the policy's read-only view of the queues and budgets, and
+the mechanism behind ``StepContext.schedule`` (growth, preemption, admission, swap-in)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Final
+
+from core.batch import ScheduledBatch, ScheduledRequest
+from core.block_allocator import BlockPair
+from core.config import CacheConfig
+from core.kv_manager import KVCacheManager, PagedKVManager
+from core.policies import Policy, StepContext
+from core.request import Request, RequestStatus
+
+
+class StepHost:
+    """What a step needs from its scheduler (``Scheduler`` is the one implementation; naming
+    it here instead keeps the import one-way). A base class rather than a protocol: a
+    compiled build then reads the scheduler's attributes directly."""
+
+    policy: Policy
+    cache_config: CacheConfig
+    kv: KVCacheManager
+    running: list[Request]
+    waiting: deque[Request]
+    swapped: deque[Request]
+    arrivals_done: bool
+    num_held_samples: int
+
+    def preempt(self, victim: Request, batch: ScheduledBatch) -> None:
+        raise NotImplementedError
+
+
+# A budget no step can use up (the policy set none); as ``fastforward.UNBOUNDED``, unboxed.
+_UNLIMITED: Final = (1 << 62) - 1
+
+
+def commit_scheduled(kv: KVCacheManager, request: Request, computed_end: int, known: int) -> None:
+    """As vLLM's ``allocate_slots``: once a step schedules ``request`` up to ``computed_end``
+    tokens, the full blocks among them whose tokens are known (the first ``known``) enter the
+    prefix cache, at schedule time, not when the step ends. The one place of this rule: the
+    step (``Step``) and fast-forward's bulk steps both call it."""
+    kv.commit(request, min(computed_end, known))
+
+
+def arrival_order(request: Request) -> tuple[float, int]:
+    """FCFS order: arrival time, then the order requests were added."""
+    return (request.arrival_s, request.internal_idx)
+
+
+def insert_by_arrival(running: list[Request], request: Request) -> None:
+    """``bisect.insort(running, request, key=arrival_order)`` written out: a compiled build
+    would call the key function through the interpreter at each comparison."""
+    arrival_s, idx = request.arrival_s, request.internal_idx
+    lo, hi = 0, len(running)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        other = running[mid]
+        if arrival_s < other.arrival_s or (
+            arrival_s == other.arrival_s and idx < other.internal_idx
+        ):
+            hi = mid
+        else:
+            lo = mid + 1
+    running.insert(lo, request)
+
+
+class Step(StepContext):
+    """The ``StepContext`` of one ``Scheduler.schedule`` call."""
+
+    def __init__(self, scheduler: StepHost, now_s: float, batch: ScheduledBatch) -> None:
+        self.s = scheduler
+        self._now_s = now_s
+        self.batch = batch
+        budget = scheduler.policy.token_budget()
+        self._token_budget = budget if budget is not None else _UNLIMITED
+        seqs = scheduler.policy.seq_budget()
+        self._seq_budget = seqs if seqs is not None else _UNLIMITED
+        self._scheduled: set[int] = set()
+        self._preempted: set[int] = set()
+        self._range_copies = scheduler.cache_config.memory_model == "contiguous"
+        self._hits: dict[int, Sequence[int]] = {}
+        self._commit = scheduler.cache_config.enable_prefix_caching
+
+    # -- read-only view ----------------------------------------------------------------------
+
+    @property
+    def now_s(self) -> float:
+        return self._now_s
+
+    @property
+    def running(self) -> Sequence[Request]:
+        return tuple(self.s.running)
+
+    @property
+    def waiting(self) -> Sequence[Request]:
+        # The live queue, not a copy (it can be very long): admitting its head removes it.
+        return self.s.waiting
+
+    @property
+    def swapped(self) -> Sequence[Request]:
+        return tuple(self.s.swapped)
+
+    @property
+    def arrivals_done(self) -> bool:
+        return self.s.arrivals_done
+
+    @property
+    def token_budget_left(self) -> int:
+        return self._token_budget
+
+    @property
+    def preempted_any(self) -> bool:
+        return bool(self.batch.preempted_ids)
+
+    @property
+    def num_held_samples(self) -> int:
+        return self.s.num_held_samples
+
+    def pending_positions(self, request: Request) -> int:
+        pending = request.num_pending_positions
+        if request.status is RequestStatus.WAITING:
+            pending -= len(self._prefix_hits(request)) * self.s.kv.block_size
+        return pending
+
+    def add_padding(self, num_tokens: int) -> None:
+        self.batch.num_padding_tokens += num_tokens
+
+    def wake_at(self, when_s: float) -> None:
+        current = self.batch.next_wakeup_s
+        self.batch.next_wakeup_s = when_s if current is None else min(current, when_s)
+
+    # -- acting ------------------------------------------------------------------------------
+
+    def _prefix_hits(self, request: Request) -> Sequence[int]:
+        hits = self._hits.get(request.internal_idx)
+        if hits is None:
+            hits = self._hits[request.internal_idx] = self.s.kv.prefix_hit_blocks(request)
+        return hits
+
+    def schedule(self, request: Request, num_positions: int) -> bool:
+        idx = request.internal_idx
+        if num_positions <= 0 or idx in self._scheduled or idx in self._preempted:
+            return False
+        status = request.status
+        if not request.kv_ready:
+            return False
+        live = request.live_seq_ids
+        if (
+            num_positions == 1
+            and status is RequestStatus.RUNNING
+            and len(live) == 1
+            and self._token_budget >= 1
+            and self._seq_budget >= 1
+            and request.num_computed_tokens + 1 == request.num_tokens
+            and self.s.kv.grow_in_place(live[0])
+        ):
+            # The common case, kept short: one sequence decoding into room it already holds.
+            self._record(request, 1, [], 1, 1)
+            return True
+        pending = request.num_pending_positions
+        if status is RequestStatus.WAITING:
+            pending -= len(self._prefix_hits(request)) * self.s.kv.block_size
+        if num_positions > pending:
+            raise ValueError(
+                f"policy scheduled {num_positions} positions for {request.request_id!r}, "
+                f"which has {pending} pending"
+            )
+        width = request.width
+        seqs = len(request.live_seq_ids)  # a sample group counts whole, forked or not
+        if num_positions * width > self._token_budget or seqs > self._seq_budget:
+            return False
+        copies: list[BlockPair] | None
+        if status is RequestStatus.RUNNING:
+            copies = self._grow_running(request, num_positions)
+            if copies is None:
+                return False
+        elif status is RequestStatus.WAITING:
+            if not self._admit(request, num_positions, pending):
+                return False
+            copies = []
+        elif status is RequestStatus.SWAPPED:
+            if not self.s.kv.can_swap_in(request, num_positions, watermark=bool(self.s.running)):
+                return False
+            self._swap_in(request)
+            copies = self.s.kv.grow(request, num_positions)
+        else:
+            return False
+        self._record(request, num_positions, copies, width, seqs)
+        return True
+
+    def schedule_decodes(
+        self, requests: Sequence[Request], in_order: bool = False
+    ) -> list[Request]:
+        """``schedule(request, 1)`` for each decoding request, in order (the same decisions,
+        taken faster); returns the requests that are not decoding, in order. With
+        ``in_order``, stops at the first request that is not decoding and returns it with
+        every request after it, none of them scheduled."""
+        others: list[Request] = []
+        kv = self.s.kv
+        grow_in_place = kv.grow_in_place
+        # Paged memory's allocator, typed as such: a compiled build calls it directly.
+        alloc = kv.allocator if isinstance(kv, PagedKVManager) else None
+        scheduled, preempted = self._scheduled, self._preempted
+        requests_out = self.batch.requests
+        running = RequestStatus.RUNNING
+        commit = self._commit
+        # Decodes the budgets leave room for on the short path (none with contiguous memory,
+        # whose growth may copy ranges); kept in a local and handed back before any other call.
+        room = 0 if self._range_copies else min(self._token_budget, self._seq_budget)
+        taken = 0
+        for idx, request in enumerate(requests):
+            computed = request.num_computed_tokens
+            prompt = request.num_prompt_tokens
+            if computed < prompt or computed + 1 != prompt + request.num_output_tokens:
+                if in_order:
+                    self._take_decodes(taken)
+                    return list(requests[idx:])
+                others.append(request)
+                continue
+            live = request.live_seq_ids
+            internal_idx = request.internal_idx
+            if (
+                taken < room
+                and len(live) == 1
+                and request.status is running
+                and request.kv_ready
+                and internal_idx not in scheduled
+                and (not preempted or internal_idx not in preempted)
+                and (
+                    alloc.append_in_place(live[0]) if alloc is not None else grow_in_place(live[0])
+                )
+            ):
+                scheduled.add(internal_idx)
+                taken += 1
+                requests_out.append(ScheduledRequest(request, 1, computed, (live[0],), False))
+                if commit:
+                    commit_scheduled(self.s.kv, request, computed + 1, request.num_tokens)
+            else:
+                self._take_decodes(taken)
+                taken = 0
+                self.schedule(request, 1)
+                room = 0 if self._range_copies else min(self._token_budget, self._seq_budget)
+        self._take_decodes(taken)
+        return others
+
+    def _take_decodes(self, count: int) -> None:
+        """Charge ``count`` decodes scheduled on ``schedule_decodes``' short path to the
+        budgets."""
+        self._token_budget -= count
+        self._seq_budget -= count
+
+    def _grow_running(self, request: Request, num_positions: int) -> list[BlockPair] | None:
+        kv = self.s.kv
+        copies = kv.try_grow(request, num_positions)
+        while copies is None:
+            victim = self._pick_victim(request)
+            self._preempted.add(victim.internal_idx)
+            self.s.preempt(victim, self.batch)
+            if victim is request:
+                return None
+            copies = kv.try_grow(request, num_positions)
+        return copies
+
+    def _pick_victim(self, request: Request) -> Request:
+        """The most recently arrived running request not already in this step."""
+        for candidate in reversed(self.s.running):
+            if candidate.internal_idx not in self._scheduled and candidate.kv_ready:
+                return candidate
+        return request
+
+    def _admit(self, request: Request, num_positions: int, pending: int) -> bool:
+        kv = self.s.kv
+        hits = self._prefix_hits(request)
+        # As vLLM (scheduler_reserve_full_isl, on by default), admit only if the whole known
+        # prompt fits, even when this step computes just a chunk: admitting on a chunk alone
+        # thrashes under load. The watermark is kept free only while some request runs.
+        if not kv.can_admit(request, pending, hits, watermark=bool(self.s.running)):
+            return False
+        kv.admit(request, num_positions, hits)
+        hit_tokens = len(hits) * kv.block_size
+        request.num_computed_tokens = hit_tokens
+        request.num_prefix_hit_tokens += hit_tokens
+        request.num_prefix_lookup_tokens += request.num_tokens
+        if request.num_recomputed_tokens:
+            # Hits on its own blocks after a recompute preemption are not recomputed.
+            request.num_recomputed_tokens -= min(hit_tokens, request.num_recomputed_tokens)
+        self.s.waiting.remove(request)
+        self._to_running(request)
+        if request.first_scheduled_s is None:
+            request.first_scheduled_s = self._now_s
+        return True
+
+    def _swap_in(self, request: Request) -> None:
+        pairs = self.s.kv.swap_in(request)
+        self.batch.swap_in.extend(pairs)
+        request.num_blocks_swapped_in += len(pairs)
+        self.s.swapped.remove(request)
+        self._to_running(request)
+
+    def _to_running(self, request: Request) -> None:
+        request.status = RequestStatus.RUNNING
+        insert_by_arrival(self.s.running, request)
+
+    def _record(
+        self,
+        request: Request,
+        num_positions: int,
+        copies: list[BlockPair],
+        width: int,
+        seqs: int,
+    ) -> None:
+        batch = self.batch
+        computed_end = request.num_computed_tokens + num_positions
+        if copies:
+            batch.copies.extend(copies)
+            request.num_cow_copies += len(copies)
+        if self._range_copies:
+            range_copies = self.s.kv.take_range_copies(request)
+            if range_copies:
+                batch.range_copies.extend(range_copies)
+        if self._commit:
+            # As vLLM's allocate_slots: full blocks of known tokens enter the prefix cache
+            # when they are scheduled, not when the step ends.
+            commit_scheduled(self.s.kv, request, computed_end, request.num_tokens)
+        self._scheduled.add(request.internal_idx)
+        self._token_budget -= num_positions * width
+        self._seq_budget -= seqs
+        computed = request.num_computed_tokens
+        batch.requests.append(
+            ScheduledRequest(
+                request,
+                num_positions,
+                computed,
+                tuple(request.live_seq_ids) if request.forked else (request.live_seq_ids[0],),
+                num_positions > 1 or computed < request.num_prompt_tokens,
+            )
+        )

@@ -1,0 +1,147 @@
+"""Calibration: time the real engine's parts (``engine.profiling``) and write them as a
+cost-model profile (docs/profile_format.md, version 4) that the simulator loads."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from engine import profiling
+from engine.llm_engine import EngineConfig
+from fidelity.clocks import resolve_clock
+from sim.costmodel.profile import DECODE_CONTEXT_RULES, FORMAT_VERSION, load_profile
+from sim.run import load_model
+
+
+def profile_payload(measured: Any, model: str, block_size: int, command: str) -> dict[str, Any]:
+    """The profile file's content from ``engine.profiling.Measurements``."""
+    ops: dict[str, Any] = {}
+    axes_1d = {
+        "linear": "num_tokens",
+        "elementwise": "num_tokens",
+        "store_kv": "num_bytes",
+        "lm_head": "num_seqs",
+        "copy_blocks": "num_bytes",
+        "swap_out": "num_bytes",
+        "swap_in": "num_bytes",
+        "prepare": "num_seqs",
+    }
+    for name, (xs, times) in measured.tables_1d.items():
+        ops[name] = {axes_1d[name]: xs, "time_s": times}
+    axes_2d = {
+        "decode_attention": ("num_seqs", "context_tokens"),
+        "prefill_attention": ("num_query_tokens", "num_context_tokens"),
+    }
+    for name, (xs, ys, rows) in measured.tables_2d.items():
+        first, second = axes_2d[name]
+        ops[name] = {first: xs, second: ys, "time_s": rows}
+    rule, checks = measured.decode_attention_context, list(measured.decode_checks)
+    if checks:
+        rule, checks = choose_decode_rule(checks)
+    return {
+        "format_version": FORMAT_VERSION,
+        "device": measured.device,
+        "software": measured.software,
+        "command": command,
+        "model": model,
+        "tp": 1,
+        "block_size": block_size,
+        "decode_attention_context": rule,
+        "decode_attention_checks": checks,
+        "timer": measured.timer,
+        "engine": measured.engine,
+        "grid": measured.grid,
+        "ops": ops,
+        "steps": measured.steps,
+        # The engine's whole steps over the calibration grid: every term is fitted to them.
+        "step_fit": "joint" if measured.steps else "overhead",
+    }
+
+
+def calibrate(
+    model: str,
+    device: str,
+    block_size: int,
+    out: str | Path,
+    command: str,
+    small: bool = False,
+    progress: bool = True,
+    cpu_threads: int = 1,
+    clock: str = "auto",
+) -> Path:
+    """Time ``model``'s engine on ``device`` and write the profile to ``out``. ``clock`` is
+    the CPU's timer (``resolve_clock``); a GPU is timed with CUDA events."""
+    grid = profiling.SMALL_GRID if small else profiling.CalibrationGrid()
+    config = EngineConfig(
+        model=model,
+        device=device,
+        block_size=block_size,
+        weights="random",
+        cpu_threads=cpu_threads,
+        clock=resolve_clock(clock, device, cpu_threads),
+        # A host cache, so that swaps each way can be timed (a quarter GiB is enough).
+        preemption_mode="swap",
+        swap_space_gib=0.25,
+    )
+    bar = tqdm(
+        total=profiling.point_count(grid), unit="op", disable=not (progress and sys.stderr.isatty())
+    )
+
+    def tick(label: str) -> None:
+        bar.set_postfix_str(label, refresh=False)
+        bar.update(1)
+
+    measured = profiling.measure(config, grid, on_point=tick)
+    bar.close()
+    path = Path(out)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    name = _model_name(model)
+    payload = profile_payload(measured, name, block_size, command)
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    load_profile(path)  # what we wrote must read back
+    return path
+
+
+def choose_decode_rule(checks: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """The decode-attention context rule whose predictions come closest to the measured skewed
+    batches (least summed |log(predicted / measured)|), each rule predicting from the uniform
+    batches timed beside the check: ``mean`` the batch at its mean context, ``max`` at its
+    longest, ``per_sequence`` the mean over its sequences of the batch at each one's context.
+    Returns the rule and the checks as the profile stores them (with each prediction)."""
+    scored = []
+    for check in checks:
+        contexts, uniform = check["context_tokens"], check["uniform_time_s"]
+        at = check["uniform_context_tokens"]
+        num_short = sum(1 for c in contexts if c == at["short"])
+        per_sequence = (
+            num_short * uniform["short"] + (len(contexts) - num_short) * uniform["long"]
+        ) / len(contexts)
+        scored.append(
+            {
+                "context_tokens": contexts,
+                "time_s": check["time_s"],
+                "predicted_mean_s": uniform["mean"],
+                "predicted_max_s": uniform["long"],
+                "predicted_per_sequence_s": per_sequence,
+            }
+        )
+
+    def misfit(rule: str) -> float:
+        return sum(
+            abs(math.log(c[f"predicted_{rule}_s"] / c["time_s"]))
+            for c in scored
+            if c["time_s"] > 0 and c[f"predicted_{rule}_s"] > 0
+        )
+
+    return min(DECODE_CONTEXT_RULES, key=misfit), scored
+
+
+def _model_name(model: str) -> str:
+    """The ``ModelSpec.name`` the simulator will know this model by."""
+    return load_model(model).name

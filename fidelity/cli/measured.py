@@ -1,0 +1,132 @@
+"""``python -m sim measured import`` (a measured run into our run directory and replay trace)
+and ``python -m sim measured validate RUN_DIR`` (replay it, print the per-request error)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from fidelity.measured import HARDWARE_FILE, TRACE_FILE, write_measured_run
+from fidelity.measured_importers import IMPORTERS
+from records.compare import Comparison, compare_requests, format_comparison
+from records.run_dir import load_run, records_from_result
+from reports.html import write_report
+from sim.cli.options import add_run_arguments, config_from_args
+from sim.costmodel.base import CostModelConfig
+from sim.run import RunConfig, RunResult, simulate
+from traces.loaders import load_trace
+
+_DEFAULTS = RunConfig()
+_CONFIG_FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
+
+
+def add_measured_commands(commands: Any) -> None:
+    """Register ``measured import`` and ``measured validate`` on the ``python -m sim`` subparsers
+    (``python -m sim validate`` is the validation against the real engine)."""
+    measured = commands.add_parser("measured", help="measured runs of a real engine as inputs")
+    measured_commands = measured.add_subparsers(dest="measured_command", required=True)
+    importer = measured_commands.add_parser(
+        "import",
+        help="turn a measured run into our run directory and a replay trace",
+        description="Read a measured run (an LLMServingSim run folder, or a `vllm bench serve` "
+        "result JSON saved with --save-detailed) and write requests.csv (measured timestamps), "
+        "summary.json (vLLM benchmark metrics), trace.csv (arrivals, lengths, token ids) and, "
+        "when the run names its GPU, hardware.json into --out.",
+    )
+    importer.add_argument("source", help="run folder (llmservingsim) or result JSON (vllm-bench)")
+    importer.add_argument(
+        "--format",
+        required=True,
+        choices=sorted(IMPORTERS),
+        help="llmservingsim: an LLMServingSim run folder; vllm-bench: a vllm bench result JSON",
+    )
+    importer.add_argument(
+        "--workload",
+        default=None,
+        help="workload JSONL (input_toks, output_toks, arrival_time_ns, input_tok_ids); "
+        "llmservingsim: default is meta.json's dataset_path",
+    )
+    importer.add_argument("--out", required=True, help="run directory to write")
+    importer.set_defaults(func=import_command)
+
+    validate = measured_commands.add_parser(
+        "validate",
+        help="replay a measured run and print the per-request error",
+        description="Simulate RUN_DIR/trace.csv (from `measured import`) with the measured run's "
+        "own settings and print the median and p90 absolute error and the bias of TTFT, TPOT, "
+        "ITL and E2E, request by request. Run options you give replace the recorded settings; "
+        "those left at their defaults take the recorded values. --out writes the simulated run; "
+        "--report an HTML report of the measured and simulated runs side by side.",
+    )
+    validate.add_argument("measured", metavar="RUN_DIR", help="run directory from measured import")
+    validate.add_argument("--json", default=None, help="also write the error table as JSON here")
+    add_run_arguments(validate, with_trace=False)
+    validate.set_defaults(func=validate_command)
+
+
+def import_command(args: argparse.Namespace) -> int:
+    run = IMPORTERS[args.format](args.source, args.workload)
+    root = write_measured_run(run, args.out)
+    print(f"wrote {root}/requests.csv, summary.json, {TRACE_FILE} ({len(run.requests)} requests)")
+    return 0
+
+
+def replay_config(run_dir: str | Path, config: RunConfig) -> RunConfig:
+    """``config`` with each field still at its default replaced by the measured run's
+    recorded setting (summary.json ``config``); a recorded hardware file is resolved
+    against the run directory."""
+    root = Path(run_dir)
+    recorded = load_run(root).config
+    changes: dict[str, Any] = {}
+    for name, value in recorded.items():
+        if name in _CONFIG_FIELDS and getattr(config, name) == getattr(_DEFAULTS, name):
+            changes[name] = value
+    if changes.get("hardware") == HARDWARE_FILE:
+        changes["hardware"] = str(root / HARDWARE_FILE)
+    return dataclasses.replace(config, **changes)
+
+
+def validate_run(
+    run_dir: str | Path, config: RunConfig, cost_config: CostModelConfig | None = None
+) -> tuple[Comparison, RunResult]:
+    """Simulate the measured run's trace under ``config`` and compare request by request."""
+    root = Path(run_dir)
+    measured = load_run(root)
+    trace = load_trace(root / TRACE_FILE, format="servesim")
+    result = simulate(trace, config, cost_config=cost_config)
+    return compare_requests(measured.requests, result.requests_frame()), result
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    config = replay_config(args.measured, config_from_args(args))
+    comparison, result = validate_run(args.measured, config)
+    measured = load_run(args.measured).summary
+    if not args.quiet:
+        print(
+            f"{config.model} on {config.hardware} x{config.tp}, {config.policy}, "
+            f"max_num_seqs {config.max_num_seqs}, budget {config.max_num_batched_tokens}, "
+            f"prefix caching {'on' if config.enable_prefix_caching else 'off'}, "
+            f"{result.num_blocks} KV blocks"
+        )
+    print(format_comparison(comparison))
+    sim = result.summary
+    print(
+        f"makespan     measured {measured['duration_s']:.1f} s, simulated {sim['duration_s']:.1f} s"
+        f"\noutput tok/s measured {measured['output_throughput']:.0f}, "
+        f"simulated {sim['output_throughput']:.0f}"
+    )
+    if args.json:
+        rows = [dataclasses.asdict(e) for e in comparison.errors]
+        Path(args.json).write_text(json.dumps({"errors": rows}, indent=2) + "\n")
+    if args.out:
+        result.write(Path(args.out))
+    if args.report:
+        runs = [
+            load_run(args.measured, label="measured"),
+            records_from_result(result, label="simulated", command=None),
+        ]
+        print(f"wrote report {write_report(runs, Path(args.report))}")
+    return 0

@@ -1,0 +1,233 @@
+"""The validation behind ``python -m sim validate``: replay a trace on the real engine,
+calibrate if no profile is given, simulate the same trace and
+configuration with the profile and with the analytic roofline, and compare (``fidelity.validation``)
+into ``validation.json``. Its options and table are in ``fidelity.cli.validate``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from engine.llm_engine import EngineConfig
+from engine.replay import ReplayConfig, replay
+from fidelity import validation
+from fidelity.calibrate import calibrate
+from fidelity.validate_config import VALIDATION_FILE, ValidateConfig
+from records.run_dir import load_run
+from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes
+from sim.costmodel.base import CostModel, CostModelConfig, make_cost_model
+from sim.costmodel.profile import load_profile
+from sim.executor import CostModelExecutor
+from sim.recording import RecordingExecutor
+from sim.run import RunConfig, RunResult, load_model, simulate
+from sim.specs.hardware import get_hardware_preset
+from traces.schema import Trace
+
+ENGINE_DIR = "engine"
+
+
+def subset(trace: Trace, max_requests: int | None, time_scale: float) -> Trace:
+    """The first ``max_requests`` requests, arrivals multiplied by ``time_scale`` (as the
+    engine's replay does)."""
+    requests = trace.requests[:max_requests] if max_requests else trace.requests
+    scaled = tuple(replace(r, arrival_s=r.arrival_s * time_scale) for r in requests)
+    return replace(trace, requests=scaled)
+
+
+def run_engine(trace: Trace, config: ValidateConfig, out: Path, command: str) -> Path:
+    """Replay on the real engine; writes the run (with step_shapes.jsonl) to ``out``."""
+    engine = EngineConfig(
+        model=config.model,
+        device=config.device,
+        weights="random",
+        block_size=config.block_size,
+        num_gpu_blocks=config.num_blocks,
+        policy=config.policy,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        enable_prefix_caching=config.enable_prefix_caching,
+        preemption_mode=config.preemption_mode,
+        batch_size=config.batch_size,
+        max_wait_s=config.max_wait_s,
+        cpu_threads=config.cpu_threads,
+        clock=config.engine_clock(),
+    )
+    # The trace is already subset; the engine stretches arrivals itself.
+    replay_config = ReplayConfig(engine=engine, time_scale=config.time_scale)
+    result = replay(trace, replay_config)
+    result.command = command
+    result.write(out)
+    return out
+
+
+def sim_config(engine_dir: Path, config: ValidateConfig, profile: str | None) -> RunConfig:
+    """The simulator's configuration of the engine run in ``engine_dir``: same policy, block
+    count and budgets, paged memory, every step simulated (no fast-forward)."""
+    run = load_run(engine_dir)
+    c = run.config
+    if run.num_blocks is None:
+        raise ValueError(f"{engine_dir / 'summary.json'}: field 'num_blocks': missing")
+    try:
+        return RunConfig(
+            policy=str(c["policy"]),
+            model=config.model,
+            hardware=config.roofline_hardware(),
+            memory_model="paged",
+            block_size=int(c["block_size"]),
+            num_blocks=int(run.num_blocks),
+            swap_space_gib=float(c["swap_space_gib"]),
+            max_num_seqs=int(c["max_num_seqs"]),
+            max_num_batched_tokens=int(c["max_num_batched_tokens"]),
+            batch_size=int(c["batch_size"]),
+            max_wait_s=float(c["max_wait_s"]),
+            preemption_mode=c["preemption_mode"],
+            enable_prefix_caching=bool(c["enable_prefix_caching"]),
+            max_model_len=c.get("max_model_len"),
+            profile=profile,
+            fast_forward=False,
+            # servesim's engine prepares each step only after the last one ends: no overlap.
+            async_scheduling=False,
+        )
+    except KeyError as error:
+        raise ValueError(
+            f"{engine_dir / 'summary.json'}: field 'config.{error.args[0]}': missing"
+        ) from None
+
+
+def _cost_config(run: RunConfig) -> CostModelConfig:
+    """The engine's step as the simulator prices it: no overlap of host and model work (as
+    ``run`` says), and no padding, since the engine packs a batch's real rows and never
+    computes a static batch's padding."""
+    return CostModelConfig(async_scheduling=run.async_scheduling, price_padding=False)
+
+
+def _cost_models(run: RunConfig) -> dict[str, CostModel]:
+    model, hardware = load_model(run.model), get_hardware_preset(run.hardware)
+    cost_config = _cost_config(run)
+    models = {
+        "roofline": make_cost_model(
+            model, hardware, run.tp, config=cost_config, block_size=run.block_size
+        )
+    }
+    if run.profile is not None:
+        models["calibrated"] = make_cost_model(
+            model, hardware, run.tp, run.profile, config=cost_config, block_size=run.block_size
+        )
+    return models
+
+
+def compare(
+    engine_dir: Path,
+    trace: Trace,
+    run: RunConfig,
+    out: Path,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Simulate ``trace`` under ``run`` with each cost model and compare with the engine run."""
+    measured = load_run(engine_dir)
+    shapes_path = engine_dir / STEP_SHAPES_FILE
+    if not shapes_path.exists():
+        raise ValueError(f"{shapes_path}: missing (an engine run from before step shapes?)")
+    engine_steps = load_step_shapes(shapes_path)
+    result: dict[str, Any] = {
+        "trace": trace.name,
+        "num_requests": len(trace.requests),
+        "engine_run": str(engine_dir),
+        "engine_summary": measured.summary,
+        "profile": run.profile,
+        "roofline_hardware": run.hardware,
+        "sim_config": asdict(run),
+        "cost_config": asdict(_cost_config(run)),
+        "models": {},
+    }
+    for name, cost_model in _cost_models(run).items():
+        config = run if name == "calibrated" else replace(run, profile=None)
+        recorders: list[RecordingExecutor] = []
+
+        def wrap(inner: CostModelExecutor, keep: list[RecordingExecutor] = recorders) -> Any:
+            keep.append(RecordingExecutor(inner))
+            return keep[-1]
+
+        simulated: RunResult = simulate(
+            trace, config, progress=progress, cost_config=_cost_config(run), wrap_executor=wrap
+        )
+        simulated.write(out / f"sim-{name}")
+        sim_steps = recorders[0].shapes if recorders else []
+        steps = validation.step_errors(
+            engine_steps, cost_model.step_time_s, cost_model.step_breakdown, run.block_size
+        )
+        requests = validation.request_errors(measured.requests, simulated.requests_frame())
+        result["models"][name] = {
+            "requests": requests,
+            "steps": steps,
+            "terms_by_kind": validation.term_shares(steps["rows"]),
+            "aggregates": validation.aggregates(measured.summary, simulated.summary),
+            "divergence": validation.first_divergence(engine_steps, sim_steps),
+            "num_engine_steps": len(engine_steps),
+            "num_sim_steps": len(sim_steps),
+        }
+    return result
+
+
+def validate(
+    trace: Trace,
+    config: ValidateConfig,
+    out: str | Path,
+    profile: str | None = None,
+    replay_dir: str | Path | None = None,
+    command: str = "",
+    progress: bool = False,
+) -> dict[str, Any]:
+    """The whole command: engine (or ``replay_dir``), profile (given or calibrated), compare;
+    writes ``validation.json`` under ``out`` and returns its content."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out: {out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    trace = subset(trace, config.max_requests, 1.0)
+    if replay_dir is not None:
+        engine_dir = Path(replay_dir)
+        if not (engine_dir / "summary.json").exists():
+            raise ValueError(f"--replay: {engine_dir} holds no summary.json (not a run directory)")
+        engine_config = load_run(engine_dir).config
+        scale = float(engine_config.get("time_scale", 1.0))
+        if engine_config.get("model") not in (None, config.model):
+            raise ValueError(
+                f"--replay: the run is of model {engine_config.get('model')!r}, "
+                f"not {config.model!r}"
+            )
+    else:
+        engine_dir = run_engine(trace, config, out / ENGINE_DIR, command)
+        scale = config.time_scale
+    if profile is None:
+        profile = str(
+            calibrate(
+                config.model,
+                config.device,
+                config.block_size,
+                out / "profile.json",
+                command,
+                progress=progress,
+                cpu_threads=config.cpu_threads,
+                clock=config.engine_clock(),
+            )
+        )
+    run = sim_config(engine_dir, config, profile)
+    scaled = subset(trace, None, scale)
+    engine_ids = set(load_run(engine_dir).requests["request_id"].astype(str))
+    trace_ids = {r.request_id for r in scaled.requests}
+    if engine_ids != trace_ids:
+        missing = sorted(engine_ids ^ trace_ids)[:3]
+        raise ValueError(
+            f"the engine run's requests differ from the trace's (e.g. {missing}); "
+            "use the same trace and --max-requests as the run"
+        )
+    result = compare(engine_dir, scaled, run, out, progress)
+    result["command"] = command
+    result["time_scale"] = scale
+    result["engine_clock"] = str(load_run(engine_dir).config.get("clock", "wall"))
+    result["profile_timer"] = load_profile(profile).timer
+    (out / VALIDATION_FILE).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return result

@@ -1,0 +1,188 @@
+"""The options every single-configuration command of ``python -m sim`` takes (``run``,
+``compare``, ``validate --measured``, ``capacity``, a sweep's points) and the `RunConfig` they
+build."""
+
+from __future__ import annotations
+
+import argparse
+
+from core.config import MEMORY_MODELS, PREEMPTION_MODES, RESERVATION_RULES
+from core.policies import POLICIES
+from sim.deployment import ROUTERS
+from sim.run import POLICY_CHOICES, RunConfig
+from sim.specs.hardware import HARDWARE_PRESETS
+from sim.specs.model import MODEL_PRESETS
+from traces.options import non_negative_float, non_negative_int, positive_float, positive_int
+from traces.serving_options import (
+    add_out_argument,
+    add_policy_argument,
+    add_report_and_quiet_arguments,
+    add_scheduling_arguments,
+    add_slo_arguments,
+    add_trace_arguments,
+    slo_s,
+)
+
+DEFAULTS = RunConfig()
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) -> None:
+    if with_trace:
+        add_trace_arguments(parser)
+    add_policy_argument(parser, POLICY_CHOICES, DEFAULTS.policy)
+    parser.add_argument(
+        "--model",
+        default=DEFAULTS.model,
+        help=f"model preset ({', '.join(MODEL_PRESETS)}) or a Hugging Face config.json path "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--hardware",
+        default=DEFAULTS.hardware,
+        help=f"GPU preset ({', '.join(HARDWARE_PRESETS)}) or a hardware file (.json or .toml, "
+        "see docs/hardware_format.md) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tp",
+        type=positive_int,
+        default=DEFAULTS.tp,
+        help="tensor-parallel degree (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--memory",
+        choices=MEMORY_MODELS,
+        default=None,
+        help="KV memory model (default: the policy's own: contiguous for static/dynamic, "
+        "paged otherwise)",
+    )
+    parser.add_argument(
+        "--reservation",
+        choices=RESERVATION_RULES,
+        default=None,
+        help=f"contiguous memory only: how much each sequence reserves "
+        f"(default: {DEFAULTS.reservation})",
+    )
+    add_scheduling_arguments(parser, DEFAULTS, PREEMPTION_MODES)
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="calibrated cost-model profile (JSON); default: analytic roofline",
+    )
+    add_slo_arguments(parser)
+    parser.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=DEFAULTS.seed,
+        help="recorded with the run (the simulation itself is deterministic)",
+    )
+    add_out_argument(parser)
+    parser.add_argument(
+        "--no-fast-forward",
+        action="store_true",
+        help="simulate every decode step one by one (slower; results are identical)",
+    )
+    parser.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="add the host's per-step work to the GPU's instead of overlapping them (vLLM "
+        "before 0.14, and servesim's own engine); by default a step lasts the longer of the two",
+    )
+    deployment = parser.add_argument_group("deployment")
+    deployment.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=DEFAULTS.num_replicas,
+        help="colocated replicas behind the router (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--router",
+        choices=ROUTERS,
+        default=DEFAULTS.router,
+        help="how arrivals are spread over replicas (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--prefill-replicas",
+        type=positive_int,
+        default=DEFAULTS.num_prefill,
+        help="--policy disagg: prefill pool size (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--decode-replicas",
+        type=positive_int,
+        default=DEFAULTS.num_decode,
+        help="--policy disagg: decode pool size (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--pool-policy",
+        choices=sorted(POLICIES),
+        default=DEFAULTS.pool_policy,
+        help="--policy disagg: batching inside each pool (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--link-gbps",
+        type=positive_float,
+        default=DEFAULTS.link_bandwidth_gbps,
+        help="--policy disagg: KV link bandwidth in Gb/s (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--link-latency-us",
+        type=non_negative_float,
+        default=DEFAULTS.link_latency_us,
+        help="--policy disagg: KV link latency in us (default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--link-parallel",
+        type=positive_int,
+        default=DEFAULTS.link_parallel_transfers,
+        help="--policy disagg: transfers the link carries at once; the "
+        "rest queue (default: %(default)s)",
+    )
+    add_report_and_quiet_arguments(parser)
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    config = base_config_from_args(args)
+    if args.reservation is not None and config.resolved_memory_model() == "paged":
+        raise ValueError(
+            f"--reservation {args.reservation}: applies to contiguous memory only, but "
+            f"--policy {config.policy} runs paged memory here (add --memory contiguous)"
+        )
+    return config
+
+
+def base_config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The `RunConfig` of the options as given, without `config_from_args`'s cross-option
+    checks (``compare`` checks each --policies item itself)."""
+    return RunConfig(
+        policy=args.policy,
+        model=args.model,
+        hardware=args.hardware,
+        tp=args.tp,
+        memory_model=args.memory,
+        reservation=args.reservation or DEFAULTS.reservation,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        swap_space_gib=args.swap_space_gib,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_batch_tokens,
+        batch_size=args.batch_size,
+        max_wait_s=args.max_wait_s,
+        preemption_mode=args.preemption,
+        enable_prefix_caching=args.prefix_caching,
+        max_model_len=args.max_model_len,
+        profile=args.profile,
+        slo_ttft_s=slo_s(args.slo_ttft),
+        slo_tpot_s=slo_s(args.slo_tpot),
+        seed=args.seed,
+        fast_forward=not args.no_fast_forward,
+        async_scheduling=not args.no_async_scheduling,
+        num_replicas=args.replicas,
+        router=args.router,
+        num_prefill=args.prefill_replicas,
+        num_decode=args.decode_replicas,
+        pool_policy=args.pool_policy,
+        link_bandwidth_gbps=args.link_gbps,
+        link_latency_us=args.link_latency_us,
+        link_parallel_transfers=args.link_parallel,
+    )

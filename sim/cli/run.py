@@ -1,0 +1,114 @@
+"""``python -m sim run TRACE``: simulate one configuration, print its summary and write its
+records and report; the output helpers here serve ``compare`` too."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from records.run_dir import records_from_result
+from reports.html import write_report
+from reports.tables import deployment_text, rejection_note
+from sim.cli.options import add_run_arguments, config_from_args
+from sim.run import RunResult, simulate
+from traces.loaders import load_trace
+
+
+def add_run_command(commands: Any) -> None:
+    """Register ``run`` on `commands` (what `add_subparsers` returned)."""
+    run: argparse.ArgumentParser = commands.add_parser(
+        "run",
+        help="simulate one configuration on a trace",
+        description="Replay TRACE through a serving configuration and report TTFT, TPOT, "
+        "ITL, E2E latency, throughput and KV memory use.",
+    )
+    add_run_arguments(run)
+    run.set_defaults(func=run_command)
+
+
+def print_summary(result: RunResult) -> None:
+    s = result.summary
+    c = result.config
+    lines = [
+        f"trace        {result.trace_name}: {s['num_requests']} requests ({s['completed']} "
+        f"finished, {s['rejected']} rejected, {result.num_skipped_rows} bad rows skipped)",
+        f"config       {c.policy} / {result.memory_model} memory, {c.model} on {c.hardware} "
+        f"TP{c.tp}, {result.num_blocks} KV blocks of {c.block_size} tokens per replica",
+        f"deployment   {deployment_text(asdict(c))}",
+        f"duration     {s['duration_s']:.3f} s simulated",
+        f"throughput   {s['request_throughput']:.3f} req/s, "
+        f"{s['output_throughput']:.1f} output tok/s, {s['total_token_throughput']:.1f} total tok/s",
+    ]
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        mean = s.get(f"mean_{metric}_ms")
+        if mean is None:
+            continue
+        lines.append(
+            f"{metric.upper():<12} mean {mean:9.2f}  median {s[f'median_{metric}_ms']:9.2f}  "
+            f"p90 {s[f'p90_{metric}_ms']:9.2f}  p99 {s[f'p99_{metric}_ms']:9.2f}  ms"
+        )
+    lines.append(
+        f"preemptions  {s['num_preemptions']}, recomputed tokens {s['num_recomputed_tokens']}, "
+        f"swapped-out blocks {s['num_blocks_swapped_out']}, "
+        f"prefix hit rate {s['prefix_hit_rate']:.1%}"
+    )
+    share = result.mean_real_token_share
+    if share is None:
+        lines.append("KV memory    no request admitted: no KV memory was allocated")
+    else:
+        lines.append(
+            f"KV memory    {share:.1%} of allocated slots held real tokens (mean over steps)"
+        )
+    rejected = rejection_note(result.requests_frame())
+    if rejected:
+        lines.append(f"rejected     {rejected}")
+    print("\n".join(lines))
+
+
+def command_line(args: argparse.Namespace | None = None) -> str:
+    """The command as given: the argv ``main`` parsed (sys.argv when run from a shell)."""
+    argv = getattr(args, "argv", None)
+    return shlex.join(["python", "-m", "sim", *(sys.argv[1:] if argv is None else argv)])
+
+
+def write_outputs(args: argparse.Namespace, results: list[RunResult], names: list[str]) -> None:
+    if args.out:
+        out = Path(args.out)
+        for result, name in zip(results, names, strict=True):
+            target = out / name if name else out
+            result.write(target)
+            if not args.quiet:
+                print(f"wrote {target}/requests.csv, steps.csv, summary.json")
+    if args.report:
+        runs = [
+            records_from_result(
+                r, command=r.command, source=str(Path(args.out) / name) if args.out else None
+            )
+            for r, name in zip(results, names, strict=True)
+        ]
+        path = write_report(runs, Path(args.report))
+        if not args.quiet:
+            print(f"wrote report {path}")
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """Fail before simulating, not after, when an output cannot be written where asked."""
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out}: exists and is not a directory")
+    if args.report and Path(args.report).is_dir():
+        raise ValueError(f"--report {args.report}: is a directory; give an .html file name")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    check_output_paths(args)
+    trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
+    result = simulate(trace, config_from_args(args), progress=not args.quiet)
+    result.command = command_line(args)
+    if not args.quiet:
+        print_summary(result)
+    write_outputs(args, [result], [""])
+    return 0

@@ -1,0 +1,56 @@
+"""The per-step cost model the simulator is coded against: the `CostModel` protocol, the
+`StepShape` it prices, and `make_cost_model` choosing roofline or calibrated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from sim.costmodel.calibrated import CalibratedCostModel
+from sim.costmodel.profile import Profile, load_profile
+from sim.costmodel.roofline import TERMS, CostModelConfig, RooflineCostModel
+from sim.costmodel.step_shape import StepShape
+from sim.specs.hardware import HardwareSpec
+from sim.specs.model import ModelSpec
+
+__all__ = [
+    "TERMS",
+    "CalibratedCostModel",
+    "CostModel",
+    "CostModelConfig",
+    "Profile",
+    "RooflineCostModel",
+    "StepShape",
+    "load_profile",
+    "make_cost_model",
+]
+
+
+class CostModel(Protocol):
+    """Prices engine steps and KV transfers, in seconds."""
+
+    def step_time_s(self, shape: StepShape) -> float: ...
+
+    def step_breakdown(self, shape: StepShape) -> dict[str, float]:
+        """Seconds per term (keys: TERMS); the values sum to step_time_s(shape)."""
+        ...
+
+    def kv_transfer_time_s(
+        self, num_tokens: int, link_bandwidth_bytes_per_s: float, link_latency_s: float
+    ) -> float: ...
+
+
+def make_cost_model(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    tp: int = 1,
+    profile_path: str | Path | None = None,
+    config: CostModelConfig | None = None,
+    block_size: int | None = None,
+) -> CostModel:
+    """The analytic roofline, or, given a profile file, its tables over the roofline. Given
+    ``block_size``, a profile measured at another block size is refused."""
+    roofline = RooflineCostModel(model, hardware, tp, config)
+    if profile_path is None:
+        return roofline
+    return CalibratedCostModel(load_profile(profile_path), roofline, block_size)

@@ -1,0 +1,305 @@
+"""`CalibratedCostModel`: per-step cost from a measured profile's tables, falling back to the
+analytic roofline for any op the profile did not time."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+
+import numpy as np
+
+from sim.costmodel.profile import Profile, StepTiming, Table1D, Table2D
+from sim.costmodel.roofline import TERMS, RooflineCostModel
+from sim.costmodel.step_shape import StepShape
+
+
+class CalibratedCostModel:
+    """Per-layer tables are scaled by the layer count; step overhead is fitted to `steps`.
+
+    The profile must have been measured for the fallback's model and tp: its tables are only
+    meaningful for the shapes they were timed at.
+    """
+
+    def __init__(
+        self, profile: Profile, fallback: RooflineCostModel, block_size: int | None = None
+    ) -> None:
+        if block_size is not None and block_size != profile.block_size:
+            raise ValueError(
+                f"{profile.path}: field 'block_size': profile measured at block size "
+                f"{profile.block_size}, the run uses {block_size}"
+            )
+        if profile.tp != fallback.tp:
+            raise ValueError(
+                f"{profile.path}: field 'tp': profile measured at tp={profile.tp}, "
+                f"cost model wants tp={fallback.tp}"
+            )
+        if profile.model != fallback.model.name:
+            raise ValueError(
+                f"{profile.path}: field 'model': profile is for {profile.model!r}, "
+                f"cost model is for {fallback.model.name!r}"
+            )
+        self.profile, self.fallback = profile, fallback
+        self._layers = fallback.model.num_layers
+        self._kv_bytes_per_token_per_layer = fallback.block_bytes(1) / self._layers
+        self._fixed_overhead_s = fallback.config.step_overhead_s
+        self._per_seq_overhead_s = 0.0
+        # Joint fit (v4 ``step_fit: joint``): scales of the per-token terms (linear, KV store,
+        # elementwise), of prefill and of decode attention; 1.0 means the tables as timed.
+        self._scales = (1.0, 1.0, 1.0)
+        self._joint = profile.step_fit == "joint" and bool(profile.steps)
+        self._fitting = False
+        self._prefill_per_token: Table2D | None = None
+        if (prefill := self._table2("prefill_attention")) is not None:
+            rows = zip(prefill.xs, prefill.times_s, strict=True)
+            per_token = tuple(tuple(t / q for t in row) for q, row in rows)
+            self._prefill_per_token = Table2D(prefill.xs, prefill.ys, per_token)
+        if self._joint:
+            self._fit_joint()
+        elif profile.steps:
+            self._fixed_overhead_s, self._per_seq_overhead_s = self._fit_overhead()
+
+    def _table1(self, op: str) -> Table1D | None:
+        table = self.profile.ops.get(op)
+        return table if isinstance(table, Table1D) else None
+
+    def _table2(self, op: str) -> Table2D | None:
+        table = self.profile.ops.get(op)
+        return table if isinstance(table, Table2D) else None
+
+    def _step_shape(self, step: StepTiming) -> StepShape:
+        contexts = step.decode_context_tokens
+        if contexts is None:
+            mean = (
+                step.sum_decode_context_tokens / step.num_decode_seqs if step.num_decode_seqs else 0
+            )
+            contexts = (max(1, round(mean)),) * step.num_decode_seqs
+        return StepShape(
+            prefill_chunks=step.prefill_chunks,
+            decode_context_tokens=contexts,
+            block_size=self.profile.block_size,
+        )
+
+    def _fit_joint(self) -> None:
+        """Fit ``measured = a * tokens + b * prefill_attention + c * decode_attention + rest +
+        fixed + per_seq * num_seqs`` to the profile's whole engine steps, where ``tokens`` is
+        the linear, KV-store and elementwise terms as their tables give them, and ``rest`` the
+        LM head, copies and swaps as timed.
+
+        Why this form (benchmarks/results/step_anatomy.txt): in a real step every part runs
+        once per layer between the others, with the model's weights streamed from the shared
+        cache each step, not hot in a tight loop; and the step's Python glue (module calls,
+        views, residual adds, input preparation, sampling bookkeeping) is timed by no table.
+        The first is a per-step cost plus a change of the per-token rate, the second a fixed
+        and a per-sequence cost. Least squares on relative error (each residual weighs
+        1 / measured), decode-only and prefill steps weighted equally as groups, then fitted
+        again without steps off by more than three times the median relative error (steps
+        slowed by load). A negative coefficient is pinned (scales at 1, overheads at 0)."""
+        self._fitting = True
+        self._scales = (1.0, 1.0, 1.0)
+        self._fixed_overhead_s, self._per_seq_overhead_s = 0.0, 0.0
+        rows, measured, weights = [], [], []
+        steps = [s for s in self.profile.steps if s.measured_s > 0]
+        num_decode_only = sum(1 for s in steps if not s.prefill_chunks)
+        num_prefill = len(steps) - num_decode_only
+        for step in steps:
+            shape = self._step_shape(step)
+            terms = self.step_terms(shape)
+            tokens = terms[0] + terms[3] + terms[4]
+            rest = sum(terms) - tokens - terms[1] - terms[2] - terms[9]
+            rows.append((tokens, terms[1], terms[2], 1.0, float(shape.num_seqs), rest))
+            measured.append(step.measured_s)
+            group = num_prefill if step.prefill_chunks else num_decode_only
+            weights.append(1.0 / (step.measured_s * group**0.5))
+        self._fitting = False
+        if len(rows) < 5:
+            return
+        data = np.array(rows)
+        target = np.array(measured) - data[:, 5]
+        weight = np.array(weights)
+        keep = np.ones(len(rows), dtype=bool)
+        coef = _pinned_lstsq(data[:, :5], target, weight, keep)
+        relative = np.abs(data[:, :5] @ coef - target) / np.array(measured)
+        keep = relative <= 3 * float(np.median(relative)) + 1e-12
+        coef = _pinned_lstsq(data[:, :5], target, weight, keep)
+        self._scales = (float(coef[0]), float(coef[1]), float(coef[2]))
+        self._fixed_overhead_s, self._per_seq_overhead_s = float(coef[3]), float(coef[4])
+
+    @property
+    def fitted(self) -> dict[str, float]:
+        """The step fit's coefficients (scales 1 and the config's overhead when none)."""
+        return {
+            "token_scale": self._scales[0],
+            "prefill_attention_scale": self._scales[1],
+            "decode_attention_scale": self._scales[2],
+            "fixed_overhead_s": self._fixed_overhead_s,
+            "per_seq_overhead_s": self._per_seq_overhead_s,
+        }
+
+    def _fit_overhead(self) -> tuple[float, float]:
+        """The step overhead the per-op tables do not see (scheduler, per-sequence host work,
+        launches, syncs), fitted to the profile's whole steps as (fixed, per sequence) seconds.
+
+        Each step's residual is its measured time less every other term. Where the profile has
+        decode-only steps of at least two batch sizes, the fit is a line through their
+        residuals against the number of sequences (Theil-Sen: the median pairwise slope, then
+        the median intercept; robust to a few steps slowed by load), on decode-only steps
+        because a prefill's residual also holds the prefill tables' own error. Otherwise the
+        median residual of all steps, with no per-sequence part. Both parts floored at zero."""
+        # Priced below with no overhead at all but the measured ``prepare`` table.
+        self._fixed_overhead_s, self._per_seq_overhead_s, self._fitting = 0.0, 0.0, True
+        points = []  # (sequences, residual, decode-only)
+        for step in self.profile.steps:
+            contexts = step.decode_context_tokens
+            if contexts is None:
+                mean = (
+                    step.sum_decode_context_tokens / step.num_decode_seqs
+                    if step.num_decode_seqs
+                    else 0
+                )
+                contexts = (max(1, round(mean)),) * step.num_decode_seqs
+            shape = StepShape(
+                prefill_chunks=step.prefill_chunks,
+                decode_context_tokens=contexts,
+                block_size=self.profile.block_size,
+            )
+            residual = step.measured_s - self.step_time_s(shape)
+            points.append((shape.num_seqs, residual, not step.prefill_chunks))
+        self._fitting = False
+        decode = [(n, r) for n, r, only in points if only]
+        if len({n for n, _ in decode}) < 2:
+            return max(0.0, statistics.median(r for _, r, _ in points)), 0.0
+        slopes = [
+            (r2 - r1) / (n2 - n1)
+            for i, (n1, r1) in enumerate(decode)
+            for n2, r2 in decode[i + 1 :]
+            if n2 != n1
+        ]
+        per_seq = max(0.0, statistics.median(slopes))
+        fixed = statistics.median(r - per_seq * n for n, r in decode)
+        return max(0.0, fixed), per_seq
+
+    def step_terms(self, shape: StepShape) -> tuple[float, ...]:
+        """Seconds per term, in the order of roofline.TERMS."""
+        analytic = self.fallback.step_terms(shape)
+        if not any(analytic):
+            return analytic
+        num_decode = len(shape.decode_context_tokens)
+        padding = shape.num_padding_tokens if self.fallback.config.price_padding else 0
+        num_tokens = shape.num_batched_tokens + padding
+        num_seqs = num_decode + len(shape.prefill_chunks)
+        layers = self._layers
+        terms = list(analytic)
+        if (table := self._table1("linear")) is not None:
+            terms[0] = layers * table(num_tokens)
+        if shape.prefill_chunks and (grid := self._table2("prefill_attention")) is not None:
+            terms[1] = layers * sum(
+                self._prefill_attention_s(grid, new, context)
+                for new, context in shape.prefill_chunks
+            )
+        if num_decode and (grid := self._table2("decode_attention")) is not None:
+            terms[2] = layers * self._decode_attention_s(grid, shape.decode_context_tokens)
+        if (table := self._table1("store_kv")) is not None:
+            terms[3] = layers * table(num_tokens * self._kv_bytes_per_token_per_layer)
+        if (table := self._table1("elementwise")) is not None:
+            terms[4] = layers * table(num_tokens)
+        if (table := self._table1("lm_head")) is not None:
+            terms[5] = table(num_seqs)
+        if self.fallback.tp > 1 and (table := self._table1("allreduce")) is not None:
+            call_bytes = (
+                num_tokens * self.fallback.model.hidden_size * self.fallback.model.dtype_bytes
+            )
+            terms[6] = 2 * layers * table(call_bytes)
+        block_bytes = self.fallback.block_bytes(shape.block_size)
+        if shape.num_copy_blocks and (table := self._table1("copy_blocks")) is not None:
+            terms[7] = table(shape.num_copy_blocks * block_bytes)
+        terms[8] = self._swap_s(shape, block_bytes, terms[8])
+        terms[9] = self._overhead_s(num_seqs)
+        if self._joint and not self._fitting:
+            for i, scale in ((0, 0), (1, 1), (2, 2), (3, 0), (4, 0)):
+                terms[i] *= self._scales[scale]
+        return tuple(terms)
+
+    def _prefill_attention_s(self, grid: Table2D, new: int, context: int) -> float:
+        """One chunk's prefill attention, per layer. A chunk's cost grows as new x (new / 2 +
+        context): quadratic in its length, so a straight line between two timed lengths lies
+        above it (by 36% at 640 tokens between timed 256 and 1024, no context). Per query
+        token the cost is linear in both, so the table is interpolated per query token and
+        scaled back up; below the first timed length, the first length's time (a call's fixed
+        cost) is the floor."""
+        if new <= grid.xs[0] or self._prefill_per_token is None:
+            return grid(new, context)
+        past_edge = new / grid.xs[-1] if new > grid.xs[-1] else 1.0
+        return new * self._prefill_per_token(new, context) / past_edge
+
+    def _decode_attention_s(self, grid: Table2D, contexts: tuple[int, ...]) -> float:
+        """One layer's decode attention for a batch of these contexts, by the profile's rule:
+        at the mean context, at the longest, or per sequence (the mean over the batch of its
+        cost at each sequence's own context: the same as the mean where the cost is linear in
+        context, more where it grows faster, as when a long context leaves the CPU's caches)."""
+        num_decode, rule = len(contexts), self.profile.decode_attention_context
+        if rule == "max":
+            return grid(num_decode, float(max(contexts)))
+        if rule == "per_sequence":
+            counts = Counter(contexts)
+            return sum(n * grid(num_decode, float(c)) for c, n in counts.items()) / num_decode
+        return grid(num_decode, sum(contexts) / num_decode)
+
+    def _overhead_s(self, num_seqs: int) -> float:
+        """The fitted overhead, plus the ``prepare`` table where the profile has one (without
+        steps to fit to and without ``prepare``: the roofline's per-sequence overhead)."""
+        fitted = self._fixed_overhead_s + self._per_seq_overhead_s * num_seqs
+        if self._joint:  # the joint fit's per-sequence part stands for the host's input work
+            return fitted
+        if (table := self._table1("prepare")) is not None:
+            return fitted + table(num_seqs)
+        if self._per_seq_overhead_s or self._fitting:
+            return fitted
+        return fitted + num_seqs * self.fallback.config.per_sequence_overhead_s
+
+    def _swap_s(self, shape: StepShape, block_bytes: int, analytic: float) -> float:
+        """Swaps from the per-direction tables (version 2), else the shared ``swap`` table."""
+        out_blocks, in_blocks = shape.num_swap_out_blocks, shape.num_swap_in_blocks
+        if not (out_blocks or in_blocks):
+            return analytic
+        out_table, in_table = self._table1("swap_out"), self._table1("swap_in")
+        if out_table is not None and in_table is not None:
+            return out_table(out_blocks * block_bytes) + in_table(in_blocks * block_bytes)
+        if (table := self._table1("swap")) is not None:
+            return table((out_blocks + in_blocks) * block_bytes)
+        return analytic
+
+    def step_time_s(self, shape: StepShape) -> float:
+        return sum(self.step_terms(shape))
+
+    def step_breakdown(self, shape: StepShape) -> dict[str, float]:
+        return dict(zip(TERMS, self.step_terms(shape), strict=True))
+
+    def kv_transfer_time_s(
+        self, num_tokens: int, link_bandwidth_bytes_per_s: float, link_latency_s: float
+    ) -> float:
+        # A link between replicas is not something a single-replica profile measures.
+        return self.fallback.kv_transfer_time_s(
+            num_tokens, link_bandwidth_bytes_per_s, link_latency_s
+        )
+
+
+def _pinned_lstsq(
+    data: np.ndarray, target: np.ndarray, weight: np.ndarray, keep: np.ndarray
+) -> np.ndarray:
+    """Weighted least squares of ``data @ coef = target`` over the rows ``keep``; a
+    coefficient that comes out negative is pinned (the three scales at 1, the two overheads
+    at 0) and the rest fitted again."""
+    pinned_at = np.array([1.0, 1.0, 1.0, 0.0, 0.0])
+    free = np.ones(data.shape[1], dtype=bool)
+    coef = pinned_at.copy()
+    while free.any():
+        rows = data[keep] * weight[keep, None]
+        rhs = (target[keep] - data[keep][:, ~free] @ pinned_at[~free]) * weight[keep]
+        solved, *_ = np.linalg.lstsq(rows[:, free], rhs, rcond=None)
+        coef = pinned_at.copy()
+        coef[free] = solved
+        negative = free & (coef < 0)
+        if not negative.any():
+            return coef
+        free &= ~negative
+    return coef

@@ -1,0 +1,258 @@
+"""A sweep's spec (``SweepSpec``, read from TOML by ``load_spec``): where the trace comes from
+and the list of points, each a set of ``run`` options that ``point_config`` parses with the
+``run`` command's own parser, so a point means exactly what the same ``run`` flags mean."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from sim.run import RunConfig
+from traces import cli as traces_cli
+from traces.loaders import load_trace
+from traces.schema import Trace
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 reads TOML with the tomli backport
+    import tomli as tomllib
+
+OptionValue = str | int | float | bool
+# Options that name the trace or the outputs: the spec's [trace] table or the sweep CLI own them.
+NOT_SWEPT = frozenset({"trace", "format", "on_error", "out", "report", "quiet"})
+RATE = "rate"  # target mean arrival rate in req/s: time-scales a trace, or the generator's rate
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """An argparse parser that raises ``ValueError`` instead of printing and exiting."""
+
+    def error(self, message: str) -> Any:
+        raise ValueError(message)
+
+
+def _run_parser() -> _RaisingParser:
+    from sim.cli.options import add_run_arguments
+
+    parser = _RaisingParser(prog="run", add_help=False)
+    add_run_arguments(parser)
+    return parser
+
+
+def _run_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Every ``run`` option by its dest-style name (``max_num_seqs`` for ``--max-num-seqs``)."""
+    out: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        for flag in action.option_strings:
+            if flag.startswith("--"):
+                out[flag[2:].replace("-", "_")] = action
+    return out
+
+
+def _key(name: str) -> str:
+    return name.replace("-", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSource:
+    """A trace file (``path``, ``format``) or a generator (``generator``: ``trace generate``
+    options); ``load`` returns the trace, time-scaled or regenerated at ``rate`` req/s."""
+
+    path: str | None = None
+    format: str = "auto"
+    on_error: str = "raise"
+    generator: tuple[tuple[str, OptionValue], ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (not self.generator):
+            raise ValueError("exactly one of [trace] path or [generator] must be given")
+
+    def describe(self) -> dict[str, Any]:
+        described = {"path": self.path, "format": self.format, "generator": dict(self.generator)}
+        return {**described, "on_error": self.on_error}
+
+    def load(self, rate: float | None = None) -> Trace:
+        if self.path is not None:
+            trace = load_trace(self.path, format=self.format, on_error=self.on_error)
+            return trace if rate is None else scale_trace(trace, rate)
+        options = dict(self.generator)
+        if rate is not None:
+            options["rate"] = rate
+        parser = _RaisingParser(prog="generator", add_help=False)
+        traces_cli.add_generate_arguments(parser)
+        argv = ["--output", "generated.csv", *_argv(options, _run_options(parser))]
+        args = parser.parse_args(argv)
+        args.name = args.name or "generated"
+        return traces_cli.build_trace(args)
+
+
+def scale_trace(trace: Trace, rate: float) -> Trace:
+    """``trace`` with its arrivals time-scaled so that its mean rate is ``rate`` req/s."""
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 req/s, got {rate!r}")
+    if trace.mean_rate_per_s <= 0:
+        raise ValueError(f"trace {trace.name!r} has no arrival spread to time-scale")
+    factor = trace.mean_rate_per_s / rate
+    requests = tuple(replace(r, arrival_s=r.arrival_s * factor) for r in trace.requests)
+    return replace(trace, requests=requests)
+
+
+def _argv(options: Mapping[str, OptionValue], actions: Mapping[str, argparse.Action]) -> list[str]:
+    argv: list[str] = []
+    for name, value in options.items():
+        action = actions.get(_key(name))
+        if action is None:
+            raise ValueError(f"unknown option {name!r}")
+        flag = next(f for f in action.option_strings if f.startswith("--"))
+        if isinstance(action, argparse._StoreTrueAction):
+            if not isinstance(value, bool):
+                raise ValueError(f"option {name!r} is a switch: give true or false, got {value!r}")
+            argv.extend([flag] if value else [])
+        elif isinstance(value, bool):
+            raise ValueError(f"option {name!r} takes a value, got {value!r}")
+        else:
+            argv.extend([flag, str(value)])
+    return argv
+
+
+def point_argv(options: Mapping[str, OptionValue]) -> list[str]:
+    """The ``run`` flags these options stand for (``rate`` left out: ``run`` has no such flag)."""
+    run_options = {k: v for k, v in options.items() if _key(k) != RATE}
+    return _argv(run_options, _run_options(_run_parser()))
+
+
+def point_config(options: Mapping[str, OptionValue]) -> RunConfig:
+    """The `RunConfig` that ``run`` would build from these options (``rate`` left out)."""
+    from sim.cli.options import config_from_args
+
+    return config_from_args(_run_parser().parse_args(["TRACE", *point_argv(options)]))
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSpec:
+    """The trace source and the points (option dicts, keys in ``run``'s dest-style names)."""
+
+    source: TraceSource
+    points: tuple[dict[str, OptionValue], ...]
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise ValueError("SweepSpec.points must not be empty")
+
+    @property
+    def option_names(self) -> list[str]:
+        return sorted({name for point in self.points for name in point})
+
+
+def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
+    value = data.get(name, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"[{name}] must be a table, got {value!r}")
+    return value
+
+
+def _check_options(where: str, options: Mapping[str, Any], allowed: set[str]) -> None:
+    for name, value in options.items():
+        key = _key(name)
+        if key in NOT_SWEPT:
+            raise ValueError(f"{where}: {name!r} is set by [trace] or the command line")
+        if key != RATE and key not in allowed:
+            raise ValueError(f"{where}: unknown run option {name!r}")
+        values = value if isinstance(value, list) and where.endswith("[grid]") else [value]
+        if not all(isinstance(v, (str, int, float, bool)) for v in values):
+            raise ValueError(f"{where}: option {name!r} must be a string, number or boolean")
+
+
+def _grid_points(
+    base: dict[str, Any], grid: dict[str, Any], listed: list[Any]
+) -> list[dict[str, OptionValue]]:
+    for name, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"[grid] {name!r} must be a non-empty list, got {values!r}")
+    names = list(grid)
+    points = [
+        {**base, **dict(zip(names, combo, strict=True))}
+        for combo in itertools.product(*(grid[n] for n in names))
+    ]
+    if not names and not listed:
+        points = [dict(base)]
+    for idx, item in enumerate(listed):
+        if not isinstance(item, dict):
+            raise ValueError(f"[[points]] entry {idx + 1} must be a table, got {item!r}")
+        points.append({**base, **item})
+    return [{_key(k): v for k, v in sorted(p.items(), key=lambda kv: _key(kv[0]))} for p in points]
+
+
+def parse_spec(data: dict[str, Any], root: Path, where: str) -> SweepSpec:
+    """A spec from parsed TOML; relative trace paths are taken from ``root``."""
+    known = {"trace", "generator", "run", "grid", "points"}
+    for name in data:
+        if name not in known:
+            raise ValueError(f"{where}: unknown table {name!r} (expected one of {sorted(known)})")
+    trace, generator = _table(data, "trace"), _table(data, "generator")
+    base, grid = dict(_table(data, "run")), dict(_table(data, "grid"))
+    listed = data.get("points", [])
+    if not isinstance(listed, list):
+        raise ValueError(f"{where}: points must be an array of tables ([[points]])")
+    rates = (trace or generator).get("rates")
+    if rates is not None:
+        grid.setdefault(RATE, rates)
+    allowed = set(_run_options(_run_parser()))
+    _check_options(f"{where} [run]", base, allowed)
+    _check_options(f"{where} [grid]", grid, allowed)
+    for idx, item in enumerate(listed):
+        _check_options(
+            f"{where} [[points]] {idx + 1}", item if isinstance(item, dict) else {}, allowed
+        )
+    source = _source(trace, generator, root, where)
+    try:
+        points = tuple(_grid_points(base, grid, listed))
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from error
+    for idx, point in enumerate(points):
+        try:
+            point_config(point)
+        except ValueError as error:
+            raise ValueError(f"{where}: point {idx} {point}: {error}") from error
+    return SweepSpec(source, points)
+
+
+def _source(
+    trace: dict[str, Any], generator: dict[str, Any], root: Path, where: str
+) -> TraceSource:
+    if bool(trace) == bool(generator):
+        raise ValueError(f"{where}: give exactly one of [trace] (path = ...) or [generator]")
+    if trace:
+        unknown = set(trace) - {"path", "format", "on_error", "rates"}
+        if unknown or not isinstance(trace.get("path"), str):
+            raise ValueError(f"{where} [trace]: needs path = '...'; unknown keys {sorted(unknown)}")
+        path = Path(trace["path"])
+        path = path if path.is_absolute() else root / path
+        return TraceSource(
+            path=str(path),
+            format=str(trace.get("format", "auto")),
+            on_error=str(trace.get("on_error", "raise")),
+        )
+    options = {k: v for k, v in generator.items() if k != "rates"}
+    if any(_key(k) in ("output", "rate") for k in options):
+        raise ValueError(f"{where} [generator]: set rates = [...], not output or rate")
+    source = TraceSource(generator=tuple(sorted(options.items())))
+    try:
+        source.load(rate=None)
+    except ValueError as error:
+        raise ValueError(f"{where} [generator]: {error}") from error
+    return source
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read a sweep spec TOML file (see docs/sweep.md)."""
+    spec_path = Path(path)
+    try:
+        data = tomllib.loads(spec_path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{spec_path}: not valid TOML: {error}") from error
+    return parse_spec(data, spec_path.parent, str(spec_path))

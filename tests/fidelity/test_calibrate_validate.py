@@ -1,0 +1,119 @@
+"""``sim calibrate`` and ``sim validate`` end to end on CPU with tiny-llama: a small-grid
+calibration writes a profile that loads; validating a 20-request trace writes validation.json
+whose per-request rows join one to one with the engine run, and ``--replay`` redoes the
+comparison from the saved run without the engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+
+from records.step_shapes import load_step_shapes
+from sim.cli.main import main as sim_main
+from sim.costmodel.base import StepShape, make_cost_model
+from sim.costmodel.profile import load_profile
+from sim.specs.hardware import HARDWARE_PRESETS
+from sim.specs.model import MODEL_PRESETS
+
+
+@pytest.fixture(scope="module")
+def small_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("calibrate") / "profile.json"
+    argv = ["calibrate", "--model", "tiny-llama", "--device", "cpu", "--small-grid"]
+    assert sim_main([*argv, "--out", str(path), "--quiet"]) == 0
+    return path
+
+
+def test_small_calibration_writes_a_profile_that_loads(small_profile: Path) -> None:
+    profile = load_profile(small_profile)
+    assert (profile.format_version, profile.model, profile.block_size) == (4, "tiny-llama", 16)
+    # The step grid's whole steps (prefills and decodes) are there, and the terms fit to them.
+    assert profile.step_fit == "joint"
+    assert any(s.prefill_chunks for s in profile.steps)
+    assert any(not s.prefill_chunks and s.num_decode_seqs == 2 for s in profile.steps)
+    assert profile.timer == "thread_cpu"  # a CPU with one torch thread: the thread's CPU time
+    # The rule is the one that fits the skewed check points better (fidelity.calibrate).
+    (check,) = profile.decode_attention_checks
+    assert check.context_tokens == (16, 16, 128, 128)
+    errors = {
+        rule: abs(getattr(check, f"predicted_{rule}_s") - check.time_s) / check.time_s
+        for rule in ("mean", "max", "per_sequence")
+    }
+    assert errors[profile.decode_attention_context] == min(errors.values())
+    assert {"linear", "elementwise", "decode_attention", "prefill_attention", "store_kv"} <= set(
+        profile.ops
+    )
+    assert {"lm_head", "copy_blocks", "swap_out", "swap_in", "prepare"} <= set(profile.ops)
+    assert profile.steps and all(s.measured_s > 0 for s in profile.steps)
+    assert profile.device["name"].startswith("cpu")
+    raw = json.loads(small_profile.read_text())
+    assert raw["grid"]["num_tokens"] == [1, 16, 128]
+    assert "calibrate" in raw["command"]
+    cost = make_cost_model(
+        MODEL_PRESETS["tiny-llama"],
+        HARDWARE_PRESETS["CPU-1T"],
+        profile_path=small_profile,
+        block_size=16,
+    )
+    assert cost.step_time_s(StepShape(prefill_chunks=((16, 0),))) > 0
+
+
+def _trace(path: Path) -> Path:
+    rows = ["request_id,arrival_s,prompt_tokens,output_tokens,num_samples"]
+    rows += [f"q{i},{0.01 * i:.3f},{8 + 3 * i},{2 + i % 4},1" for i in range(20)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Path) -> None:
+    trace = _trace(tmp_path / "trace.csv")
+    out, html = tmp_path / "val", tmp_path / "val.html"
+    argv = ["validate", str(trace), "--policy", "continuous", "--profile", str(small_profile)]
+    assert sim_main([*argv, "--out", str(out), "--report", str(html), "--quiet"]) == 0
+    result = json.loads((out / "validation.json").read_text())
+    engine = pd.read_csv(out / "engine" / "requests.csv")
+    assert set(result["models"]) == {"calibrated", "roofline"}
+    # The engine prepares a step only after the last one ends: the simulation must not overlap.
+    assert result["sim_config"]["async_scheduling"] is False
+    # The engine packs a batch's real rows: no padding is priced.
+    assert result["cost_config"]["price_padding"] is False
+    for model in result["models"].values():
+        rows = model["requests"]["rows"]
+        assert len(rows) == 20
+        assert sorted(r["request_id"] for r in rows) == sorted(engine["request_id"].astype(str))
+        by_id = {str(r.request_id): r for r in engine.itertuples()}
+        for row in rows:
+            assert row["ttft_meas"] == pytest.approx(by_id[row["request_id"]].ttft_ms)
+        steps = load_step_shapes(out / "engine" / "step_shapes.jsonl")
+        assert (
+            len(model["steps"]["rows"])
+            == len(steps)
+            == len(pd.read_csv(out / "engine" / "steps.csv"))
+        )
+        assert model["divergence"]["num_identical_steps"] >= 1  # the first batch is the same
+    assert "Validation against the engine" in html.read_text()
+
+    again = tmp_path / "again"
+    replay = ["--replay", str(out / "engine"), "--out", str(again), "--quiet"]
+    assert sim_main([*argv, *replay]) == 0
+    assert not (again / "engine").exists()
+    second = json.loads((again / "validation.json").read_text())
+    first_rows = result["models"]["calibrated"]["requests"]["rows"]
+    assert second["models"]["calibrated"]["requests"]["rows"] == first_rows
+
+
+def test_validate_refuses_a_run_of_other_requests(
+    tmp_path: Path, small_profile: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace(tmp_path / "trace.csv")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text('{"summary": {}, "config": {}}')
+    argv = ["validate", str(trace), "--profile", str(small_profile), "--replay", str(run)]
+    assert sim_main([*argv, "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
