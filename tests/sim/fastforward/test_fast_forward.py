@@ -23,7 +23,7 @@ from sim.specs.hardware_file import load_hardware
 from traces.loaders import load_trace
 from traces.schema import Trace, TraceRequest
 
-DATA = Path(__file__).resolve().parents[2] / "traces" / "data"
+DATA = Path(__file__).resolve().parents[3] / "traces" / "data"
 SUM_COLUMNS = SUMMED_COLUMNS
 CASES = [
     (policy, memory, preemption, trace, blocks, prefix)

@@ -14,7 +14,7 @@ from tests.sim.fastforward.differential import assert_fast_forward_exact, config
 from traces.loaders import load_trace
 from traces.schema import Trace, TraceRequest
 
-DATA = Path(__file__).resolve().parents[2] / "traces" / "data"
+DATA = Path(__file__).resolve().parents[3] / "traces" / "data"
 
 
 @settings(
