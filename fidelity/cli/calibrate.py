@@ -7,6 +7,7 @@ import argparse
 import shlex
 import sys
 
+from fidelity.cli.engine_import import needs_engine
 from fidelity.clocks import CLOCK_CHOICES, CLOCK_HELP
 
 
@@ -38,7 +39,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.block_size <= 0:
         raise ValueError(f"--block-size must be positive, got {args.block_size}")
     command = shlex.join(["python", "-m", "sim", *getattr(args, "argv", sys.argv[1:])])
-    from fidelity.calibrate import calibrate
+    with needs_engine("calibrate"):
+        from fidelity.calibrate import calibrate
 
     path = calibrate(
         args.model,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fidelity.cli.engine_import import needs_engine
 from fidelity.clocks import CLOCK_CHOICES, CLOCK_HELP
 from fidelity.validate_config import ENGINE_POLICIES, VALIDATION_FILE, ValidateConfig
 from sim.specs.hardware import get_hardware_preset
@@ -203,7 +204,8 @@ def run_validate(args: argparse.Namespace) -> int:
         get_hardware_preset(args.hardware)
     trace = load_trace(args.trace, format=args.format)
     command = shlex.join(["python", "-m", "sim", *getattr(args, "argv", sys.argv[1:])])
-    from fidelity.validate import validate
+    with needs_engine("validate"):
+        from fidelity.validate import validate
 
     result = validate(
         trace,

@@ -65,7 +65,8 @@ def test_compiled_files_leave_the_switch_and_the_exceptions_as_python() -> None:
 
 def test_missing_build_is_an_error_that_says_how_to_build(tmp_path: Path) -> None:
     env = {"SERVESIM_CORE": "compiled", "SERVESIM_CORE_CACHE": str(tmp_path)}
-    result = _python("import sys; from sim.cli.main import main; sys.exit(main(['--version']))", env)
+    code = "import sys; from sim.cli.main import main; sys.exit(main(['--version']))"
+    result = _python(code, env)
     assert result.returncode == 2
     assert "python -m sim compile-core" in result.stderr
     assert str(tmp_path) in result.stderr

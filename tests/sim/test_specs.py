@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from sim.specs.hardware import HARDWARE_PRESETS, get_hardware_preset
-from sim.specs.kv_capacity import ModelDoesNotFitError, derive_num_blocks
 from sim.specs.hf_config import model_spec_from_hf_config
+from sim.specs.kv_capacity import ModelDoesNotFitError, derive_num_blocks
 from sim.specs.model import MODEL_PRESETS, ModelSpec, get_model_preset
 
 GIB = 1 << 30
