@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.model.config import load_model_config
 from engine.model.llama import LlamaForCausalLM, resolve_dtype
+from engine.model.support import engine_model_spec
 
 WEIGHT_MODES = ("auto", "random")
 
@@ -119,7 +119,7 @@ def load_model(
     """
     if weights not in WEIGHT_MODES:
         raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {weights!r}")
-    config = load_model_config(name_or_dir)
+    config = engine_model_spec(name_or_dir)
     device = torch.device(device)
     model = LlamaForCausalLM(config, device, resolve_dtype(config, device, dtype))
     if weights == "random":
