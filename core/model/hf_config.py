@@ -52,6 +52,7 @@ class _Keys:
     def __init__(self, config: dict[str, Any], source: str) -> None:
         self.config = config
         self.source = source
+        self.unknown_architecture = ""  # set when `architectures` names a class we do not know
 
     def error(self, key: str, message: str) -> ValueError:
         return ValueError(f"{self.source}: field {key!r}: {message}")
@@ -62,6 +63,13 @@ class _Keys:
 
     def required(self, key: str, field: str) -> Any:
         value = self.config.get(key)
+        if value is None and self.unknown_architecture:
+            # Another family's keys (GPT-2's n_embd, ...): its class is the better answer.
+            raise self.error(
+                "architectures",
+                f"unsupported architecture {self.unknown_architecture!r}: its config has no "
+                f"{key!r} (known: {', '.join(ARCHITECTURE_TYPES)})",
+            )
         if value is None:
             raise self.error(key, f"missing (ModelSpec.{field} needs it)")
         return value
@@ -224,6 +232,8 @@ def model_spec_from_hf_config(
         source, folder = str(path), path.parent.name
     keys = _Keys(raw, source)
     architecture = _architecture(keys)
+    if architecture and architecture not in ARCHITECTURE_TYPES:
+        keys.unknown_architecture = architecture
     model_type = str(keys.get("model_type", ""))
     family = ARCHITECTURE_TYPES.get(architecture, model_type)
     fields = _shapes(keys, family) | _numerics(keys, family)

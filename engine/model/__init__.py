@@ -14,7 +14,7 @@ Interface (what the model runner calls)::
 - ``dtype=None``: fp32 on CPU; on CUDA the config's fp16/bf16, else bf16.
 - ``weights="auto"`` loads the directory's safetensors (ValueError if there are none, or if a
   tensor is missing, unexpected or mis-shaped); ``"random"`` draws seeded normal(0, 0.02)
-  weights, for timing runs and for bundled configs, which have no checkpoint.
+  weights, for timing runs and for presets, which have no checkpoint.
 - ``make_kv_caches``: one uninitialised ``(k_cache, v_cache)`` per layer, each
   ``[num_blocks, block_size, num_kv_heads, head_dim]`` in the model's dtype.
 - ``forward``: ``input_ids`` and ``positions`` are the step's ``[T]`` int64 rows, decodes first

@@ -112,10 +112,10 @@ def load_model(
     weights: str = "auto",
     seed: int = 0,
 ) -> LlamaForCausalLM:
-    """Build the model of a bundled config or a Hugging Face directory, in eval mode.
+    """Build the model of a preset or a Hugging Face directory, in eval mode.
 
     ``weights="auto"`` loads the directory's safetensors (an error when there are none);
-    ``"random"`` draws seeded weights (for timing, or a bundled config with no checkpoint).
+    ``"random"`` draws seeded weights (for timing, or a preset, which has no checkpoint).
     """
     if weights not in WEIGHT_MODES:
         raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {weights!r}")

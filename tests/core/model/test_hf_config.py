@@ -307,6 +307,18 @@ def test_bad_configs_name_the_file_and_the_key(
     assert str(error.value).startswith(f"{path}: ")
 
 
+def test_another_familys_config_is_refused_by_its_class(tmp_path: Path) -> None:
+    gpt2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768}
+    path = _write(tmp_path, gpt2 | {"n_layer": 12, "n_head": 12, "vocab_size": 50257})
+    message = r"field 'architectures': unsupported architecture 'GPT2LMHeadModel': .*'hidden_size'"
+    with pytest.raises(ValueError, match=message) as error:
+        model_spec_from_hf_config(tmp_path)
+    assert str(error.value).startswith(f"{path}: ")
+    # An unknown class with every key a Llama has is read as one.
+    other = model_spec_from_hf_config({**LLAMA31_8B, "architectures": ["MyLlamaForCausalLM"]})
+    assert other.architecture == "MyLlamaForCausalLM" and other.num_layers == 32
+
+
 def test_moe_configs_we_cannot_model_are_refused(tmp_path: Path) -> None:
     path = _write(tmp_path, {**QWEN3_30B_A3B, "mlp_only_layers": [0, 1]})
     with pytest.raises(ValueError, match=r"config\.json: .*dense layers between MoE layers"):
