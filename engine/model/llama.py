@@ -17,9 +17,10 @@ from torch import nn
 
 from core.model.spec import ModelSpec, RopeScaling
 from engine.attention import AttentionMetadata, attend
-from engine.model.support import rms_norm_eps
+from engine.model.support import RUNNABLE_DTYPES, rms_norm_eps
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The torch dtype of each checkpoint dtype the engine runs (torch names them alike).
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in RUNNABLE_DTYPES}
 
 
 class Linear(nn.Module):

@@ -14,7 +14,7 @@ from core.model.spec import ModelSpec
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 ROPE_TYPES = ("linear", "llama3")
-DTYPES = ("float32", "float16", "bfloat16")
+RUNNABLE_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class UnsupportedModelError(ValueError):
@@ -58,8 +58,9 @@ def unsupported_field(spec: ModelSpec) -> tuple[str, str] | None:
         )
     if spec.partial_rotary_factor != 1.0:
         return "partial_rotary_factor", "only 1.0 (full rotary) is supported"
-    if spec.dtype is not None and spec.dtype not in DTYPES:
-        return "torch_dtype", f"unsupported dtype {spec.dtype!r}; supported: {', '.join(DTYPES)}"
+    if spec.dtype is not None and spec.dtype not in RUNNABLE_DTYPES:
+        supported = ", ".join(RUNNABLE_DTYPES)
+        return "torch_dtype", f"unsupported dtype {spec.dtype!r}; supported: {supported}"
     return None
 
 

@@ -133,3 +133,18 @@ def test_the_engine_cli_refuses_a_model_it_cannot_run(capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert err.startswith("error: model preset 'OPT-13B': field 'architectures'")
     assert "OPTForCausalLM" in err
+
+
+def test_linear_rope_scaling_runs_the_scaled_context(tmp_path: Path) -> None:
+    """Linear scaling multiplies the context (vLLM's rule): the engine's RoPE table and its
+    length limit cover it, where a sliding window would cap the limit instead."""
+    pytest.importorskip("torch")
+    from engine.llm_engine import EngineConfig, LLMEngine
+
+    tiny = json.loads((PRESETS_DIR / "tiny-llama.json").read_text())
+    linear = {"rope_type": "linear", "factor": 2.0}
+    _write(tmp_path, tiny | {"max_position_embeddings": 256, "rope_scaling": linear})
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), weights="random", num_gpu_blocks=64))
+    assert engine.model.cos_table.shape[0] == engine.cache_config.max_model_len == 512
+    with pytest.raises(ValueError, match="exceeds the model's limit of 512 tokens"):
+        LLMEngine(EngineConfig(model=str(tmp_path), weights="random", max_model_len=513))
