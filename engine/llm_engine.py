@@ -19,10 +19,10 @@ import torch
 
 from core.batch import ScheduledBatch, StepResult
 from core.config import CacheConfig, SchedulerConfig
+from core.model.spec import ModelSpec
 from core.request import Request
 from core.scheduler import Scheduler
 from engine.kv_cache import KVCache
-from engine.model.config import ModelConfig
 from engine.model.weights import load_model
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
@@ -164,11 +164,11 @@ class LLMEngine:
         self.device = torch.device(config.device)
         self.dtype = next(self.model.parameters()).dtype
         # The model's own limit: its positions, or a sliding window it does not apply.
-        max_len = config.max_model_len or model_config.max_model_len
-        if max_len > model_config.max_model_len:
+        max_len = config.max_model_len or model_config.full_attention_len
+        if max_len > model_config.full_attention_len:
             raise ValueError(
                 f"max_model_len {max_len} exceeds the model's limit of "
-                f"{model_config.max_model_len} tokens"
+                f"{model_config.full_attention_len} tokens"
             )
         block_bytes = KVCache.bytes_per_block(
             model_config.num_layers,
@@ -361,5 +361,5 @@ class LLMEngine:
         return num_blocks
 
 
-def _eos_ids(model_config: ModelConfig) -> frozenset[int]:
+def _eos_ids(model_config: ModelSpec) -> frozenset[int]:
     return frozenset(model_config.eos_token_ids)

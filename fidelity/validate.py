@@ -10,6 +10,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from core.model.presets import load_model_spec
 from engine.llm_engine import EngineConfig
 from engine.replay import ReplayConfig, replay
 from fidelity import validation
@@ -21,7 +22,7 @@ from sim.costmodel.base import CostModel, CostModelConfig, make_cost_model
 from sim.costmodel.profile import load_profile
 from sim.executor import CostModelExecutor
 from sim.recording import RecordingExecutor
-from sim.run import RunConfig, RunResult, load_model, simulate
+from sim.run import RunConfig, RunResult, simulate
 from sim.specs.hardware import get_hardware_preset
 from traces.schema import Trace
 
@@ -104,7 +105,7 @@ def _cost_config(run: RunConfig) -> CostModelConfig:
 
 
 def _cost_models(run: RunConfig) -> dict[str, CostModel]:
-    model, hardware = load_model(run.model), get_hardware_preset(run.hardware)
+    model, hardware = load_model_spec(run.model), get_hardware_preset(run.hardware)
     cost_config = _cost_config(run)
     models = {
         "roofline": make_cost_model(

@@ -24,6 +24,7 @@ from core.config import (
     ReservationRule,
     SchedulerConfig,
 )
+from core.model.presets import load_model_spec
 from core.policies import POLICIES
 from core.request import Request
 from core.scheduler import Scheduler
@@ -35,9 +36,7 @@ from sim.deployment import ROUTERS, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
 from sim.simulator import Replica
 from sim.specs.hardware_file import load_hardware
-from sim.specs.hf_config import model_spec_from_hf_config
 from sim.specs.kv_capacity import derive_num_blocks
-from sim.specs.model import ModelSpec, get_model_preset
 from traces.schema import Trace
 
 GIB = 1 << 30
@@ -127,12 +126,6 @@ def servesim_version() -> str:
         return "unknown"
 
 
-def load_model(name_or_path: str) -> ModelSpec:
-    if Path(name_or_path).exists():
-        return model_spec_from_hf_config(name_or_path)
-    return get_model_preset(name_or_path)
-
-
 @dataclass
 class RunResult:
     config: RunConfig
@@ -216,7 +209,7 @@ def simulate(
     wraps each replica's executor (validation records the batches it prices this way);
     ``cost_config`` replaces the roofline's default efficiencies (for what-if studies), its
     own ``async_scheduling`` included; without it, ``config.async_scheduling`` chooses."""
-    model = load_model(config.model)
+    model = load_model_spec(config.model)
     hardware = load_hardware(config.hardware)
     kv_bytes_per_block = model.kv_bytes_per_block(config.block_size, config.tp)
     num_blocks = config.num_blocks or derive_num_blocks(

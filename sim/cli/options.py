@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 
 from core.config import MEMORY_MODELS, PREEMPTION_MODES, RESERVATION_RULES
+from core.model.presets import preset_names
 from core.policies import POLICIES
 from sim.deployment import ROUTERS
 from sim.run import POLICY_CHOICES, RunConfig
 from sim.specs.hardware import HARDWARE_PRESETS
-from sim.specs.model import MODEL_PRESETS
 from traces.options import non_negative_float, non_negative_int, positive_float, positive_int
 from traces.serving_options import (
     add_out_argument,
@@ -33,7 +33,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
     parser.add_argument(
         "--model",
         default=DEFAULTS.model,
-        help=f"model preset ({', '.join(MODEL_PRESETS)}) or a Hugging Face config.json path "
+        help=f"model preset ({', '.join(preset_names())}) or a Hugging Face config.json path "
         "(default: %(default)s)",
     )
     parser.add_argument(

@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("torch")
 
+from core.model.presets import get_model_preset
 from records.step_shapes import load_step_shapes
 from sim.cli.main import main as sim_main
 from sim.costmodel.base import StepShape, make_cost_model
 from sim.costmodel.profile import load_profile
 from sim.specs.hardware import HARDWARE_PRESETS
-from sim.specs.model import MODEL_PRESETS
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_small_calibration_writes_a_profile_that_loads(small_profile: Path) -> N
     assert raw["grid"]["num_tokens"] == [1, 16, 128]
     assert "calibrate" in raw["command"]
     cost = make_cost_model(
-        MODEL_PRESETS["tiny-llama"],
+        get_model_preset("tiny-llama"),
         HARDWARE_PRESETS["CPU-1T"],
         profile_path=small_profile,
         block_size=16,

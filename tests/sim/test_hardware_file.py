@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from core.model.presets import get_model_preset
 from sim.cli.main import main
 from sim.costmodel.roofline import RooflineCostModel
 from sim.specs.hardware import HARDWARE_PRESETS, HardwareSpec
 from sim.specs.hardware_file import load_hardware, load_hardware_file
-from sim.specs.model import MODEL_PRESETS
 
 FULL = {
     "name": "test-gpu",
@@ -126,7 +126,7 @@ def test_datasheet_presets_exist_and_are_sane() -> None:
 def test_nvlink_bridge_joins_pairs_only() -> None:
     a40 = HARDWARE_PRESETS["A40"]
     assert (a40.nvlink_domain_size, a40.scale_out_bandwidth_bytes_per_s) == (2, 32e9)
-    llama = MODEL_PRESETS["Llama-2-7B"]
+    llama = get_model_preset("Llama-2-7B")
     pair, quad = RooflineCostModel(llama, a40, tp=2), RooflineCostModel(llama, a40, tp=4)
     call, hop, bus = a40.allreduce_call_latency_s, 2e-6, a40.interconnect_bus_efficiency
     # 1 MiB over 2 ranks on the bridge vs 4 ranks over PCIe gen4 (32 GB/s): alpha-beta ring,
