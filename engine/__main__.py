@@ -1,5 +1,12 @@
 import sys
 
-from engine.cli import main
+import engine
+from engine.extra import missing_message
+
+if engine.MISSING_EXTRA is not None:
+    print(f"error: {missing_message(engine.MISSING_EXTRA)}", file=sys.stderr)
+    sys.exit(2)
+
+from engine.cli import main  # noqa: E402 (needs torch, checked above)
 
 sys.exit(main())

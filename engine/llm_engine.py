@@ -11,9 +11,12 @@ Every step runs (no fast-forward: that is the simulator's privilege).
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 
@@ -22,7 +25,9 @@ from core.config import CacheConfig, SchedulerConfig
 from core.request import Request
 from core.scheduler import Scheduler
 from engine.kv_cache import KVCache
+from engine.memory import check_memory, profile_batch
 from engine.model.config import ModelConfig
+from engine.model.llama import LlamaForCausalLM
 from engine.model.weights import load_model
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
@@ -36,6 +41,7 @@ CLOCKS = ("wall", "cpu")
 loaded machine; CPU device with one torch thread only)."""
 WARMUP_PROMPT_TOKENS = 32
 WARMUP_OUTPUT_TOKENS = 3
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +158,7 @@ class LLMEngine:
         self.config = config
         if config.cpu_threads and torch.device(config.device).type == "cpu":
             torch.set_num_threads(config.cpu_threads)
+        check_memory(config)  # refuse what cannot fit before allocating any of it
         dtype = getattr(torch, config.dtype) if config.dtype else None
         self.model = load_model(
             config.model,
@@ -201,9 +208,10 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.model,
             self.kv_cache,
-            # Through the engine, so that ``warm_up`` can run on a scratch scheduler.
-            lambda request: self.scheduler.block_tables(request),
-            self._params_of,
+            # Through the engine, so that ``warm_up`` can run on a scratch scheduler; held
+            # weakly, so that no cycle keeps a dropped engine (and its cache) alive.
+            _weak_method(self._block_tables_of),
+            _weak_method(self._params_of),
             eos_token_ids=self.eos_token_ids,
             backend=config.backend,
         )
@@ -240,6 +248,9 @@ class LLMEngine:
         if not self.scheduler.add_request(request, arrival_s if now_s is None else now_s):
             self._sampling.pop(request_id)
         return request
+
+    def _block_tables_of(self, request: Request) -> tuple[Sequence[int], ...]:
+        return self.scheduler.block_tables(request)
 
     def _params_of(self, request: Request) -> tuple[SamplingParams, int]:
         entry = self._sampling[request.request_id]
@@ -323,32 +334,17 @@ class LLMEngine:
     def _profile_gpu_blocks(self, block_bytes: int) -> int:
         """vLLM's rule: run the largest step once, then give the KV cache
         ``gpu_memory_utilization`` of total memory less the peak the pass reached."""
-        from engine.attention import build_metadata
-
         config = self.config
+        # An engine its caller dropped may still hold its cache through a reference cycle:
+        # collected now, it is not counted in this engine's peak.
+        gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        num_tokens = config.max_num_batched_tokens
-        block_size = config.block_size
-        blocks = -(-num_tokens // block_size)
-        layers = self.model.make_kv_caches(blocks, block_size)
-        meta = build_metadata(
-            [],
-            [],
-            [(0, num_tokens)],
-            [list(range(blocks))],
-            block_size,
-            self.device,
-            config.backend,
-        )
-        ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
-        positions = torch.arange(num_tokens, dtype=torch.int64, device=self.device)
-        last = torch.tensor([num_tokens - 1], dtype=torch.int64, device=self.device)
-        with torch.inference_mode():
-            self.model(ids, positions, layers, meta, last)
+        max_len = config.max_model_len or self.model.config.max_model_len
+        lens = profile_batch(config.max_num_batched_tokens, config.max_num_seqs, max_len)
+        run_profiling_pass(self.model, lens, config.block_size, config.backend)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
-        del layers
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).total_memory
         free_for_kv = total * config.gpu_memory_utilization - peak
@@ -359,6 +355,48 @@ class LLMEngine:
                 f"gpu_memory_utilization {config.gpu_memory_utilization}"
             )
         return num_blocks
+
+
+def run_profiling_pass(
+    model: LlamaForCausalLM, seq_lens: Sequence[int], block_size: int, backend: str
+) -> None:
+    """One forward of fresh prompts of ``seq_lens`` tokens (``profile_batch``), each sampling
+    its last row, over a scratch KV cache of just their blocks, freed on return."""
+    from engine.attention import build_metadata
+
+    device = model.device
+    chunks, tables, positions, last = [], [], [], []
+    first_block = 0
+    for seq_len in seq_lens:
+        num_blocks = -(-seq_len // block_size)
+        chunks.append((0, seq_len))
+        tables.append(list(range(first_block, first_block + num_blocks)))
+        first_block += num_blocks
+        positions.extend(range(seq_len))
+        last.append(len(positions) - 1)
+    layers = model.make_kv_caches(first_block, block_size)
+    meta = build_metadata([], [], chunks, tables, block_size, device, backend)
+    ids = torch.zeros(len(positions), dtype=torch.int64, device=device)
+    with torch.inference_mode():
+        model(
+            ids,
+            torch.tensor(positions, dtype=torch.int64, device=device),
+            layers,
+            meta,
+            torch.tensor(last, dtype=torch.int64, device=device),
+        )
+
+
+def _weak_method(method: Callable[[Request], _T]) -> Callable[[Request], _T]:
+    """``method`` as a callable that does not keep its object alive."""
+    ref = weakref.WeakMethod(method)
+
+    def call(request: Request) -> _T:
+        bound = ref()
+        assert bound is not None, "the engine was freed while its runner still ran"
+        return bound(request)
+
+    return call
 
 
 def _eos_ids(model_config: ModelConfig) -> frozenset[int]:
