@@ -111,11 +111,13 @@ def estimate_memory(
 
 
 def available_host_bytes(
-    meminfo: Path = MEMINFO, cgroup_root: Path = CGROUP_ROOT
+    meminfo: Path | None = None, cgroup_root: Path | None = None
 ) -> tuple[int | None, str]:
     """Host memory available to this process and where the figure comes from: the least of
-    ``MemAvailable`` and the cgroup's limit less its usage (v2, else v1). None where neither
-    can be read (not Linux)."""
+    ``MemAvailable`` (``MEMINFO``) and the cgroup's limit less its usage (v2, else v1, under
+    ``CGROUP_ROOT``). None where neither can be read (not Linux)."""
+    meminfo = MEMINFO if meminfo is None else meminfo
+    cgroup_root = CGROUP_ROOT if cgroup_root is None else cgroup_root
     found: list[tuple[int, str]] = []
     try:
         for line in meminfo.read_text().splitlines():
