@@ -7,6 +7,6 @@ if engine.MISSING_EXTRA is not None:
     print(f"error: {missing_message(engine.MISSING_EXTRA)}", file=sys.stderr)
     sys.exit(2)
 
-from engine.cli import main  # noqa: E402 (needs torch, checked above)
+from engine.cli import main
 
 sys.exit(main())

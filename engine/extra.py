@@ -4,7 +4,7 @@ tell a user who lacks one. Standard library only: it runs before torch can be im
 from __future__ import annotations
 
 ENGINE_EXTRA = ("torch", "safetensors")  # imported as the engine loads; triton when a kernel runs
-INSTALL = "pip install torch==2.13.0 && pip install 'servesim[engine]'"
+INSTALL = 'pip install torch==2.13.0 -e ".[engine]"'
 
 
 class EngineExtraMissingError(ModuleNotFoundError):
@@ -13,6 +13,6 @@ class EngineExtraMissingError(ModuleNotFoundError):
 
 def missing_message(name: str) -> str:
     return (
-        f"the engine needs {name}, which is not installed; install the engine extra: "
-        f"{INSTALL} (torch first, so that pip does not pull a CUDA build you may not want)"
+        f"the engine needs {name}, which is not installed; install the engine extra from the "
+        f"project's folder: {INSTALL} (torch pinned, so that pip does not pull a CUDA build)"
     )

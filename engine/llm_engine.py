@@ -25,9 +25,8 @@ from core.config import CacheConfig, SchedulerConfig
 from core.request import Request
 from core.scheduler import Scheduler
 from engine.kv_cache import KVCache
-from engine.memory import check_memory, profile_batch
+from engine.memory import check_memory, profile_batch, run_profiling_pass
 from engine.model.config import ModelConfig
-from engine.model.llama import LlamaForCausalLM
 from engine.model.weights import load_model
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
@@ -355,36 +354,6 @@ class LLMEngine:
                 f"gpu_memory_utilization {config.gpu_memory_utilization}"
             )
         return num_blocks
-
-
-def run_profiling_pass(
-    model: LlamaForCausalLM, seq_lens: Sequence[int], block_size: int, backend: str
-) -> None:
-    """One forward of fresh prompts of ``seq_lens`` tokens (``profile_batch``), each sampling
-    its last row, over a scratch KV cache of just their blocks, freed on return."""
-    from engine.attention import build_metadata
-
-    device = model.device
-    chunks, tables, positions, last = [], [], [], []
-    first_block = 0
-    for seq_len in seq_lens:
-        num_blocks = -(-seq_len // block_size)
-        chunks.append((0, seq_len))
-        tables.append(list(range(first_block, first_block + num_blocks)))
-        first_block += num_blocks
-        positions.extend(range(seq_len))
-        last.append(len(positions) - 1)
-    layers = model.make_kv_caches(first_block, block_size)
-    meta = build_metadata([], [], chunks, tables, block_size, device, backend)
-    ids = torch.zeros(len(positions), dtype=torch.int64, device=device)
-    with torch.inference_mode():
-        model(
-            ids,
-            torch.tensor(positions, dtype=torch.int64, device=device),
-            layers,
-            meta,
-            torch.tensor(last, dtype=torch.int64, device=device),
-        )
 
 
 def _weak_method(method: Callable[[Request], _T]) -> Callable[[Request], _T]:

@@ -1,21 +1,20 @@
-"""The engine's memory before it allocates: the shape of the memory-profiling pass
-(``profile_batch``), an estimate of what an engine needs (``estimate_memory``: weights, KV cache,
-activations), what the host has available, and the refusal when the need exceeds it."""
+"""The engine's memory before it allocates: the memory-profiling pass (``profile_batch``, its
+shape, and ``run_profiling_pass``), an estimate of what an engine needs (``estimate_memory``:
+weights, KV cache, activations), what the host has available, and the refusal when the need
+exceeds it (``check_memory``)."""
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from engine.model.config import ModelConfig, load_model_config
-from engine.model.llama import resolve_dtype
-
-if TYPE_CHECKING:
-    from engine.llm_engine import EngineConfig
+from engine.model.llama import LlamaForCausalLM, resolve_dtype
 
 GIB = 1 << 30
 MEMINFO = Path("/proc/meminfo")
@@ -23,6 +22,36 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # What the sampler keeps per logit row and vocabulary entry beyond the LM head's own output:
 # the fp32 copy of the logits and about two fp32 temporaries (probabilities, noise).
 SAMPLER_FP32_COPIES = 3
+
+
+PARTS = ("weights", "KV cache", "activations", "swap space")  # a MemoryNeed's, as named
+
+
+class EngineSettings(Protocol):
+    """The fields of ``engine.llm_engine.EngineConfig`` that size an engine."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> str | None: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_gpu_blocks(self) -> int | None: ...
+    @property
+    def cpu_kv_cache_gib(self) -> float: ...
+    @property
+    def swap_space_gib(self) -> float: ...
+    @property
+    def preemption_mode(self) -> str: ...
+    @property
+    def max_num_batched_tokens(self) -> int: ...
+    @property
+    def max_num_seqs(self) -> int: ...
+    @property
+    def max_model_len(self) -> int | None: ...
 
 
 class InsufficientMemoryError(ValueError):
@@ -51,6 +80,39 @@ def profile_batch(
     return tuple(base + (1 if i < extra else 0) for i in range(num_seqs))
 
 
+def run_profiling_pass(
+    model: LlamaForCausalLM, seq_lens: Sequence[int], block_size: int, backend: str
+) -> None:
+    """One forward of fresh prompts of ``seq_lens`` tokens (``profile_batch``), each sampling
+    its last row, over a scratch KV cache of just their blocks, freed on return."""
+    from engine.attention import build_metadata
+
+    device = model.device
+    chunks: list[tuple[int, int]] = []
+    tables: list[list[int]] = []
+    positions: list[int] = []
+    last: list[int] = []
+    first_block = 0
+    for seq_len in seq_lens:
+        num_blocks = -(-seq_len // block_size)
+        chunks.append((0, seq_len))
+        tables.append(list(range(first_block, first_block + num_blocks)))
+        first_block += num_blocks
+        positions.extend(range(seq_len))
+        last.append(len(positions) - 1)
+    layers = model.make_kv_caches(first_block, block_size)
+    meta = build_metadata([], [], chunks, tables, block_size, device, backend)
+    ids = torch.zeros(len(positions), dtype=torch.int64, device=device)
+    with torch.inference_mode():
+        model(
+            ids,
+            torch.tensor(positions, dtype=torch.int64, device=device),
+            layers,
+            meta,
+            torch.tensor(last, dtype=torch.int64, device=device),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryNeed:
     """What an engine will allocate, in bytes: its weights, its KV cache on the device (0
@@ -62,14 +124,21 @@ class MemoryNeed:
     activation_bytes: int
     swap_bytes: int
 
-    def describe(self, parts: tuple[str, ...]) -> str:
-        names = {
+    def _by_name(self) -> dict[str, int]:
+        return {
             "weights": self.weights_bytes,
             "KV cache": self.kv_cache_bytes,
             "activations": self.activation_bytes,
             "swap space": self.swap_bytes,
         }
-        return ", ".join(f"{name} {_gib(names[name])}" for name in parts if names[name])
+
+    def total(self, parts: tuple[str, ...]) -> int:
+        """The bytes of ``parts`` (names as ``describe`` writes them)."""
+        return sum(self._by_name()[name] for name in parts)
+
+    def describe(self, parts: tuple[str, ...]) -> str:
+        named = self._by_name()
+        return ", ".join(f"{name} {_gib(named[name])}" for name in parts if named[name])
 
 
 def num_parameters(model: ModelConfig) -> int:
@@ -92,7 +161,7 @@ def activation_bytes(model: ModelConfig, num_tokens: int, num_rows: int, element
 
 
 def estimate_memory(
-    config: EngineConfig, model: ModelConfig, element: int, max_model_len: int
+    config: EngineSettings, model: ModelConfig, element: int, max_model_len: int
 ) -> MemoryNeed:
     """What ``config``'s engine needs, with ``element`` bytes per weight and KV value."""
     rope_tables = 2 * model.max_position_embeddings * (model.head_dim // 2) * element
@@ -143,7 +212,16 @@ def available_host_bytes(
     return min(found)
 
 
-def check_memory(config: EngineConfig) -> MemoryNeed:
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """Where part of the need must fit: the parts it counts and what is available there."""
+
+    where: str
+    parts: tuple[str, ...]
+    available: Callable[[], tuple[int | None, str]]
+
+
+def check_memory(config: EngineSettings) -> MemoryNeed:
     """Refuse ``config`` with ``InsufficientMemoryError`` when the engine it builds would not
     fit: on CPU all it needs against the host's available memory, on CUDA the weights,
     activations (and a fixed cache) against the device's free memory and the swap space
@@ -154,31 +232,31 @@ def check_memory(config: EngineConfig) -> MemoryNeed:
     element = torch.empty((), dtype=dtype).element_size()
     max_len = min(config.max_model_len or model.max_model_len, model.max_model_len)
     need = estimate_memory(config, model, element, max_len)
-    everything = ("weights", "KV cache", "activations", "swap space")
     if device.type == "cuda":
-        device_need = need.weights_bytes + need.kv_cache_bytes + need.activation_bytes
-        checks = [(device_need, lambda: _free_device_bytes(device), everything[:3], str(device))]
-        checks.append((need.swap_bytes, available_host_bytes, everything[3:], "the host"))
+        places = [
+            _Place(str(device), PARTS[:3], lambda: _free_device_bytes(device)),
+            _Place("the host", PARTS[3:], available_host_bytes),
+        ]
     else:
-        total = need.weights_bytes + need.kv_cache_bytes + need.activation_bytes
-        checks = [(total + need.swap_bytes, available_host_bytes, everything, "the host")]
-    for wanted, measure, parts, where in checks:
-        available, source = measure()
+        places = [_Place("the host", PARTS, available_host_bytes)]
+    for place in places:
+        wanted = need.total(place.parts)
+        available, source = place.available()
         if not wanted or available is None or wanted <= available:
             continue
         gc.collect()  # engines the caller dropped in a reference cycle still hold memory
-        available, source = measure()
-        if wanted > available:
+        available, source = place.available()
+        if available is not None and wanted > available:
             raise InsufficientMemoryError(
                 f"model {config.model} ({dtype_name(dtype)}) needs about {_gib(wanted)} on "
-                f"{where} ({need.describe(parts)}), but only {_gib(available)} is available "
-                f"({source}); a smaller model or dtype, fewer KV blocks, a smaller token budget "
-                "or less swap space would need less"
+                f"{place.where} ({need.describe(place.parts)}), but only {_gib(available)} is "
+                f"available ({source}); a smaller model or dtype, fewer KV blocks, a smaller "
+                "token budget or less swap space would need less"
             )
     return need
 
 
-def _free_device_bytes(device: torch.device) -> tuple[int, str]:
+def _free_device_bytes(device: torch.device) -> tuple[int | None, str]:
     free, _total = torch.cuda.mem_get_info(device)
     return int(free), "free device memory"
 

@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine import LLM  # noqa: E402
+from engine import LLM
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # Imported first by the interpreter (from PYTHONPATH): a finder that makes torch look absent.
-NO_TORCH = '''
+NO_TORCH = """
 import sys
 
 class _NoTorch:
@@ -28,7 +28,7 @@ class _NoTorch:
         return None
 
 sys.meta_path.insert(0, _NoTorch())
-'''
+"""
 
 
 def _without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -44,7 +44,7 @@ def test_the_engine_without_torch_says_how_to_install_it(tmp_path: Path) -> None
     done = _without_torch(tmp_path, "-m", "engine", "run", trace)
     assert done.returncode == 2
     assert done.stderr.startswith("error: the engine needs torch, which is not installed")
-    assert "pip install torch==2.13.0 && pip install 'servesim[engine]'" in done.stderr
+    assert 'pip install torch==2.13.0 -e ".[engine]"' in done.stderr
     assert "Traceback" not in done.stderr
     # The library's names say the same when used.
     done = _without_torch(tmp_path, "-c", "from engine import LLM")

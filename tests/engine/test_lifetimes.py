@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine import profiling  # noqa: E402
-from engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from tests.engine.engine_lifetimes import engine_lifetimes  # noqa: E402
+from engine import profiling
+from engine.llm_engine import EngineConfig, LLMEngine
+from tests.engine.engine_lifetimes import engine_lifetimes
 
 SMALL_CACHE = dict(weights="random", cpu_kv_cache_gib=0.01)
 

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 import engine.llm_engine as llm_engine  # noqa: E402
 from engine import memory  # noqa: E402
 from engine.cli import main as engine_main  # noqa: E402
-from engine.llm_engine import EngineConfig, LLMEngine, run_profiling_pass  # noqa: E402
+from engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from engine.model.config import load_model_config  # noqa: E402
 from engine.model.llama import LlamaForCausalLM  # noqa: E402
 from engine.model.weights import load_model  # noqa: E402
@@ -59,11 +59,11 @@ def tiny() -> LlamaForCausalLM:
 def test_the_profiling_pass_runs_within_the_rotary_table(tiny: LlamaForCausalLM) -> None:
     max_len = tiny.config.max_model_len
     lens = memory.profile_batch(2 * max_len, 1, max_len)
-    run_profiling_pass(tiny, lens, block_size=16, backend="torch")
+    memory.run_profiling_pass(tiny, lens, block_size=16, backend="torch")
     # The old shape (one sequence of the whole budget) reads past the table: on CPU an
     # IndexError, so this test sees what CUDA reported as a device-side assert.
     with pytest.raises(IndexError):
-        run_profiling_pass(tiny, (2 * max_len,), block_size=16, backend="torch")
+        memory.run_profiling_pass(tiny, (2 * max_len,), block_size=16, backend="torch")
 
 
 def test_the_parameter_count_is_the_models() -> None:
