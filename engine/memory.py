@@ -228,6 +228,11 @@ def check_memory(config: EngineSettings) -> MemoryNeed:
     against the host's. Runs before anything is allocated; returns the estimate."""
     model = load_model_config(config.model)
     device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + (
+            "" if torch.version.cuda else ", built without CUDA"
+        )
+        raise ValueError(f"device {config.device}: no CUDA device here ({build})")
     dtype = resolve_dtype(model, device, getattr(torch, config.dtype) if config.dtype else None)
     element = torch.empty((), dtype=dtype).element_size()
     max_len = min(config.max_model_len or model.max_model_len, model.max_model_len)
@@ -257,8 +262,11 @@ def check_memory(config: EngineSettings) -> MemoryNeed:
 
 
 def _free_device_bytes(device: torch.device) -> tuple[int | None, str]:
+    """The device's free memory plus what torch's caching allocator holds unused (a dropped
+    engine's cache goes there, and this process can reuse it)."""
     free, _total = torch.cuda.mem_get_info(device)
-    return int(free), "free device memory"
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free + cached), "free device memory, with what torch holds unused"
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -54,10 +54,10 @@ def detect(out: Path, model: str, dtype: str, hardware: str | None) -> CheckSett
 
 
 def child_env(shim: Path) -> tuple[dict[str, str], str]:
-    """The parts' environment: the project's sources on the path and, where servesim is not
-    installed, its ``servesim.commands`` entry point (``python -m sim calibrate`` and
-    ``validate``) from a distribution folder of the check's own, written to ``shim``.
-    Returns it and a note."""
+    """The parts' environment: the project's sources on the path, Triton compiled
+    (``TRITON_INTERPRET=0``) and, where servesim is not installed, its ``servesim.commands``
+    entry point (``python -m sim calibrate`` and ``validate``) from a distribution folder of
+    the check's own, written to ``shim``. Returns it and a note."""
     paths, note = [str(ROOT)], "installed"
     if not metadata.entry_points(group=ENTRY_POINT_GROUP):
         write_entry_point(shim)
@@ -65,7 +65,9 @@ def child_env(shim: Path) -> tuple[dict[str, str], str]:
         note = f"servesim is not installed: its command entry point comes from {shim}"
     if os.environ.get("PYTHONPATH"):
         paths.append(os.environ["PYTHONPATH"])
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}, note
+    # Compiled kernels: the kernel tests' conftest runs them interpreted unless told otherwise.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TRITON_INTERPRET": "0"}
+    return env, note
 
 
 def write_entry_point(folder: Path) -> None:
@@ -222,7 +224,11 @@ def finish(
         settings = replace(settings, hardware=found)
         names = {part.name for part in parts}
         parts = [parts[0], *(part for part in plan(settings) if part.name in names)]
-    header["hardware"] = settings.hardware + ("" if hardware else " (from the device)")
+    if hardware is None:
+        source = "from the device" if found else "the device matches no preset"
+        header["hardware"] = f"{settings.hardware} ({source})"
+    else:
+        header["hardware"] = hardware
     if first.figures.get("device") == "cpu":
         header["note"] = "no CUDA device: the parts that need one fail"
     results = check.run(parts[1:])

@@ -37,6 +37,9 @@ def pytest_counts(folder: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: no pytest summary line")
     counts = {kind.rstrip("s") if kind.startswith("error") else kind: int(num)
               for num, kind in PYTEST_COUNT.findall(lines[-1])}  # fmt: skip
+    if not counts.get("passed") and not counts.get("failed"):
+        # All skipped (no CUDA, or TRITON_INTERPRET=1): the part must not read as passed.
+        raise ValueError(f"{path}: no test ran ({lines[-1].strip(' =')})")
     return counts
 
 

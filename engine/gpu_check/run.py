@@ -165,7 +165,7 @@ class Check:
                 figures = part.read(folder)
             except (OSError, ValueError, KeyError, TypeError) as error:
                 if status == "passed":
-                    status, reason = "failed", f"its results are unreadable: {error}"
+                    status, reason = "failed", f"results: {error}"
         return PartResult(
             part.name, part.about, status, self.clock() - start, reason, code,
             tuple(shlex.join(argv) for argv in argvs), str(log.relative_to(self.out)), figures,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from engine.cli import main as engine_main
 from engine.gpu_check import command, summary
@@ -160,7 +160,7 @@ def test_unreadable_results_fail_the_part(tmp_path: Path) -> None:
         raise ValueError(f"{folder / 'x.json'}: missing")
 
     (result,) = _check(tmp_path).run([_part("quiet", "pass", read=unreadable)])
-    assert result.status == "failed" and "its results are unreadable" in result.reason
+    assert result.status == "failed" and result.reason.startswith("results: ")
 
 
 def test_parts_are_chosen_by_name(tmp_path: Path) -> None:
@@ -247,3 +247,30 @@ def test_the_dry_run_lists_and_checks_every_part(
     assert "every part's command checks out" in text
     assert "$ python -m sim calibrate --model llama-3-8b --device cuda" in text
     assert not out.exists()
+
+
+def test_the_parts_run_compiled_kernels_from_the_sources(tmp_path: Path) -> None:
+    env, note = command.child_env(tmp_path / "shim")
+    assert env["TRITON_INTERPRET"] == "0"
+    assert env["PYTHONPATH"].split(os.pathsep)[0 if note == "installed" else 1] == str(
+        Path(__file__).resolve().parents[2]
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the run without a GPU, end to end")
+def test_a_check_without_a_gpu_reports_every_part(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "check"
+    argv = ["gpu-check", "--out", str(out), "--only", "calibrate,validate-example-chunked"]
+    assert engine_main(argv) == 1
+    data = json.loads((out / summary.SUMMARY_JSON).read_text())
+    parts = {p["name"]: p for p in data["parts"]}
+    assert list(parts) == ["environment", "calibrate", "validate-example-chunked"]
+    assert parts["environment"]["status"] == "passed"
+    assert parts["calibrate"]["status"] == "failed"
+    assert "error: device cuda: no CUDA device here" in parts["calibrate"]["reason"]
+    assert parts["validate-example-chunked"]["reason"] == "needs calibrate to have passed"
+    assert data["hardware"] == "H100-SXM (the device matches no preset)"
+    assert "calibrate" in capsys.readouterr().out

@@ -73,6 +73,10 @@ def test_pytest_counts_come_from_the_last_summary_line(tmp_path: Path) -> None:
     (tmp_path / "log.txt").write_text("ImportError: no module named triton\n")
     with pytest.raises(ValueError, match="no pytest summary line"):
         figures.pytest_counts(tmp_path)
+    # Every gpu test skipped (no CUDA, or the kernels interpreted) is not a pass.
+    (tmp_path / "log.txt").write_text("74 skipped, 900 deselected in 9.1s\n")
+    with pytest.raises(ValueError, match="no test ran"):
+        figures.pytest_counts(tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -136,3 +136,11 @@ def test_the_estimate_is_what_the_engine_allocates() -> None:
     assert need.weights_bytes == weights
     cache = sum(k.numel() * k.element_size() * 2 for k, _ in engine.kv_cache.layers)
     assert need.kv_cache_bytes == cache
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_cuda_without_a_device_is_an_error_line(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = ROOT / "traces" / "data" / "example.csv"
+    assert engine_main(["run", str(trace), "--device", "cuda", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: device cuda: no CUDA device here (torch ")
