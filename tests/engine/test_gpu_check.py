@@ -18,11 +18,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine.cli import main as engine_main
-from engine.gpu_check import command, summary
-from engine.gpu_check.environment import hardware_preset
-from engine.gpu_check.parts import CheckSettings, Command, Part, environment_part, plan
-from engine.gpu_check.run import Check
+from engine.cli import main as engine_main  # noqa: E402
+from engine.gpu_check import command, summary  # noqa: E402
+from engine.gpu_check.environment import hardware_preset  # noqa: E402
+from engine.gpu_check.parts import CheckSettings, Command, Part, environment_part, plan  # noqa: E402
+from engine.gpu_check.run import Check  # noqa: E402
 
 
 def _python(code: str) -> Command:
