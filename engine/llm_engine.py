@@ -14,7 +14,8 @@ from __future__ import annotations
 import gc
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -289,6 +290,20 @@ class LLMEngine:
         for request in finished:
             self._sampling.pop(request.request_id, None)
         return StepOutput(batch, finished, record)
+
+    @contextmanager
+    def scheduled_by(
+        self, cache_config: CacheConfig, scheduler_config: SchedulerConfig
+    ) -> Iterator[Scheduler]:
+        """The block runs under a fresh scheduler of these configurations, on this engine's
+        model and cache (calibration's workloads); the engine's own scheduler comes back
+        after. Every request added inside must have finished by the end of the block."""
+        own = self.scheduler
+        self.scheduler = Scheduler(cache_config, scheduler_config)
+        try:
+            yield self.scheduler
+        finally:
+            self.scheduler = own
 
     def warm_up(self) -> int:
         """Run one short request (a prefill, then decodes) on a scratch scheduler, so that

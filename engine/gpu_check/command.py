@@ -32,8 +32,9 @@ FLAG = re.compile(r"^--?[A-Za-z][\w-]*")
 
 def detect(out: Path, model: str, dtype: str, hardware: str | None) -> CheckSettings:
     """The settings of a check on this installation: whether the engine has CUDA graphs
-    (``EngineConfig.enforce_eager``), ``kernels.bench``'s flag for timing in a CUDA graph (an
-    option with "graph" in its name, if any), and pytest-xdist's workers."""
+    (``EngineConfig.enforce_eager``), whether ``kernels.bench`` times in a CUDA graph (its
+    help names graphs) and the flag for it (an option with "graph" in its name, if any), and
+    pytest-xdist's workers."""
     from engine.llm_engine import EngineConfig
 
     bench = importlib.import_module("kernels.bench")  # untyped: its kernels' module
@@ -48,6 +49,7 @@ def detect(out: Path, model: str, dtype: str, hardware: str | None) -> CheckSett
         dtype=dtype,
         hardware=hardware or "H100-SXM",
         graphs="enforce_eager" in EngineConfig.__dataclass_fields__,
+        bench_graphs="graph" in text.getvalue().lower(),
         bench_graph_flag=flags[0] if flags else None,
         pytest_workers=workers,
     )
@@ -163,8 +165,9 @@ def dry_run(settings: CheckSettings, parts: list[Part], env: dict[str, str]) -> 
         f"{BUDGET_S:.0f} s (parts that no longer fit are skipped, and the summary says so)"
     )
     print(
-        f"CUDA graphs: {'yes' if settings.graphs else 'no'}; kernels.bench graph flag: "
-        f"{settings.bench_graph_flag or 'none'}; pytest workers: {settings.pytest_workers}"
+        f"engine CUDA graphs: {'yes' if settings.graphs else 'no'}; kernels.bench in a CUDA "
+        f"graph: {'yes' if settings.bench_graphs else 'no'} (flag: "
+        f"{settings.bench_graph_flag or 'none'}); pytest workers: {settings.pytest_workers}"
     )
     for part in parts:
         missing = [name for name in part.modules if util.find_spec(name) is None]
@@ -197,6 +200,7 @@ def run_gpu_check(args: argparse.Namespace) -> int:
         "model": settings.model,
         "dtype": settings.dtype,
         "cuda_graphs": settings.graphs,
+        "kernels_bench_graphs": settings.bench_graphs,
         "kernels_bench_graph_flag": settings.bench_graph_flag,
         "pytest_workers": settings.pytest_workers,
         "servesim_commands": entry_point,

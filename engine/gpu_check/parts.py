@@ -62,14 +62,16 @@ class Part:
 @dataclass(frozen=True, slots=True)
 class CheckSettings:
     """What the check runs on: the model, the roofline's hardware preset (from the device),
-    whether the engine has CUDA graphs, the ``kernels.bench`` flag that times kernels in a
-    graph (if it has one) and the pytest workers (pytest-xdist, 0 = none)."""
+    whether the engine has CUDA graphs, whether ``kernels.bench`` times kernels in a CUDA
+    graph and the flag that asks it to (None: it does by default, or cannot), and the pytest
+    workers (pytest-xdist, 0 = none)."""
 
     out: Path
     model: str = "llama-3-8b"
     dtype: str = "bfloat16"
     hardware: str = "H100-SXM"
     graphs: bool = False
+    bench_graphs: bool = False
     bench_graph_flag: str | None = None
     pytest_workers: int = 0
     python: str = field(default_factory=lambda: sys.executable)
@@ -267,7 +269,11 @@ def _kernels_bench(settings: CheckSettings) -> Part:
     args: tuple[str, ...] = ("--quick", "--out", str(out))
     if settings.bench_graph_flag:
         args += (settings.bench_graph_flag,)
-    graphs = "with small shapes in a CUDA graph" if settings.bench_graph_flag else "(no graph mode)"
+    graphs = (
+        "with small shapes also in a CUDA graph"
+        if settings.bench_graphs
+        else "(this kernels.bench times nothing in a CUDA graph)"
+    )
     return Part(
         "kernels-bench",
         f"python -m kernels.bench --quick {graphs}",

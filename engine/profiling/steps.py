@@ -6,8 +6,8 @@ hold a second model and KV cache, and on CUDA its memory profiling would count t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -72,11 +72,10 @@ def grid_steps(
         return steps
 
 
-@contextmanager
-def _scheduled_as(engine: LLMEngine, budget_tokens: int) -> Iterator[None]:
-    """``engine`` under a fresh scheduler for the block: chunked prefill at ``budget_tokens``,
-    preemption by recompute, no host swap space and no prefix cache, so that every step is
-    a plain step of the engine's own model and cache. Its own scheduler comes back after."""
+def _scheduled_as(engine: LLMEngine, budget_tokens: int) -> AbstractContextManager[Scheduler]:
+    """``engine`` under a fresh scheduler (``LLMEngine.scheduled_by``): chunked prefill at
+    ``budget_tokens``, preemption by recompute, no host swap space and no prefix cache, so
+    that every step is a plain step of the engine's own model and cache."""
     cache = replace(engine.cache_config, num_cpu_blocks=0, enable_prefix_caching=False)
     config = replace(
         engine.scheduler_config,
@@ -84,12 +83,7 @@ def _scheduled_as(engine: LLMEngine, budget_tokens: int) -> Iterator[None]:
         max_num_batched_tokens=budget_tokens,
         preemption_mode="recompute",
     )
-    own = engine.scheduler
-    engine.scheduler = Scheduler(cache, config)
-    try:
-        yield
-    finally:
-        engine.scheduler = own
+    return engine.scheduled_by(cache, config)
 
 
 def _run_to_end(engine: LLMEngine) -> list[StepRecord]:
