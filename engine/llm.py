@@ -78,17 +78,15 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (all arrive now); outputs come back in prompt order."""
+        prompts = token_id_lists(prompt_token_ids)
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
-            params = [sampling_params] * len(prompt_token_ids)
+            params = [sampling_params] * len(prompts)
         else:
             params = list(sampling_params)
-            if len(params) != len(prompt_token_ids):
-                raise ValueError(
-                    f"{len(params)} sampling params for {len(prompt_token_ids)} prompts"
-                )
-        prompts = token_id_lists(prompt_token_ids)
+            if len(params) != len(prompts):
+                raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
         engine = self.engine
         now = engine.clock()
         requests: list[Request] = []

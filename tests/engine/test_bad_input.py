@@ -65,6 +65,7 @@ def llm() -> LLM:
         (["hello world"], "prompt 0 is str 'hello world'"),
         ("hello world", "got str 'hello world'"),
         ([1, 2, 3], "prompt 0 is int 1"),
+        (5, "got int 5"),
         ([[5, 6], [7, "8"]], "prompt 1 holds str '8' at position 1"),
         ([[5, 6.0]], "prompt 0 holds float 6.0 at position 1"),
     ],
