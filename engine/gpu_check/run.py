@@ -20,8 +20,10 @@ from engine.gpu_check.figures import LOG_FILE
 from engine.gpu_check.parts import ROOT, Part
 
 STATUSES = ("passed", "failed", "timed out", "skipped")
-SUMMARY_RESERVE_S = 5.0  # kept back from the budget to write the summary
-KILL_GRACE_S = 10.0
+# Kept back from the budget: a stopped part's process group gets KILL_GRACE_S after SIGTERM
+# and again after SIGKILL, and the summary is written last.
+KILL_GRACE_S = 5.0
+SUMMARY_RESERVE_S = 2 * KILL_GRACE_S + 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +90,9 @@ def log_tail(path: Path, num_lines: int = 3) -> str:
 
 
 class Check:
-    """Runs parts in order within ``budget_s`` seconds (on ``clock``), writing each into
-    ``out/<name>/``; ``on_result`` sees each result as it comes (the summary's writer)."""
+    """Runs parts in order within ``budget_s`` seconds (on ``clock``, from ``start_s``, by
+    default now), writing each into ``out/<name>/``; ``on_result`` sees each result as it
+    comes (the summary's writer)."""
 
     def __init__(
         self,
@@ -100,11 +103,12 @@ class Check:
         launcher: Launcher = launch,
         clock: Callable[[], float] = time.monotonic,
         on_result: Callable[[list[PartResult]], None] | None = None,
+        start_s: float | None = None,
     ) -> None:
         self.out, self.budget_s, self.python, self.env = out, budget_s, python, env
         self.launcher, self.clock = launcher, clock
         self.on_result = on_result or (lambda _: None)
-        self.start_s = clock()
+        self.start_s = clock() if start_s is None else start_s
         self.results: list[PartResult] = []
 
     def left_s(self) -> float:
