@@ -353,3 +353,12 @@ def test_swap_without_swap_space_is_refused(capsys: pytest.CaptureFixture[str]) 
     code = engine_main(["run", str(trace), "--preemption", "swap", "--swap-space-gib", "0"])
     assert code == 2
     assert "swap_space_gib" in capsys.readouterr().err
+
+
+def test_the_weights_hint_speaks_the_command_lines_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    trace = ROOT / "traces" / "data" / "example.csv"
+    assert engine_main(["run", str(trace), "--model", "tiny-llama", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--weights random" in err
