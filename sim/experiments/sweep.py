@@ -24,7 +24,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from records.run_dir import write_run_dir
-from records.sweep_table import write_sweep_csv
+from records.sweep_table import points_text, write_sweep_csv
 from sim.experiments.sweep_spec import (
     RATE,
     OptionValue,
@@ -420,8 +420,7 @@ def sweep_command(args: argparse.Namespace) -> int:
             f"wrote {outcome.csv_path}: {len(outcome.rows)} points ({outcome.num_resumed} "
             f"resumed, {len(failed)} failed)"
         )
-        for row in failed:
-            print(f"  point {row['point']}: {row['error']}")
+        print(points_text(outcome.option_names, outcome.rows))
     if args.report:
         from reports.sweep import write_sweep_report
 

@@ -222,3 +222,19 @@ def test_workers_are_opened_once_for_many_batches(tmp_path: Path) -> None:
     assert [row["point"] for row in rows] == [0, 1, 2, 3, 4]
     assert all(row["status"] == "ok" for row in rows)
     assert all(o.extra["cpu_s"] > 0 for o in [*first, *second])
+
+
+def test_sweep_prints_its_points_as_a_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_spec(tmp_path)
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["point"])
+    assert "policy" in lines[head] and "req/s" in lines[head] and "TTFT p99 ms" in lines[head]
+    rows = load_sweep_csv(tmp_path / "out" / "sweep.csv")
+    body = lines[head + 1 : head + 1 + len(rows)]
+    for line, (_, row) in zip(body, rows.iterrows(), strict=True):
+        cells = line.split()
+        assert cells[0] == str(row["point"]) and row["policy"] in cells
+        assert f"{row['request_throughput']:.3f}" in cells and cells[-1] == "ok"
