@@ -72,7 +72,8 @@ def points_text(option_names: Sequence[str], rows: Sequence[Mapping[str, Any]]) 
             line["status"] += f": {row['error']}"
         table.append(line)
     frame = pd.DataFrame(table)
-    return frame.to_string(index=False)
+    text: str = frame.to_string(index=False)
+    return text
 
 
 def option_text(value: Any) -> str:

@@ -131,6 +131,8 @@ def deployment_text(config: dict[str, Any]) -> str:
             f"{config.get('link_latency_us', UNKNOWN):g} us latency, "
             f"{parallel} transfer(s) at a time"
         )
+    if "router" not in config:  # the engine, or a measured run: one replica, nothing routes
+        return "1 replica"
     replicas = config.get("num_replicas", 1)
     return (
         f"{replicas} colocated replica{'s' if replicas != 1 else ''}, "
@@ -188,8 +190,8 @@ def _config_rows(run: RunRecords) -> list[tuple[str, str]]:
         memory += f" ({c.get('reservation', UNKNOWN)} reservation)"
     return [
         ("trace", run.trace_name),
-        ("model", f"{c.get('model', UNKNOWN)} (TP{c.get('tp', UNKNOWN)})"),
-        ("hardware", str(c.get("hardware", UNKNOWN))),
+        ("model", f"{c.get('model', UNKNOWN)}" + (f" (TP{c['tp']})" if "tp" in c else "")),
+        ("hardware", run.hardware or str(c.get("hardware", UNKNOWN))),
         ("policy", str(c.get("policy", UNKNOWN))),
         ("deployment", deployment_text(c)),
         ("KV memory", memory),
@@ -201,7 +203,7 @@ def _config_rows(run: RunRecords) -> list[tuple[str, str]]:
             f"{c.get('max_num_seqs', UNKNOWN)} sequences, "
             f"{c.get('max_num_batched_tokens', UNKNOWN)} tokens",
         ),
-        ("cost model", str(c.get("profile") or "roofline")),
+        ("times", run.timing or f"simulated: cost model {c.get('profile') or 'roofline'}"),
         ("servesim version", run.version or UNKNOWN),
         ("command", run.command or UNKNOWN),
         ("run directory", run.source or "(in memory)"),

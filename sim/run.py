@@ -35,7 +35,7 @@ from sim.costmodel.base import CostModelConfig, make_cost_model
 from sim.deployment import ROUTERS, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
 from sim.simulator import Replica
-from sim.specs.hardware_file import load_hardware
+from sim.specs.hardware_file import hardware_is_file, load_hardware
 from sim.specs.kv_capacity import derive_num_blocks
 from traces.schema import Trace
 
@@ -140,6 +140,8 @@ class RunResult:
     trace_stats: dict[str, float] = field(default_factory=dict)
     command: str | None = None
     transfers: list[Transfer] = field(default_factory=list)
+    # A hardware file's own ``name`` (None for a preset, whose name is ``config.hardware``).
+    hardware_name: str | None = None
 
     @property
     def mean_real_token_share(self) -> float | None:
@@ -154,8 +156,10 @@ class RunResult:
         write_run_dir(out, self.requests_frame(), self.steps.to_frame(), self.payload())
 
     def payload(self) -> dict[str, Any]:
-        """What ``summary.json`` holds for this run."""
-        return {
+        """What ``summary.json`` holds for this run (``hardware_name`` only where a hardware
+        file named the GPU)."""
+        named = {"hardware_name": self.hardware_name} if self.hardware_name else {}
+        return named | {
             "trace": self.trace_name,
             "config": asdict(self.config),
             "memory_model": self.memory_model,
@@ -317,4 +321,5 @@ def simulate(
         notes=list(trace.notes),
         trace_stats=trace.length_stats(),
         transfers=output.transfers,
+        hardware_name=hardware.name if hardware_is_file(config.hardware) else None,
     )

@@ -34,10 +34,11 @@ def add_run_command(commands: Any) -> None:
 def print_summary(result: RunResult) -> None:
     s = result.summary
     c = result.config
+    hardware = f"{result.hardware_name} ({c.hardware})" if result.hardware_name else c.hardware
     lines = [
         f"trace        {result.trace_name}: {s['num_requests']} requests ({s['completed']} "
         f"finished, {s['rejected']} rejected, {result.num_skipped_rows} bad rows skipped)",
-        f"config       {c.policy} / {result.memory_model} memory, {c.model} on {c.hardware} "
+        f"config       {c.policy} / {result.memory_model} memory, {c.model} on {hardware} "
         f"TP{c.tp}, {result.num_blocks} KV blocks of {c.block_size} tokens per replica",
         f"deployment   {deployment_text(asdict(c))}",
         f"duration     {s['duration_s']:.3f} s simulated",
