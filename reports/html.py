@@ -22,6 +22,7 @@ from reports.assets import ERROR_CAPTURE_JS, RENDER_JS, STYLE
 from reports.tables import (
     admission_note,
     latency_table,
+    overload_note,
     rejection_note,
     runs_table,
     throughput_table,
@@ -159,6 +160,9 @@ def report_sections(runs: Sequence[RunRecords]) -> list[Section]:
         derived = admission_note(run) or rejection_note(run.requests)
         if derived and derived not in notes:
             notes.append(derived if derived.startswith(run.label) else f"{run.label}: {derived}")
+        warning = overload_note(run)
+        if warning:
+            notes.append(f"{run.label}: warning: {warning}")
     notes_html = "".join(f"<li>{escape(n)}</li>" for n in notes)
     header = Section(
         "runs",

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from records.overload import frame_overload
 from records.run_dir import UNKNOWN, RunRecords
 from reports.memory import kv_utilisation
 
@@ -181,6 +182,14 @@ def admission_note(run: RunRecords) -> str | None:
         f"{run.label}: no request was admitted, so no step ran and its charts are empty "
         f"({rejection_note(run.requests) or 'no requests'})"
     )
+
+
+def overload_note(run: RunRecords) -> str | None:
+    """The run's overload warning (``records.overload``), from its requests, so that a run of
+    any executor, or one written before the check existed, shows it too."""
+    end_s = run.summary.get("duration_s")
+    overload = frame_overload(run.requests, float(end_s)) if end_s is not None else None
+    return overload.warning if overload is not None else None
 
 
 def _config_rows(run: RunRecords) -> list[tuple[str, str]]:

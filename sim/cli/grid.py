@@ -1,5 +1,5 @@
 """``python -m sim sweep`` and ``capacity``, the commands that run many configurations; their
-options and handlers live in sim/sweep.py and sim/capacity.py."""
+options and handlers live in sim/experiments/sweep.py and sim/cli/capacity.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 def add_sweep_commands(commands: Any) -> None:
     """Register ``sweep`` and ``capacity`` on `commands` (what `add_subparsers` returned)."""
-    from sim.experiments import capacity, sweep
+    from sim.cli import capacity
+    from sim.experiments import sweep
 
     sweep_parser = commands.add_parser(
         "sweep",

@@ -69,6 +69,8 @@ def print_summary(result: RunResult) -> None:
     rejected = rejection_note(result.requests_frame())
     if rejected:
         lines.append(f"rejected     {rejected}")
+    if result.overload is not None:
+        lines.append(f"warning      {result.overload.warning}")
     print("\n".join(lines))
 
 

@@ -238,3 +238,19 @@ def test_sweep_prints_its_points_as_a_table(
         cells = line.split()
         assert cells[0] == str(row["point"]) and row["policy"] in cells
         assert f"{row['request_throughput']:.3f}" in cells and cells[-1] == "ok"
+
+
+def test_a_point_can_repeat_the_trace_and_rows_are_judged(tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path,
+        f'[trace]\npath = "{EXAMPLE}"\n[run]\nslo-ttft = 300\nslo-tpot = 40\nrate = 30.0\n'
+        "[grid]\nrepeats = [1, 3]\npolicy = ['static', 'chunked']\n",
+    )
+    outcome = run_sweep(spec, tmp_path / "out")
+    rows = {(r["policy"], r["repeats"]): r for r in outcome.rows}
+    assert rows["chunked", 3]["num_requests"] == 3 * rows["chunked", 1]["num_requests"] == 600
+    assert rows["static", 3]["overloaded"] is True and rows["chunked", 1]["overloaded"] is False
+    for row in outcome.rows:
+        assert row["slo_attainment_low"] <= row["slo_attainment"] <= row["slo_attainment_high"]
+    with pytest.raises(ValueError, match="repeats must be an int >= 1"):
+        load_spec(write_spec(tmp_path, f'[trace]\npath = "{EXAMPLE}"\n[run]\nrepeats = 0\n'))
