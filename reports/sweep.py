@@ -225,14 +225,24 @@ def write_sweep_report(csv_path: str | Path, path: str | Path, title: str | None
 
 def attainment_vs_rate(probes: pd.DataFrame, goodput: float) -> go.Figure:
     """Share of requests within both SLOs against arrival rate, one line per configuration,
-    with the target drawn across."""
+    each probe with its 95% interval (batch means, where the rows hold it), and the target
+    drawn across."""
     fig = go.Figure()
     for config, group in probes.groupby("config", sort=True):
         group = group.sort_values("rate")
+        error_y = None
+        if {"slo_attainment_low", "slo_attainment_high"} <= set(group.columns):
+            error_y = {
+                "type": "data",
+                "symmetric": False,
+                "array": group["slo_attainment_high"] - group["slo_attainment"],
+                "arrayminus": group["slo_attainment"] - group["slo_attainment_low"],
+            }
         fig.add_trace(
             go.Scatter(
                 x=group["rate"],
                 y=group["slo_attainment"],
+                error_y=error_y,
                 mode="lines+markers",
                 name=f"config {config}",
             )
