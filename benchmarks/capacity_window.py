@@ -12,6 +12,7 @@ Run: python benchmarks/capacity_window.py [--trace T] [--max-num-seqs N] [--repe
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def main() -> None:
     num_requests = len(source.load())
     options: dict[str, object] = {"max_num_seqs": args.max_num_seqs}
     options |= {"slo_ttft": 500, "slo_tpot": 50}
-    print(f"trace {args.trace} ({num_requests} requests), max_num_seqs {args.max_num_seqs}")
+    shown = os.path.relpath(args.trace, ROOT)
+    print(f"trace {shown} ({num_requests} requests), max_num_seqs {args.max_num_seqs}")
     print("probe length        requests  capacity req/s  95% interval req/s   probes  wall s")
     runs: list[tuple[str, int | None]] = [
         (f"{k} x the trace", k) for k in map(int, args.repeats.split(","))

@@ -23,8 +23,10 @@ def add_sweep_commands(commands: Any) -> None:
     capacity_parser = commands.add_parser(
         "capacity",
         help="find the highest arrival rate that meets the SLOs",
-        description="Bracket, then bisect, the arrival rate (time-scaling TRACE's arrivals) to "
-        "the highest rate at which at least --goodput of requests meet both SLOs.",
+        description="Bracket, then bisect, the arrival rate (time-scaling TRACE's arrivals, the "
+        "trace repeated end to end until each probe is long enough to judge the steady state) "
+        "to the highest rate at which at least --goodput of requests meet both SLOs; the answer "
+        "comes with a 95% confidence interval (docs/sweep.md).",
     )
     capacity.add_capacity_arguments(capacity_parser)
     capacity_parser.set_defaults(func=capacity.capacity_command)

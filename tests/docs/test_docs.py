@@ -4,6 +4,7 @@ output (issue 33)."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 import subprocess
@@ -64,7 +65,7 @@ def _is_scratch(value: str) -> bool:
 def test_commands_write_only_to_a_scratch_folder(doc: Path) -> None:
     commands = _shell_commands(doc.read_text())
     for words in commands:
-        for flag, value in zip(words, words[1:], strict=False):
+        for flag, value in itertools.pairwise(words):
             if flag in OUTPUT_FLAGS:
                 assert _is_scratch(value), f"{doc.name}: {shlex.join(words)}"
     if doc.name == "README.md":
@@ -101,3 +102,19 @@ def test_the_measured_runs_table_is_what_measured_validate_prints(tmp_path: Path
     for row in rows:
         run = row.split("|")[1].strip()
         assert row.replace("−", "-") == _validate_row(SHARED_RUNS / run, tmp_path), run
+
+
+@pytest.mark.slow
+def test_the_fast_forward_boundary_table_is_the_benchmarks_output() -> None:
+    text = (ROOT / "docs" / "simulator_speed.md").read_text()
+    table = text.split("<!-- fast-forward-boundaries-table -->\n")[1].split("\n\n")[0]
+    documented = [line.strip("| ").split(" | ") for line in table.splitlines()[2:]]
+    printed = subprocess.run(
+        [sys.executable, "benchmarks/fast_forward_boundaries.py", "--requests", "10000"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    ).stdout
+    assert documented == [line.split(" | ") for line in printed.splitlines()[1:]]
