@@ -1,5 +1,6 @@
 """GPU benchmark of the kernels on a Llama-3-8B layer (32 query heads, 8 kv heads, head_dim 128,
-bf16) next to the device's copy bandwidth and torch SDPA; writes a JSON results file.
+bf16) next to the device's copy bandwidth and torch SDPA, plus small decode and the fused
+elementwise kernels inside CUDA graphs (``kernels.bench_graph``); writes a JSON results file.
 Run: python -m kernels.bench [--quick] [--out FILE]; --dry-run lists the sweep without a GPU."""
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ TARGETS = {
     "prefill_vs_sdpa": 0.70,
     "cache_ops": 0.60,
 }
+FAMILIES = ("decode", "prefill", "cache", "graph", "fused")
 
 
 @dataclass
@@ -42,6 +44,9 @@ class Row:
     tflops: float | None = None
     sdpa_us: float | None = None
     sdpa_backend: str | None = None
+    graph_us: float | None = None  # per call, captured in a CUDA graph
+    torch_us: float | None = None  # the unfused torch ops a fused kernel replaces
+    torch_graph_us: float | None = None
     verdicts: dict[str, bool] = field(default_factory=dict)
 
 
@@ -87,17 +92,22 @@ def copy_bandwidth_gbs() -> float:
 
 
 def paged_cache(
-    num_seqs: int, seq_len: int, block_size: int
+    num_seqs: int,
+    seq_len: int,
+    block_size: int,
+    device: str = "cuda",
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A bf16 cache holding num_seqs x seq_len tokens in randomly permuted blocks."""
+    """A cache (bf16 unless told) holding num_seqs x seq_len tokens in randomly permuted blocks."""
     import torch
 
+    dtype = dtype or torch.bfloat16
     blocks_per_seq = math.ceil(seq_len / block_size)
     num_blocks = num_seqs * blocks_per_seq
     shape = (num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM)
-    k_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    v_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    perm = torch.randperm(num_blocks, device="cuda", dtype=torch.int64).to(torch.int32)
+    k_cache = torch.randn(shape, device=device, dtype=dtype)
+    v_cache = torch.randn(shape, device=device, dtype=dtype)
+    perm = torch.randperm(num_blocks, device=device, dtype=torch.int64).to(torch.int32)
     return k_cache, v_cache, perm.view(num_seqs, blocks_per_seq)
 
 
@@ -248,17 +258,21 @@ def environment(argv: list[str]) -> dict[str, Any]:
     }
 
 
-def print_row(row: Row) -> None:
+def format_row(row: Row) -> str:
+    metric = ""
     if row.bandwidth_gbs is not None:
         metric = f"{row.bandwidth_gbs:8.1f} GB/s"
-    else:
+    elif row.tflops is not None:
         metric = f"{row.tflops:8.1f} TF/s"
-    sdpa = f"sdpa {row.sdpa_us:9.1f} us ({row.sdpa_backend})" if row.sdpa_us is not None else ""
-    verdicts = " ".join(f"{k}:{'PASS' if v else 'FAIL'}" for k, v in row.verdicts.items())
-    print(
-        f"{row.kernel:12s} {json.dumps(row.shape):58s} {row.median_us:10.1f} us {metric} "
-        f"{sdpa} {verdicts}"
-    )
+    parts = [f"{row.kernel:12s} {json.dumps(row.shape):58s} {row.median_us:10.1f} us {metric}"]
+    if row.graph_us is not None:
+        parts.append(f"graph {row.graph_us:8.2f} us")
+    if row.torch_us is not None and row.torch_graph_us is not None:
+        parts.append(f"torch {row.torch_us:8.1f} us, graph {row.torch_graph_us:8.2f} us")
+    if row.sdpa_us is not None:
+        parts.append(f"sdpa {row.sdpa_us:9.1f} us ({row.sdpa_backend})")
+    parts.extend(f"{k}:{'PASS' if v else 'FAIL'}" for k, v in row.verdicts.items())
+    return " ".join(parts)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -275,20 +289,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1 << 22,
         help="skip decode shapes with more cached tokens (default 4M = 16 GiB)",
     )
-    parser.add_argument("--only", choices=["decode", "prefill", "cache"], help="one family")
+    parser.add_argument("--only", choices=FAMILIES, help="one family")
     parser.add_argument("--dry-run", action="store_true", help="list the sweep; needs no GPU")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def sweep_plan(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """The shapes of every family to run, in order (one family with --only)."""
+    # Imported here: kernels.bench_graph imports this module's Row and constants.
+    from kernels import bench_graph
+
     plan = {
         "decode": decode_shapes(args.quick, args.max_kv_tokens),
         "prefill": prefill_shapes(args.quick),
         "cache": cache_op_shapes(args.quick),
+        "graph": bench_graph.graph_decode_shapes(args.quick),
+        "fused": bench_graph.fused_shapes(args.quick),
     }
-    if args.only:
-        plan = {args.only: plan[args.only]}
+    return {args.only: plan[args.only]} if args.only else plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = sweep_plan(args)
     if args.dry_run:
         for family, shapes in plan.items():
             for shape in shapes:
@@ -302,15 +325,19 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbs = copy_bandwidth_gbs()
     print(f"{torch.cuda.get_device_name()}: measured copy bandwidth {copy_gbs:.0f} GB/s")
     rows: list[Row] = []
-    runners = {
+    from kernels import bench_graph
+
+    runners: dict[str, Callable[[dict[str, Any]], Row]] = {
         "decode": lambda s: bench_decode(s, copy_gbs),
         "prefill": bench_prefill,
         "cache": lambda s: bench_cache_op(s, copy_gbs),
+        "graph": bench_graph.bench_decode_graph,
+        "fused": bench_graph.bench_fused,
     }
     for family, shapes in plan.items():
         for shape in shapes:
             rows.append(runners[family](shape))
-            print_row(rows[-1])
+            print(format_row(rows[-1]))
             torch.cuda.empty_cache()
     block_checks = block_size_verdicts([r for r in rows if r.kernel == "decode"])
     for name, ok in block_checks.items():

@@ -3,12 +3,14 @@ through ``engine.attention.attend`` on the paged KV cache, SwiGLU MLP, and an LM
 on the rows that sample.
 
 Q/K/V and gate/up projections are fused (one matmul each); `weight_targets` maps every Hugging
-Face tensor name onto the slice of our parameter it fills.
+Face tensor name onto the slice of our parameter it fills. On the Triton backend the elementwise
+work runs as fused kernels (add+RMSNorm, SiLU×mul, rotary from one cos_sin cache; ``StepOps``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -17,6 +19,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, attend
 from engine.model.config import ModelConfig, RopeScaling
+from kernels.contracts import resolve_backend
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -81,11 +84,82 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
     return torch.where(is_low, inv_freq / scaling.factor, torch.where(is_high, inv_freq, blended))
 
 
+def cos_sin_cache(
+    inv_freq: torch.Tensor, max_positions: int, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """[max_positions, 2 * len(inv_freq)], the layout ``kernels.rotary`` reads: row p holds
+    cos(p * inv_freq), then sin(p * inv_freq), taken in fp32 and stored in the model's dtype
+    (as Hugging Face rounds its cos/sin)."""
+    positions = torch.arange(max_positions, dtype=torch.int64)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return torch.cat((angles.cos(), angles.sin()), dim=-1).to(device, dtype)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [T, heads, D] by the angles of cos/sin [T, D/2] (halves layout, as in HF)."""
     first, second = x.chunk(2, dim=-1)
     cos, sin = cos[:, None, :], sin[:, None, :]
     return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+
+
+@dataclass(frozen=True, slots=True)
+class StepOps:
+    """How this step's layers run their elementwise work, resolved once per step: the fused
+    Triton kernels of ``kernels/`` or the equivalent torch code, and the rotary inputs."""
+
+    use_triton: bool
+    positions: torch.Tensor  # [T] int64
+    cos_sin_cache: torch.Tensor  # [max_positions, head_dim]: cos, then sin
+    # torch only: this step's cache rows, gathered once and shared by every layer
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, positions: torch.Tensor, cos_sin_cache: torch.Tensor, backend: str) -> StepOps:
+        if resolve_backend(positions.device, backend) == "triton":
+            return cls(True, positions, cos_sin_cache)
+        cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
+        return cls(False, positions, cos_sin_cache, cos, sin)
+
+    def rms_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        if not self.use_triton:
+            out: torch.Tensor = norm(x)
+            return out
+        # Imported here: triton's @jit reads TRITON_INTERPRET as the module loads.
+        from kernels.rms_norm import rms_norm
+
+        return rms_norm(x, norm.weight, norm.eps, backend="triton")
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual); residual is updated in place, x may be too."""
+        if not self.use_triton:
+            residual.add_(x)
+            return norm(residual), residual
+        from kernels.rms_norm import fused_add_rms_norm
+
+        return fused_add_rms_norm(x, residual, norm.weight, norm.eps, backend="triton")
+
+    def rotate(self, qk: torch.Tensor, num_q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, k) rotated to their positions, from qk [T, q_heads + kv_heads, D]."""
+        if not self.use_triton:
+            assert self.cos is not None and self.sin is not None
+            qk = apply_rope(qk, self.cos, self.sin)  # q and k side by side: one rotation
+            return qk[:, :num_q_heads], qk[:, num_q_heads:]
+        from kernels.rotary import rotary_embedding
+
+        q, k = qk[:, :num_q_heads], qk[:, num_q_heads:]
+        rotary_embedding(self.positions, q, k, self.cos_sin_cache, backend="triton")
+        return q, k
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if not self.use_triton:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        from kernels.activation import silu_and_mul
+
+        return silu_and_mul(gate_up, backend="triton")
 
 
 class Attention(nn.Module):
@@ -102,19 +176,16 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        ops: StepOps,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         num_heads, num_kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)
-        # q and k sit side by side in qkv, so one rotation covers both.
         qk_heads = num_heads + num_kv_heads
         qk = qkv[:, : qk_heads * head_dim].view(num_tokens, qk_heads, head_dim)
-        qk = apply_rope(qk, cos, sin)
-        q, k = qk[:, :num_heads], qk[:, num_heads:]
+        q, k = ops.rotate(qk, num_heads)
         v = qkv[:, qk_heads * head_dim :].view(num_tokens, num_kv_heads, head_dim)
         out = attend(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, num_heads * head_dim))
@@ -130,9 +201,8 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(hidden, 2 * inter, config.mlp_bias, device, dtype)
         self.down_proj = Linear(inter, hidden, config.mlp_bias, device, dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: StepOps) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
         return out
 
 
@@ -148,21 +218,26 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        residual: torch.Tensor | None,
+        ops: StepOps,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
-        return out
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it), as vLLM carries them: the
+        add of each sublayer's output is fused into the norm that follows it."""
+        if residual is None:  # the first layer: x is the embedding
+            residual, h = x, ops.rms_norm(x, self.input_layernorm)
+        else:
+            h, residual = ops.add_rms_norm(x, residual, self.input_layernorm)
+        h = self.self_attn(h, ops, kv_cache, meta)
+        h, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm)
+        return self.mlp(h, ops), residual
 
 
 class LlamaForCausalLM(nn.Module):
     """The decoder over one step's flattened rows (decodes first, then prefill chunks)."""
 
-    cos_table: torch.Tensor
-    sin_table: torch.Tensor
+    cos_sin_cache: torch.Tensor
 
     def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
@@ -183,10 +258,8 @@ class LlamaForCausalLM(nn.Module):
         )
         # cos/sin of every position the model allows, built once: a step only indexes them.
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
-        positions = torch.arange(config.max_position_embeddings, dtype=torch.int64)
-        angles = positions.float()[:, None] * inv_freq[None, :]
-        self.register_buffer("cos_table", angles.cos().to(device, dtype), persistent=False)
-        self.register_buffer("sin_table", angles.sin().to(device, dtype), persistent=False)
+        cache = cos_sin_cache(inv_freq, config.max_position_embeddings, device, dtype)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     @property
     def device(self) -> torch.device:
@@ -266,11 +339,14 @@ class LlamaForCausalLM(nn.Module):
         ``kv_caches`` (one pair per layer) at ``meta.slot_mapping``.
         """
         self._check_inputs(input_ids, positions, kv_caches, meta, logits_indices)
-        cos, sin = self.cos_table[positions], self.sin_table[positions]
+        ops = StepOps.build(positions, self.cos_sin_cache, meta.backend)
         x = F.embedding(input_ids, self.embed_tokens)
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.decoder_layers(), kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, meta)
-        x = self.norm(x[logits_indices])
+            x, residual = layer(x, residual, ops, kv_cache, meta)
+        assert residual is not None  # a model has at least one layer
+        # The last residual add and the final norm, on the sampling rows only.
+        x, _ = ops.add_rms_norm(x[logits_indices], residual[logits_indices], self.norm)
         return F.linear(x, self.lm_head).float()
 
     def _check_inputs(
