@@ -48,14 +48,20 @@ def silu_and_mul(x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
         raise ValueError(f"x must be [num_tokens, 2 * d], got odd width {x.shape[1]}")
     if contracts.resolve_backend(device, backend) == "torch":
         return silu_and_mul_ref(x)
-    num_tokens, width = x.shape[0], x.shape[1] // 2
-    out = torch.empty((num_tokens, width), dtype=x.dtype, device=device)
+    out = torch.empty((x.shape[0], x.shape[1] // 2), dtype=x.dtype, device=device)
+    launch_silu_and_mul(x, out)
+    return out
+
+
+def launch_silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> None:
+    """The bare launch behind `silu_and_mul`, without its checks (see rms_norm's
+    launch_rms_norm): out [num_tokens, d] <- silu(x[:, :d]) * x[:, d:]."""
+    num_tokens, width = out.shape
     if num_tokens == 0 or width == 0:
-        return out
-    block = GPU_BLOCK if device.type == "cuda" else INTERPRETER_BLOCK
+        return
+    block = GPU_BLOCK if x.device.type == "cuda" else INTERPRETER_BLOCK
     block = min(block, triton.next_power_of_2(width))
     grid = (num_tokens, triton.cdiv(width, block))
     _silu_and_mul_kernel[grid](
         x, out, width, x.stride(0), out.stride(0), BLOCK=block, num_warps=4 if block >= 512 else 1
     )
-    return out

@@ -76,13 +76,16 @@ def _check_norm(weight: torch.Tensor, eps: float) -> int:
     return hidden
 
 
-def _launch(
+def launch_rms_norm(
     x: torch.Tensor,
     residual: torch.Tensor | None,
     weight: torch.Tensor,
     out: torch.Tensor,
     eps: float,
 ) -> None:
+    """The bare launch behind both wrappers, without their checks, for a caller whose tensors
+    are right by construction (the model: its layers' shapes never change within a step).
+    With a residual: residual <- x + residual, out <- norm(residual); else out <- norm(x)."""
     if x.shape[0] == 0:
         return
     hidden = x.shape[1]
@@ -107,7 +110,7 @@ def rms_norm(
     if contracts.resolve_backend(x.device, backend) == "torch":
         return rms_norm_ref(x, weight, eps)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _launch(x, None, weight, out, eps)
+    launch_rms_norm(x, None, weight, out, eps)
     return out
 
 
@@ -134,5 +137,5 @@ def fused_add_rms_norm(
         residual.copy_(summed)
         x.copy_(out)
         return x, residual
-    _launch(x, residual, weight, x, eps)
+    launch_rms_norm(x, residual, weight, x, eps)
     return x, residual

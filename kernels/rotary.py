@@ -108,9 +108,17 @@ def rotary_embedding(
         q.copy_(q_rot)
         k.copy_(k_rot)
         return
+    launch_rotary_embedding(positions, q, k, cos_sin_cache)
+
+
+def launch_rotary_embedding(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> None:
+    """The bare launch behind `rotary_embedding`, without its checks (see rms_norm's
+    launch_rms_norm)."""
     if q.shape[0] == 0:
         return
-    half = head_dim // 2
+    half = q.shape[2] // 2
     _rotary_embedding_kernel[(q.shape[0],)](
         positions.contiguous(), q, k, cos_sin_cache,
         q.shape[1], k.shape[1], half,

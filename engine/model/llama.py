@@ -4,13 +4,13 @@ on the rows that sample.
 
 Q/K/V and gate/up projections are fused (one matmul each); `weight_targets` maps every Hugging
 Face tensor name onto the slice of our parameter it fills. On the Triton backend the elementwise
-work runs as fused kernels (add+RMSNorm, SiLU×mul, rotary from one cos_sin cache; ``StepOps``).
+work runs as fused kernels (add+RMSNorm, SiLU×mul, rotary from one cos_sin cache), chosen once
+per step (``step_ops``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -102,64 +102,88 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
 
 
-@dataclass(frozen=True, slots=True)
-class StepOps:
-    """How this step's layers run their elementwise work, resolved once per step: the fused
-    Triton kernels of ``kernels/`` or the equivalent torch code, and the rotary inputs."""
+class TorchStepOps:
+    """A step's elementwise work in torch (the CPU path; the same math as Hugging Face's), with
+    the step's cos/sin rows gathered once for every layer."""
 
-    use_triton: bool
-    positions: torch.Tensor  # [T] int64
-    cos_sin_cache: torch.Tensor  # [max_positions, head_dim]: cos, then sin
-    # torch only: this step's cache rows, gathered once and shared by every layer
-    cos: torch.Tensor | None = None
-    sin: torch.Tensor | None = None
+    __slots__ = ("cos", "sin")
 
-    @classmethod
-    def build(cls, positions: torch.Tensor, cos_sin_cache: torch.Tensor, backend: str) -> StepOps:
-        if resolve_backend(positions.device, backend) == "triton":
-            return cls(True, positions, cos_sin_cache)
-        cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
-        return cls(False, positions, cos_sin_cache, cos, sin)
+    def __init__(self, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+        self.cos, self.sin = cos_sin_cache[positions].chunk(2, dim=-1)
 
     def rms_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-        if not self.use_triton:
-            out: torch.Tensor = norm(x)
-            return out
-        # Imported here: triton's @jit reads TRITON_INTERPRET as the module loads.
-        from kernels.rms_norm import rms_norm
-
-        return rms_norm(x, norm.weight, norm.eps, backend="triton")
+        out: torch.Tensor = norm(x)
+        return out
 
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual); residual is updated in place, x may be too."""
-        if not self.use_triton:
-            residual.add_(x)
-            return norm(residual), residual
-        from kernels.rms_norm import fused_add_rms_norm
-
-        return fused_add_rms_norm(x, residual, norm.weight, norm.eps, backend="triton")
+        """(norm(x + residual), x + residual), the sum written into residual."""
+        residual.add_(x)
+        return norm(residual), residual
 
     def rotate(self, qk: torch.Tensor, num_q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, k) rotated to their positions, from qk [T, q_heads + kv_heads, D]."""
-        if not self.use_triton:
-            assert self.cos is not None and self.sin is not None
-            qk = apply_rope(qk, self.cos, self.sin)  # q and k side by side: one rotation
-            return qk[:, :num_q_heads], qk[:, num_q_heads:]
-        from kernels.rotary import rotary_embedding
+        qk = apply_rope(qk, self.cos, self.sin)  # q and k side by side: one rotation
+        return qk[:, :num_q_heads], qk[:, num_q_heads:]
 
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class TritonStepOps:
+    """The same work as fused Triton kernels, one launch each, through their bare launchers:
+    the model's tensors are right by construction, so the wrappers' checks are not paid per
+    layer (STYLE §7: plan once per step, run per layer). In-place where vLLM's ops are."""
+
+    __slots__ = ("_norm", "_rotary", "_silu", "cos_sin_cache", "positions")
+
+    def __init__(self, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+        # Imported here: triton's @jit reads TRITON_INTERPRET as the modules load.
+        from kernels.activation import launch_silu_and_mul
+        from kernels.rms_norm import launch_rms_norm
+        from kernels.rotary import launch_rotary_embedding
+
+        self.positions, self.cos_sin_cache = positions, cos_sin_cache
+        self._norm, self._rotary, self._silu = (
+            launch_rms_norm,
+            launch_rotary_embedding,
+            launch_silu_and_mul,
+        )
+
+    def rms_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        out = torch.empty_like(x)
+        self._norm(x, None, norm.weight, out, norm.eps)
+        return out
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual) in one pass, written into x and residual."""
+        self._norm(x, residual, norm.weight, x, norm.eps)
+        return x, residual
+
+    def rotate(self, qk: torch.Tensor, num_q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k rotated in place (views of qk [T, q_heads + kv_heads, D])."""
         q, k = qk[:, :num_q_heads], qk[:, num_q_heads:]
-        rotary_embedding(self.positions, q, k, self.cos_sin_cache, backend="triton")
+        self._rotary(self.positions, q, k, self.cos_sin_cache)
         return q, k
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        if not self.use_triton:
-            gate, up = gate_up.chunk(2, dim=-1)
-            return F.silu(gate) * up
-        from kernels.activation import silu_and_mul
+        out = gate_up.new_empty((gate_up.shape[0], gate_up.shape[1] // 2))
+        self._silu(gate_up, out)
+        return out
 
-        return silu_and_mul(gate_up, backend="triton")
+
+StepOps = TorchStepOps | TritonStepOps
+
+
+def step_ops(positions: torch.Tensor, cos_sin_cache: torch.Tensor, backend: str) -> StepOps:
+    """How this step's layers run their elementwise work, chosen once per step."""
+    if resolve_backend(positions.device, backend) == "triton":
+        return TritonStepOps(positions, cos_sin_cache)
+    return TorchStepOps(positions, cos_sin_cache)
 
 
 class Attention(nn.Module):
@@ -339,7 +363,7 @@ class LlamaForCausalLM(nn.Module):
         ``kv_caches`` (one pair per layer) at ``meta.slot_mapping``.
         """
         self._check_inputs(input_ids, positions, kv_caches, meta, logits_indices)
-        ops = StepOps.build(positions, self.cos_sin_cache, meta.backend)
+        ops = step_ops(positions, self.cos_sin_cache, meta.backend)
         x = F.embedding(input_ids, self.embed_tokens)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.decoder_layers(), kv_caches, strict=True):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from engine.attention import build_metadata
 from engine.llm_engine import LLMEngine
-from engine.model.llama import StepOps
+from engine.model.llama import step_ops
 from engine.sampling import SampleSpec, SamplingParams, sample
 from kernels.torch_attention import (
     paged_decode_attention_torch,
@@ -62,14 +62,14 @@ class StepParts:
         return lambda: (attn.qkv_proj(x), attn.o_proj(xq), mlp.gate_up_proj(x), mlp.down_proj(xi))
 
     def elementwise(self, n: int) -> Callable[[], Any]:
-        """One layer's elementwise work as the model runs it on this backend (StepOps: the
+        """One layer's elementwise work as the model runs it on this backend (``step_ops``: the
         fused kernels on Triton): two add+norms, the rotation of q and k, SiLU x up."""
         layer, cfg = self.layer, self.cfg
         x, residual = self._rand(n, cfg.hidden_size), self._rand(n, cfg.hidden_size)
         qk = self._rand(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         gate_up = self._rand(n, 2 * cfg.intermediate_size)
         positions = torch.arange(n, device=self.device) % cfg.max_position_embeddings
-        ops = StepOps.build(positions, self.model.cos_sin_cache, self.backend)
+        ops = step_ops(positions, self.model.cos_sin_cache, self.backend)
 
         def run() -> Any:
             h, _ = ops.add_rms_norm(x, residual, layer.input_layernorm)

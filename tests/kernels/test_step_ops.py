@@ -1,6 +1,6 @@
-"""The model's elementwise ops (``engine.model.llama.StepOps``) on the Triton backend (the fused
-kernels, interpreted) and on the torch backend agree op by op, in fp32 and fp16, and the
-rotation reads the model's one cos_sin cache (plain, linear and llama3 RoPE)."""
+"""The model's elementwise ops (``engine.model.llama.step_ops``) on the Triton backend (the fused
+kernels' bare launchers, interpreted) and on the torch backend agree op by op, in fp32 and fp16,
+and the rotation reads the model's one cos_sin cache (plain, linear and llama3 RoPE)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engine.model.config import RopeScaling  # noqa: E402
-from engine.model.llama import RMSNorm, StepOps, cos_sin_cache, rope_inv_freq  # noqa: E402
+from engine.model.llama import (  # noqa: E402
+    RMSNorm,
+    StepOps,
+    TorchStepOps,
+    TritonStepOps,
+    cos_sin_cache,
+    rope_inv_freq,
+    step_ops,
+)
 
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
 HEAD_DIM, MAX_POSITIONS = 32, 512
@@ -35,7 +43,7 @@ def both(dtype: torch.dtype, rope: str = "plain", tokens: int = 9) -> tuple[Step
     cache = cos_sin_cache(inv_freq(rope), MAX_POSITIONS, torch.device("cpu"), dtype)
     gen = torch.Generator().manual_seed(3)
     positions = torch.randint(0, MAX_POSITIONS, (tokens,), generator=gen)
-    return StepOps.build(positions, cache, "triton"), StepOps.build(positions, cache, "torch")
+    return step_ops(positions, cache, "triton"), step_ops(positions, cache, "torch")
 
 
 def rand(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -45,7 +53,7 @@ def rand(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_norms_agree(dtype):
     fused, plain = both(dtype)
-    assert fused.use_triton and not plain.use_triton
+    assert isinstance(fused, TritonStepOps) and isinstance(plain, TorchStepOps)
     norm = RMSNorm(96, 1e-5, torch.device("cpu"), dtype)
     with torch.no_grad():
         norm.weight.copy_(rand(96, dtype=dtype, seed=0).abs() + 0.5)
