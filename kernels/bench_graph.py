@@ -29,7 +29,7 @@ RMS_EPS = 1e-5
 # an H100's 50 MiB or an H200's 60 MiB of L2) keeps the reads cold, as between a real step's
 # layers. The fused ops' inputs stay warm: in a step the matmul before them has just written them.
 COLD_KV_BYTES = 256 << 20
-MAX_KV_COPIES = 64
+MAX_KV_COPIES = 1024  # 256 MiB at batch 1, context 128
 FUSED_OPS = ("add_rms_norm", "silu_and_mul", "rotary")
 
 
