@@ -7,47 +7,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+from kernels import bench_graph
+from kernels.bench_setup import (
+    DECODE_LARGE_TOKENS,
+    DECODE_MEDIUM_TOKENS,
+    ELEMENT_BYTES,
+    HEAD_DIM,
+    NUM_KV_HEADS,
+    NUM_Q_HEADS,
+    TARGETS,
+    Row,
+    paged_cache,
+    time_us,
+)
 
-NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
-ELEMENT_BYTES = 2  # bf16
-# Targets from the kernel issue: fraction of copy bandwidth, or of SDPA-flash throughput.
-DECODE_LARGE_TOKENS, DECODE_MEDIUM_TOKENS = 256 * 1024, 32 * 1024
-TARGETS = {
-    "decode_large": 0.75,
-    "decode_medium": 0.55,
-    "decode_small_us": 20.0,
-    "block16_vs_128": 1.15,
-    "prefill_vs_sdpa": 0.70,
-    "cache_ops": 0.60,
-}
 FAMILIES = ("decode", "prefill", "cache", "graph", "fused")
-
-
-@dataclass
-class Row:
-    kernel: str
-    shape: dict[str, int]
-    median_us: float
-    bandwidth_gbs: float | None = None
-    tflops: float | None = None
-    sdpa_us: float | None = None
-    sdpa_backend: str | None = None
-    graph_us: float | None = None  # per call, captured in a CUDA graph
-    torch_us: float | None = None  # the unfused torch ops a fused kernel replaces
-    torch_graph_us: float | None = None
-    verdicts: dict[str, bool] = field(default_factory=dict)
 
 
 def decode_shapes(quick: bool, max_kv_tokens: int) -> list[dict[str, int]]:
@@ -76,12 +59,6 @@ def cache_op_shapes(quick: bool) -> list[dict[str, int]]:
     return [{"tokens": t} for t in tokens] + [{"pairs": p} for p in pairs]
 
 
-def time_us(fn: Callable[[], Any]) -> float:
-    from triton.testing import do_bench
-
-    return 1000.0 * float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
 def copy_bandwidth_gbs() -> float:
     """The device's practical ceiling: a 1 GiB device-to-device copy, read plus write bytes."""
     import torch
@@ -89,26 +66,6 @@ def copy_bandwidth_gbs() -> float:
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     return 2 * src.numel() / time_us(lambda: dst.copy_(src)) / 1e3
-
-
-def paged_cache(
-    num_seqs: int,
-    seq_len: int,
-    block_size: int,
-    device: str = "cuda",
-    dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A cache (bf16 unless told) holding num_seqs x seq_len tokens in randomly permuted blocks."""
-    import torch
-
-    dtype = dtype or torch.bfloat16
-    blocks_per_seq = math.ceil(seq_len / block_size)
-    num_blocks = num_seqs * blocks_per_seq
-    shape = (num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM)
-    k_cache = torch.randn(shape, device=device, dtype=dtype)
-    v_cache = torch.randn(shape, device=device, dtype=dtype)
-    perm = torch.randperm(num_blocks, device=device, dtype=torch.int64).to(torch.int32)
-    return k_cache, v_cache, perm.view(num_seqs, blocks_per_seq)
 
 
 def sdpa_us(q_len: int, kv_len: int, batch: int) -> tuple[float, str]:
@@ -296,9 +253,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def sweep_plan(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """The shapes of every family to run, in order (one family with --only)."""
-    # Imported here: kernels.bench_graph imports this module's Row and constants.
-    from kernels import bench_graph
-
     plan = {
         "decode": decode_shapes(args.quick, args.max_kv_tokens),
         "prefill": prefill_shapes(args.quick),
@@ -325,8 +279,6 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbs = copy_bandwidth_gbs()
     print(f"{torch.cuda.get_device_name()}: measured copy bandwidth {copy_gbs:.0f} GB/s")
     rows: list[Row] = []
-    from kernels import bench_graph
-
     runners: dict[str, Callable[[dict[str, Any]], Row]] = {
         "decode": lambda s: bench_decode(s, copy_gbs),
         "prefill": bench_prefill,

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kernels.bench import (
+from kernels.bench_setup import (
     DECODE_MEDIUM_TOKENS,
     ELEMENT_BYTES,
     HEAD_DIM,
