@@ -1,4 +1,5 @@
-"""Triton kernels for paged KV attention and cache ops, with pure-torch references.
+"""Triton kernels for paged KV attention, cache ops and the fused elementwise ops (add+RMSNorm,
+SiLU×mul, rotary), with pure-torch references.
 
 KV cache layout: one K tensor and one V tensor per layer, each
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` (fp16, bf16 or fp32; the last dim
@@ -14,7 +15,11 @@ Modules (each wrapper checks shapes, dtypes, strides and devices, then launches)
   query_start_loc, seq_lens, context_lens, scale)``
 - ``cache_ops.store_kv(k, v, k_cache, v_cache, slot_mapping)`` and
   ``cache_ops.copy_blocks(k_cache, v_cache, pairs)``
-- ``reference``: the torch references ``<name>_ref`` (slow, the tests' oracle);
+- the fused elementwise kernels, each with its torch reference ``<name>_ref`` beside it:
+  ``rms_norm.rms_norm(x, weight, eps)`` and ``rms_norm.fused_add_rms_norm(x, residual, weight,
+  eps)`` (in place, as vLLM's), ``activation.silu_and_mul(gate_up)``, and
+  ``rotary.rotary_embedding(positions, q, k, cos_sin_cache)`` (q and k in place, one launch)
+- ``reference``: the attention and cache references ``<name>_ref`` (slow, the tests' oracle);
   ``contracts``: ``resolve_backend(device, backend)`` and the shape checks.
 - ``torch_attention``: the vectorised torch attention that ``backend="torch"`` runs, with
   ``plan_decode``/``plan_prefill`` to build its gather plans once per step.
@@ -22,10 +27,12 @@ Modules (each wrapper checks shapes, dtypes, strides and devices, then launches)
 Attention metadata is built once per step and passed explicitly; nothing is module-global.
 Prefill reads the chunk's own K/V from the cache, so a step runs store_kv before attention.
 Optional keywords: decode ``max_seq_len``/``num_splits``/``tile_tokens``, prefill
-``max_query_len`` (else one device sync) and ``tiles``. GPU sweep: ``python -m kernels.bench``.
+``max_query_len`` (else one device sync) and ``tiles``. GPU sweep: ``python -m kernels.bench``
+(small shapes also inside CUDA graphs: ``bench_graph``).
 
 Every wrapper takes ``backend="auto" | "triton" | "torch"``: "auto" runs Triton on CUDA and,
 under ``TRITON_INTERPRET=1``, on CPU; otherwise torch (the vectorised attention, the reference
-cache ops). Only the three wrapper modules import triton, and triton's ``@jit`` reads
+cache ops, the fused ops' references). Only the kernel modules import triton (not
+``contracts``, ``reference``, ``torch_attention``), and triton's ``@jit`` reads
 ``TRITON_INTERPRET`` as they load: set it before importing them.
 """

@@ -1,48 +1,36 @@
 """GPU benchmark of the kernels on a Llama-3-8B layer (32 query heads, 8 kv heads, head_dim 128,
-bf16) next to the device's copy bandwidth and torch SDPA; writes a JSON results file.
+bf16) next to the device's copy bandwidth and torch SDPA, plus small decode and the fused
+elementwise kernels inside CUDA graphs (``kernels.bench_graph``); writes a JSON results file.
 Run: python -m kernels.bench [--quick] [--out FILE]; --dry-run lists the sweep without a GPU."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+from kernels import bench_graph
+from kernels.bench_setup import (
+    DECODE_LARGE_TOKENS,
+    DECODE_MEDIUM_TOKENS,
+    ELEMENT_BYTES,
+    HEAD_DIM,
+    NUM_KV_HEADS,
+    NUM_Q_HEADS,
+    TARGETS,
+    Row,
+    paged_cache,
+    time_us,
+)
 
-NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
-ELEMENT_BYTES = 2  # bf16
-# Targets from the kernel issue: fraction of copy bandwidth, or of SDPA-flash throughput.
-DECODE_LARGE_TOKENS, DECODE_MEDIUM_TOKENS = 256 * 1024, 32 * 1024
-TARGETS = {
-    "decode_large": 0.75,
-    "decode_medium": 0.55,
-    "decode_small_us": 20.0,
-    "block16_vs_128": 1.15,
-    "prefill_vs_sdpa": 0.70,
-    "cache_ops": 0.60,
-}
-
-
-@dataclass
-class Row:
-    kernel: str
-    shape: dict[str, int]
-    median_us: float
-    bandwidth_gbs: float | None = None
-    tflops: float | None = None
-    sdpa_us: float | None = None
-    sdpa_backend: str | None = None
-    verdicts: dict[str, bool] = field(default_factory=dict)
+FAMILIES = ("decode", "prefill", "cache", "graph", "fused")
 
 
 def decode_shapes(quick: bool, max_kv_tokens: int) -> list[dict[str, int]]:
@@ -71,12 +59,6 @@ def cache_op_shapes(quick: bool) -> list[dict[str, int]]:
     return [{"tokens": t} for t in tokens] + [{"pairs": p} for p in pairs]
 
 
-def time_us(fn: Callable[[], Any]) -> float:
-    from triton.testing import do_bench
-
-    return 1000.0 * float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-
 def copy_bandwidth_gbs() -> float:
     """The device's practical ceiling: a 1 GiB device-to-device copy, read plus write bytes."""
     import torch
@@ -84,21 +66,6 @@ def copy_bandwidth_gbs() -> float:
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     return 2 * src.numel() / time_us(lambda: dst.copy_(src)) / 1e3
-
-
-def paged_cache(
-    num_seqs: int, seq_len: int, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A bf16 cache holding num_seqs x seq_len tokens in randomly permuted blocks."""
-    import torch
-
-    blocks_per_seq = math.ceil(seq_len / block_size)
-    num_blocks = num_seqs * blocks_per_seq
-    shape = (num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM)
-    k_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    v_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    perm = torch.randperm(num_blocks, device="cuda", dtype=torch.int64).to(torch.int32)
-    return k_cache, v_cache, perm.view(num_seqs, blocks_per_seq)
 
 
 def sdpa_us(q_len: int, kv_len: int, batch: int) -> tuple[float, str]:
@@ -248,17 +215,21 @@ def environment(argv: list[str]) -> dict[str, Any]:
     }
 
 
-def print_row(row: Row) -> None:
+def format_row(row: Row) -> str:
+    metric = ""
     if row.bandwidth_gbs is not None:
         metric = f"{row.bandwidth_gbs:8.1f} GB/s"
-    else:
+    elif row.tflops is not None:
         metric = f"{row.tflops:8.1f} TF/s"
-    sdpa = f"sdpa {row.sdpa_us:9.1f} us ({row.sdpa_backend})" if row.sdpa_us is not None else ""
-    verdicts = " ".join(f"{k}:{'PASS' if v else 'FAIL'}" for k, v in row.verdicts.items())
-    print(
-        f"{row.kernel:12s} {json.dumps(row.shape):58s} {row.median_us:10.1f} us {metric} "
-        f"{sdpa} {verdicts}"
-    )
+    parts = [f"{row.kernel:12s} {json.dumps(row.shape):58s} {row.median_us:10.1f} us {metric}"]
+    if row.graph_us is not None:
+        parts.append(f"graph {row.graph_us:8.2f} us")
+    if row.torch_us is not None and row.torch_graph_us is not None:
+        parts.append(f"torch {row.torch_us:8.1f} us, graph {row.torch_graph_us:8.2f} us")
+    if row.sdpa_us is not None:
+        parts.append(f"sdpa {row.sdpa_us:9.1f} us ({row.sdpa_backend})")
+    parts.extend(f"{k}:{'PASS' if v else 'FAIL'}" for k, v in row.verdicts.items())
+    return " ".join(parts)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -275,20 +246,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=1 << 22,
         help="skip decode shapes with more cached tokens (default 4M = 16 GiB)",
     )
-    parser.add_argument("--only", choices=["decode", "prefill", "cache"], help="one family")
+    parser.add_argument("--only", choices=FAMILIES, help="one family")
     parser.add_argument("--dry-run", action="store_true", help="list the sweep; needs no GPU")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def sweep_plan(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """The shapes of every family to run, in order (one family with --only)."""
     plan = {
         "decode": decode_shapes(args.quick, args.max_kv_tokens),
         "prefill": prefill_shapes(args.quick),
         "cache": cache_op_shapes(args.quick),
+        "graph": bench_graph.graph_decode_shapes(args.quick),
+        "fused": bench_graph.fused_shapes(args.quick),
     }
-    if args.only:
-        plan = {args.only: plan[args.only]}
+    return {args.only: plan[args.only]} if args.only else plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = sweep_plan(args)
     if args.dry_run:
         for family, shapes in plan.items():
             for shape in shapes:
@@ -302,15 +279,17 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbs = copy_bandwidth_gbs()
     print(f"{torch.cuda.get_device_name()}: measured copy bandwidth {copy_gbs:.0f} GB/s")
     rows: list[Row] = []
-    runners = {
+    runners: dict[str, Callable[[dict[str, Any]], Row]] = {
         "decode": lambda s: bench_decode(s, copy_gbs),
         "prefill": bench_prefill,
         "cache": lambda s: bench_cache_op(s, copy_gbs),
+        "graph": bench_graph.bench_decode_graph,
+        "fused": bench_graph.bench_fused,
     }
     for family, shapes in plan.items():
         for shape in shapes:
             rows.append(runners[family](shape))
-            print_row(rows[-1])
+            print(format_row(rows[-1]))
             torch.cuda.empty_cache()
     block_checks = block_size_verdicts([r for r in rows if r.kernel == "decode"])
     for name, ok in block_checks.items():

@@ -19,7 +19,8 @@ Interface (what the model runner calls)::
   ``[num_blocks, block_size, num_kv_heads, head_dim]`` in the model's dtype.
 - ``forward``: ``input_ids`` and ``positions`` are the step's ``[T]`` int64 rows, decodes first
   then prefill chunks, matching ``meta`` (`engine.attention.AttentionMetadata`, whose
-  ``backend`` picks Triton or the vectorised torch path of ``kernels.torch_attention``). The
+  ``backend`` picks Triton (attention and the fused add+RMSNorm, SiLU×mul and rotary kernels)
+  or the vectorised torch path of ``kernels.torch_attention`` and torch elementwise ops). The
   step's K/V go into ``kv_caches`` at ``meta.slot_mapping``; the final norm and LM head run
   only on the rows ``logits_indices``, giving ``[len(logits_indices), vocab_size]`` fp32 logits.
 """

@@ -3,7 +3,9 @@ through ``engine.attention.attend`` on the paged KV cache, SwiGLU MLP, and an LM
 on the rows that sample.
 
 Q/K/V and gate/up projections are fused (one matmul each); `weight_targets` maps every Hugging
-Face tensor name onto the slice of our parameter it fills.
+Face tensor name onto the slice of our parameter it fills. On the Triton backend the elementwise
+work runs as fused kernels (add+RMSNorm, SiLU×mul, rotary from one cos_sin cache), chosen once
+per step (``step_ops``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import nn
 from core.model.spec import ModelSpec, RopeScaling
 from engine.attention import AttentionMetadata, attend
 from engine.model.support import RUNNABLE_DTYPES, rms_norm_eps
+from kernels.contracts import resolve_backend
 
 # The torch dtype of each checkpoint dtype the engine runs (torch names them alike).
 DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in RUNNABLE_DTYPES}
@@ -85,11 +88,106 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
     return torch.where(is_low, inv_freq / factor, torch.where(is_high, inv_freq, blended))
 
 
+def cos_sin_cache(
+    inv_freq: torch.Tensor, max_positions: int, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """[max_positions, 2 * len(inv_freq)], the layout ``kernels.rotary`` reads: row p holds
+    cos(p * inv_freq), then sin(p * inv_freq), taken in fp32 and stored in the model's dtype
+    (as Hugging Face rounds its cos/sin)."""
+    positions = torch.arange(max_positions, dtype=torch.int64)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return torch.cat((angles.cos(), angles.sin()), dim=-1).to(device, dtype)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [T, heads, D] by the angles of cos/sin [T, D/2] (halves layout, as in HF)."""
     first, second = x.chunk(2, dim=-1)
     cos, sin = cos[:, None, :], sin[:, None, :]
     return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+
+
+class TorchStepOps:
+    """A step's elementwise work in torch (the CPU path; the same math as Hugging Face's), with
+    the step's cos/sin rows gathered once for every layer."""
+
+    __slots__ = ("cos", "sin")
+
+    def __init__(self, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+        self.cos, self.sin = cos_sin_cache[positions].chunk(2, dim=-1)
+
+    def rms_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        out: torch.Tensor = norm(x)
+        return out
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual), the sum written into residual."""
+        residual.add_(x)
+        return norm(residual), residual
+
+    def rotate(self, qk: torch.Tensor, num_q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, k) rotated to their positions, from qk [T, q_heads + kv_heads, D]."""
+        qk = apply_rope(qk, self.cos, self.sin)  # q and k side by side: one rotation
+        return qk[:, :num_q_heads], qk[:, num_q_heads:]
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class TritonStepOps:
+    """The same work as fused Triton kernels, one launch each, through their bare launchers:
+    the model's tensors are right by construction, so the wrappers' checks are not paid per
+    layer (STYLE §7: plan once per step, run per layer). In-place where vLLM's ops are."""
+
+    __slots__ = ("_norm", "_rotary", "_silu", "cos_sin_cache", "positions")
+
+    def __init__(self, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+        # Imported here: triton's @jit reads TRITON_INTERPRET as the modules load.
+        from kernels.activation import launch_silu_and_mul
+        from kernels.rms_norm import launch_rms_norm
+        from kernels.rotary import launch_rotary_embedding
+
+        self.positions, self.cos_sin_cache = positions, cos_sin_cache
+        self._norm, self._rotary, self._silu = (
+            launch_rms_norm,
+            launch_rotary_embedding,
+            launch_silu_and_mul,
+        )
+
+    def rms_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        out = torch.empty_like(x)
+        self._norm(x, None, norm.weight, out, norm.eps)
+        return out
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual) in one pass, written into x and residual."""
+        self._norm(x, residual, norm.weight, x, norm.eps)
+        return x, residual
+
+    def rotate(self, qk: torch.Tensor, num_q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k rotated in place (views of qk [T, q_heads + kv_heads, D])."""
+        q, k = qk[:, :num_q_heads], qk[:, num_q_heads:]
+        self._rotary(self.positions, q, k, self.cos_sin_cache)
+        return q, k
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        out = gate_up.new_empty((gate_up.shape[0], gate_up.shape[1] // 2))
+        self._silu(gate_up, out)
+        return out
+
+
+StepOps = TorchStepOps | TritonStepOps
+
+
+def step_ops(positions: torch.Tensor, cos_sin_cache: torch.Tensor, backend: str) -> StepOps:
+    """How this step's layers run their elementwise work, chosen once per step."""
+    if resolve_backend(positions.device, backend) == "triton":
+        return TritonStepOps(positions, cos_sin_cache)
+    return TorchStepOps(positions, cos_sin_cache)
 
 
 class Attention(nn.Module):
@@ -106,19 +204,16 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        ops: StepOps,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         num_heads, num_kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)
-        # q and k sit side by side in qkv, so one rotation covers both.
         qk_heads = num_heads + num_kv_heads
         qk = qkv[:, : qk_heads * head_dim].view(num_tokens, qk_heads, head_dim)
-        qk = apply_rope(qk, cos, sin)
-        q, k = qk[:, :num_heads], qk[:, num_heads:]
+        q, k = ops.rotate(qk, num_heads)
         v = qkv[:, qk_heads * head_dim :].view(num_tokens, num_kv_heads, head_dim)
         out = attend(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, num_heads * head_dim))
@@ -134,9 +229,8 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(hidden, 2 * inter, config.mlp_bias, device, dtype)
         self.down_proj = Linear(inter, hidden, config.mlp_bias, device, dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: StepOps) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
         return out
 
 
@@ -152,21 +246,26 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        residual: torch.Tensor | None,
+        ops: StepOps,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
-        return out
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it), as vLLM carries them: the
+        add of each sublayer's output is fused into the norm that follows it."""
+        if residual is None:  # the first layer: x is the embedding
+            residual, h = x, ops.rms_norm(x, self.input_layernorm)
+        else:
+            h, residual = ops.add_rms_norm(x, residual, self.input_layernorm)
+        h = self.self_attn(h, ops, kv_cache, meta)
+        h, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm)
+        return self.mlp(h, ops), residual
 
 
 class LlamaForCausalLM(nn.Module):
     """The decoder over one step's flattened rows (decodes first, then prefill chunks)."""
 
-    cos_table: torch.Tensor
-    sin_table: torch.Tensor
+    cos_sin_cache: torch.Tensor
 
     def __init__(self, config: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
@@ -187,10 +286,8 @@ class LlamaForCausalLM(nn.Module):
         )
         # cos/sin of every position the model allows, built once: a step only indexes them.
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
-        positions = torch.arange(config.max_model_len, dtype=torch.int64)
-        angles = positions.float()[:, None] * inv_freq[None, :]
-        self.register_buffer("cos_table", angles.cos().to(device, dtype), persistent=False)
-        self.register_buffer("sin_table", angles.sin().to(device, dtype), persistent=False)
+        cache = cos_sin_cache(inv_freq, config.max_model_len, device, dtype)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     @property
     def device(self) -> torch.device:
@@ -270,11 +367,14 @@ class LlamaForCausalLM(nn.Module):
         ``kv_caches`` (one pair per layer) at ``meta.slot_mapping``.
         """
         self._check_inputs(input_ids, positions, kv_caches, meta, logits_indices)
-        cos, sin = self.cos_table[positions], self.sin_table[positions]
+        ops = step_ops(positions, self.cos_sin_cache, meta.backend)
         x = F.embedding(input_ids, self.embed_tokens)
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.decoder_layers(), kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, meta)
-        x = self.norm(x[logits_indices])
+            x, residual = layer(x, residual, ops, kv_cache, meta)
+        assert residual is not None  # a model has at least one layer
+        # The last residual add and the final norm, on the sampling rows only.
+        x, _ = ops.add_rms_norm(x[logits_indices], residual[logits_indices], self.norm)
         return F.linear(x, self.lm_head).float()
 
     def _check_inputs(

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from engine.attention import build_metadata
 from engine.llm_engine import LLMEngine
-from engine.model.llama import apply_rope
+from engine.model.llama import step_ops
 from engine.sampling import SampleSpec, SamplingParams, sample
 from kernels.torch_attention import (
     paged_decode_attention_torch,
@@ -62,21 +62,20 @@ class StepParts:
         return lambda: (attn.qkv_proj(x), attn.o_proj(xq), mlp.gate_up_proj(x), mlp.down_proj(xi))
 
     def elementwise(self, n: int) -> Callable[[], Any]:
+        """One layer's elementwise work as the model runs it on this backend (``step_ops``: the
+        fused kernels on Triton): two add+norms, the rotation of q and k, SiLU x up."""
         layer, cfg = self.layer, self.cfg
-        x = self._rand(n, cfg.hidden_size)
-        q = self._rand(n, cfg.num_heads, cfg.head_dim)
-        k = self._rand(n, cfg.num_kv_heads, cfg.head_dim)
+        x, residual = self._rand(n, cfg.hidden_size), self._rand(n, cfg.hidden_size)
+        qk = self._rand(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         gate_up = self._rand(n, 2 * cfg.intermediate_size)
-        cos, sin = self._rand(n, cfg.head_dim // 2), self._rand(n, cfg.head_dim // 2)
+        positions = torch.arange(n, device=self.device) % cfg.max_position_embeddings
+        ops = step_ops(positions, self.model.cos_sin_cache, self.backend)
 
         def run() -> Any:
-            h = layer.input_layernorm(x)
-            apply_rope(q, cos, sin)
-            apply_rope(k, cos, sin)
-            h = x + h
-            layer.post_attention_layernorm(h)
-            gate, up = gate_up.chunk(2, dim=-1)
-            return h + (F.silu(gate) * up)[:, : cfg.hidden_size]
+            h, _ = ops.add_rms_norm(x, residual, layer.input_layernorm)
+            ops.rotate(qk, cfg.num_heads)
+            ops.add_rms_norm(h, residual, layer.post_attention_layernorm)
+            return ops.silu_and_mul(gate_up)
 
         return run
 

@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from kernels.cache_ops import copy_blocks, store_kv  # noqa: E402
 from kernels.paged_attention import paged_decode_attention  # noqa: E402
 from kernels.prefill_attention import paged_prefill_attention  # noqa: E402
@@ -19,6 +20,8 @@ from kernels.reference import (  # noqa: E402
     paged_prefill_attention_ref,
     store_kv_ref,
 )
+from kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref  # noqa: E402
+from kernels.rotary import rotary_embedding, rotary_embedding_ref  # noqa: E402
 from tests.kernels.paged_cases import assert_close, make_paged_case, random_queries  # noqa: E402
 
 pytestmark = [
@@ -85,3 +88,35 @@ def test_cache_ops_on_gpu(dtype):
     copy_blocks(k_cache, v_cache, pairs)
     copy_blocks_ref(k_ref, v_ref, pairs)
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("num_tokens", [1, 37, 4096])
+def test_fused_elementwise_on_gpu(dtype, num_tokens):
+    """Llama-3-8B widths, q/k as views of one QKV output, compiled; one output ulp allowed."""
+    dtype = getattr(torch, dtype)
+    hidden, inter, heads, kv_heads, head_dim = 4096, 14336, 32, 8, 128
+
+    def rand(*shape):
+        return torch.randn(*shape, device=CUDA).to(dtype)
+
+    x, residual, weight = rand(num_tokens, hidden), rand(num_tokens, hidden), rand(hidden)
+    out_ref, sum_ref = fused_add_rms_norm_ref(x, residual, weight, 1e-5)
+    fused_add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(residual, sum_ref)
+    assert_close(x, out_ref, dtype)
+
+    gate_up = rand(num_tokens, 2 * inter)
+    assert_close(silu_and_mul(gate_up), silu_and_mul_ref(gate_up), dtype)
+
+    qkv = rand(num_tokens, (heads + 2 * kv_heads) * head_dim)
+    qk = qkv[:, : (heads + kv_heads) * head_dim].view(num_tokens, heads + kv_heads, head_dim)
+    q, k = qk[:, :heads], qk[:, heads:]
+    cos_sin = rand(8192, head_dim).clamp(-1, 1)
+    positions = torch.randint(0, 8192, (num_tokens,), device=CUDA)
+    q_ref, k_ref = rotary_embedding_ref(positions, q, k, cos_sin)
+    v_before = qkv[:, (heads + kv_heads) * head_dim :].clone()
+    rotary_embedding(positions, q, k, cos_sin)
+    assert_close(q, q_ref, dtype)
+    assert_close(k, k_ref, dtype)
+    assert torch.equal(qkv[:, (heads + kv_heads) * head_dim :], v_before)

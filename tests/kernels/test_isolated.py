@@ -39,8 +39,9 @@ def test_only_the_wrapper_modules_import_triton():
         "import sys, kernels\n"
         "assert not {'torch', 'triton'} & set(sys.modules)\n"
         "import kernels.reference, kernels.torch_attention, kernels.contracts\n"
+        "import kernels.bench, kernels.bench_graph\n"
         "assert 'torch' in sys.modules and 'triton' not in sys.modules\n"
-        "import kernels.cache_ops\n"
+        "import kernels.cache_ops, kernels.rms_norm, kernels.activation, kernels.rotary\n"
         "assert 'triton' in sys.modules\n"
         "print('ok')\n"
     )
