@@ -28,6 +28,7 @@ def bench_scheduler(policy: str, num_steps: int, prefix_caching: bool) -> tuple[
         block_size=16,
         max_model_len=4096,
         enable_prefix_caching=prefix_caching,
+        memory_model="paged",
     )
     sched = Scheduler(
         cache,

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from core.settings import with_settings
 from engine.llm_engine import EngineConfig, LLMEngine, StepRecord
 from engine.profiling.grid import CalibrationGrid
 from engine.sampling import SamplingParams
@@ -18,11 +19,9 @@ def check_steps(config: EngineConfig, grid: CalibrationGrid) -> list[dict[str, A
     """Whole steps of a real, warmed-up engine (schedule, prepare, execute, update) on a small
     synthetic workload of mixed prompt lengths under chunked prefill: each step's shape and busy
     time on the engine's clock (``config.clock``)."""
-    from dataclasses import replace
-
-    budget = min(config.max_num_batched_tokens, 512)
+    budget = min(config.scheduler.max_num_batched_tokens, 512)
     engine = LLMEngine(
-        replace(
+        with_settings(
             config,
             policy="chunked",
             max_num_batched_tokens=budget,
@@ -31,7 +30,7 @@ def check_steps(config: EngineConfig, grid: CalibrationGrid) -> list[dict[str, A
         )
     )
     engine.warm_up()
-    max_len = engine.cache_config.max_model_len
+    max_len = engine.cache_config.resolved_max_model_len
     rng = torch.Generator().manual_seed(1)
     vocab = engine.model.config.vocab_size
     for i in range(grid.check_requests):
@@ -56,14 +55,12 @@ def grid_steps(
     the engine's clock, as ``check_steps``. These are the steps the calibrated model fits its
     terms to (``sim.costmodel.calibrated``), so they cover decode batches and prefill chunks
     alike."""
-    from dataclasses import replace
-
     tick = on_point or (lambda _: None)
     engine = LLMEngine(
-        replace(config, policy="chunked", preemption_mode="recompute", swap_space_gib=0.0)
+        with_settings(config, policy="chunked", preemption_mode="recompute", swap_space_gib=0.0)
     )
     engine.warm_up()
-    max_len = engine.cache_config.max_model_len
+    max_len = engine.cache_config.resolved_max_model_len
     rng = torch.Generator().manual_seed(2)
     vocab = engine.model.config.vocab_size
     steps: list[dict[str, Any]] = []

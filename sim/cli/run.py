@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from core.settings import flat_settings
 from records.run_dir import records_from_result
 from reports.html import write_report
 from reports.tables import deployment_text, rejection_note
@@ -36,9 +36,10 @@ def print_summary(result: RunResult) -> None:
     lines = [
         f"trace        {result.trace_name}: {s['num_requests']} requests ({s['completed']} "
         f"finished, {s['rejected']} rejected, {result.num_skipped_rows} bad rows skipped)",
-        f"config       {c.policy} / {result.memory_model} memory, {c.model} on {c.hardware} "
-        f"TP{c.tp}, {result.num_blocks} KV blocks of {c.block_size} tokens per replica",
-        f"deployment   {deployment_text(asdict(c))}",
+        f"config       {c.scheduler.policy} / {result.memory_model} memory, {c.model} on "
+        f"{c.hardware} TP{c.tp}, {result.num_blocks} KV blocks of {c.cache.block_size} tokens "
+        "per replica",
+        f"deployment   {deployment_text(flat_settings(c))}",
         f"duration     {s['duration_s']:.3f} s simulated",
         f"throughput   {s['request_throughput']:.3f} req/s, "
         f"{s['output_throughput']:.1f} output tok/s, {s['total_token_throughput']:.1f} total tok/s",

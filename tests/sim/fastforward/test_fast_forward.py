@@ -161,7 +161,8 @@ def test_the_replica_lists_a_continuations_requests_only_behind_a_wrapper() -> N
     patching: a compiled build's classes cannot be patched.)"""
     cost_model = make_cost_model(load_model("Llama-2-7B"), load_hardware("A100-80GB"), 1)
     scheduler = Scheduler(
-        CacheConfig(num_blocks=64, block_size=16), SchedulerConfig(policy="chunked")
+        CacheConfig(num_blocks=64, block_size=16, memory_model="paged", max_model_len=4096),
+        SchedulerConfig(policy="chunked"),
     )
 
     def replica(costs: executor.StepExecutor) -> Replica:
