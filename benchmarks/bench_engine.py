@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from core.settings import build
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -190,9 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     trace = load_trace(args.trace)
     trace = Trace(trace.name, trace.requests[: args.trace_requests])
     config = ReplayConfig(
-        engine=EngineConfig(
-            model=args.model, device=args.device, dtype=args.dtype, weights="random",
-            block_size=args.block_size, max_num_batched_tokens=2048,
+        engine=build(
+            EngineConfig, model=args.model, device=args.device, dtype=args.dtype,
+            weights="random", block_size=args.block_size, max_num_batched_tokens=2048,
         ),
         time_scale=0.0,
     )  # fmt: skip

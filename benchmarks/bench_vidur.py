@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from core.settings import build
+
 CONFIGS = {
     "continuous": {"policy": "continuous", "max_num_seqs": 128, "max_num_batched_tokens": 4096},
     "chunked": {"policy": "chunked", "max_num_seqs": 128, "max_num_batched_tokens": 512},
@@ -55,7 +57,8 @@ def run_one(
     trace = generate_trace(
         num_requests, PoissonArrivals(0.5), FixedLengths(2048, 512), seed=0, name="vidur"
     )
-    config = RunConfig(
+    config = build(
+        RunConfig,
         model="Llama-2-70B",
         hardware=COST_AS_45813DD_HARDWARE if cost_as_45813dd else "A100-80GB",
         tp=2,

@@ -85,7 +85,7 @@ def _breakdown(config: RunConfig, result: RunResult) -> list[str]:
     batch = max(1, round(float(np.average(per_step, weights=decode["num_steps"]))))
     frame = result.requests_frame()
     context = int(frame["prompt_tokens"].mean() + frame["output_tokens"].mean() / 2)
-    budget = config.max_num_batched_tokens
+    budget = config.scheduler.max_num_batched_tokens
     shapes = {
         f"decode x{batch} (ctx {context})": StepShape(
             prefill_chunks=(), decode_context_tokens=(context,) * batch, block_size=16
@@ -173,12 +173,13 @@ def main() -> int:
             print(
                 f"\n{run_dir.name}: {config.model} on {load_hardware(config.hardware).name} "
                 f"x{config.tp}, {result.num_blocks} KV blocks/rank, budget "
-                f"{config.max_num_batched_tokens}, max_num_seqs {config.max_num_seqs}, prefix "
+                f"{config.scheduler.max_num_batched_tokens}, max_num_seqs "
+                f"{config.scheduler.max_num_seqs}, prefix "
                 f"hit rate {result.summary['prefix_hit_rate']:.1%} (replay {wall_s:.1f} s wall)"
             )
             print(_row("analytic", comparison, measured, result))
             if run_dir.name in profiles:
-                profiled = RunConfig(**{**_fields(config), "profile": profiles[run_dir.name]})
+                profiled = dataclasses.replace(config, profile=profiles[run_dir.name])
                 comparison, presult = validate_run(out, profiled)
                 print(_row("profile", comparison, measured, presult))
             for label, (cost_config, hardware_changes) in what_ifs.items():
@@ -219,10 +220,6 @@ def _with_hardware(config: RunConfig, changes: dict[str, float], path: Path) -> 
     spec = dataclasses.replace(load_hardware(config.hardware), **changes)  # type: ignore[arg-type]
     path.write_text(json.dumps(dataclasses.asdict(spec)))
     return dataclasses.replace(config, hardware=str(path))
-
-
-def _fields(config: RunConfig) -> dict[str, object]:
-    return {name: getattr(config, name) for name in RunConfig.__dataclass_fields__}
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.settings import build
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -107,7 +109,9 @@ def noise(trace_path: Path, args: argparse.Namespace, out: Path, clock: str) -> 
     trace = subset(load_trace(trace_path), args.noise_requests, 1.0)
     dirs = []
     for attempt in (1, 2):
-        engine = EngineConfig(model="tiny-llama", weights="random", policy="chunked", clock=clock)
+        engine = build(
+            EngineConfig, model="tiny-llama", weights="random", policy="chunked", clock=clock
+        )
         result = replay(trace, ReplayConfig(engine=engine, time_scale=args.time_scale))
         result.write(out / f"noise-{attempt}")
         dirs.append(out / f"noise-{attempt}")

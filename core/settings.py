@@ -57,10 +57,13 @@ def _check_names(config_class: type, names: Mapping[str, Any]) -> None:
         )
 
 
-def build(config_class: type[Config], settings: Mapping[str, Any] | None = None) -> Config:
-    """A ``config_class`` from flat settings, each nested config built from its own; what is
-    not given keeps its default. An unknown name is refused."""
-    given = dict(settings or {})
+def build(
+    config_class: type[Config], settings: Mapping[str, Any] | None = None, /, **more: Any
+) -> Config:
+    """A ``config_class`` from flat settings (a mapping, keyword arguments or both), each
+    nested config built from its own; what is not given keeps its default. An unknown name is
+    refused."""
+    given = {**(settings or {}), **more}
     _check_names(config_class, given)
     return _build(config_class, given)
 

@@ -94,14 +94,14 @@ CASES = {
     "chunked-prefix-caching": dict(
         policy="chunked", max_num_batched_tokens=48, enable_prefix_caching=True
     ),
-    "recompute-tiny-cache": dict(policy="chunked", max_num_batched_tokens=64, num_gpu_blocks=40),
+    "recompute-tiny-cache": dict(policy="chunked", max_num_batched_tokens=64, num_blocks=40),
     "swap-tiny-cache": dict(
-        policy="continuous", num_gpu_blocks=40, preemption_mode="swap", swap_space_gib=0.01
+        policy="continuous", num_blocks=40, preemption_mode="swap", swap_space_gib=0.01
     ),
     "prefix-caching-tiny-cache": dict(
         policy="chunked",
         max_num_batched_tokens=32,
-        num_gpu_blocks=40,
+        num_blocks=40,
         enable_prefix_caching=True,
     ),
 }
@@ -140,7 +140,7 @@ def test_parallel_samples_under_preemption(
         block_size=4,
         policy="chunked",
         max_num_batched_tokens=32,
-        num_gpu_blocks=40,
+        num_blocks=40,
     )
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, n=2)
     outputs = llm.generate(prompts[6:12], params)

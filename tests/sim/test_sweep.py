@@ -58,7 +58,7 @@ def test_point_means_what_the_same_run_flags_mean() -> None:
     argv = ["run", "t.csv", "--policy", "continuous", "--max-num-seqs", "32"]
     expected = config_from_args(build_parser().parse_args([*argv, "--prefix-caching", "--tp", "2"]))
     assert point_config(options) == expected
-    assert point_config({**options, "prefix_caching": False}).enable_prefix_caching is False
+    assert point_config({**options, "prefix_caching": False}).cache.enable_prefix_caching is False
 
 
 @pytest.mark.parametrize(

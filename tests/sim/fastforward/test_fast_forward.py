@@ -12,6 +12,7 @@ import simpy
 from core.config import CacheConfig, SchedulerConfig
 from core.policies import POLICIES
 from core.scheduler import Scheduler
+from core.settings import build
 from records.schema import SUMMED_COLUMNS, StepRecorder
 from sim import executor
 from sim.costmodel.base import make_cost_model
@@ -43,7 +44,8 @@ CASES = [
 def test_fast_forward_equals_step_by_step(
     policy: str, memory: str, preemption: str, trace: str, blocks: int, prefix: bool
 ) -> None:
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy=policy,
         memory_model=memory,  # type: ignore[arg-type]
         preemption_mode=preemption,  # type: ignore[arg-type]
@@ -66,7 +68,7 @@ def test_fast_forward_equals_step_by_step(
 
 
 def test_fast_forward_skips_most_steps_on_a_decode_heavy_trace() -> None:
-    config = RunConfig(policy="continuous", model="Llama-2-7B", hardware="A100-80GB")
+    config = build(RunConfig, policy="continuous", model="Llama-2-7B", hardware="A100-80GB")
     result = simulate(load_trace(DATA / "example.csv"), config)
     rows = result.steps.to_frame()
     assert rows["num_steps"].sum() > 5 * len(rows)
@@ -77,7 +79,8 @@ def test_chunk_stretches_are_exact(prefix: bool, blocks: int) -> None:
     """A small token budget makes prompts go in budget-sized chunks next to running
     decodes; those steps repeat too (a tight cache keeps requests waiting, so the last,
     shorter chunk repeats as well), and skipping them must change nothing."""
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy="chunked",
         model="Llama-2-7B",
         hardware="A100-80GB",
@@ -100,7 +103,7 @@ def test_chunk_stretches_are_exact(prefix: bool, blocks: int) -> None:
 def test_decode_runs_priced_in_one_vectorized_call_equal_pricing_each_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = RunConfig(policy="chunked", model="Llama-2-7B", hardware="A100-80GB")
+    config = build(RunConfig, policy="chunked", model="Llama-2-7B", hardware="A100-80GB")
     trace = load_trace(DATA / "example.csv")
     calls = []
     vectorized = executor._decode_ends
@@ -121,7 +124,8 @@ def test_steps_built_without_the_policy_are_used_and_change_nothing(
     """After a run of repeats fast-forward builds the next decode (and prompt-chunk) step
     itself (``FastForward.plan_continuation``) instead of asking the policy: it must happen on a
     loaded chunked replica, and turning it off must change no result."""
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy="chunked",
         model="Llama-2-7B",
         hardware="A100-80GB",
@@ -180,7 +184,8 @@ def test_the_replica_lists_a_continuations_requests_only_behind_a_wrapper() -> N
 def test_continuations_with_and_without_their_requests_listed_agree(policy: str) -> None:
     """Both ways of planning a continuation (see the test above) give the same rows, requests
     and summary."""
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy=policy,
         model="Llama-2-7B",
         hardware="A100-80GB",
@@ -206,7 +211,8 @@ def test_a_forked_decode_beside_an_unforked_prompt_chunk_is_exact() -> None:
             TraceRequest("prompt", 0.5, 3000, 8, num_samples=2),
         ),
     )
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy="chunked",
         model="Llama-2-7B",
         hardware="A100-80GB",
