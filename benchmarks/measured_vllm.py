@@ -78,7 +78,8 @@ def _breakdown(config: RunConfig, result: RunResult) -> list[str]:
     """Roofline terms (ms) of a decode step at the run's mean decode batch and context, and of
     a full-budget mixed step (one prefill chunk beside that many decodes)."""
     model = load_model(config.model)
-    cost = RooflineCostModel(model, load_hardware(config.hardware), config.tp)
+    hardware = load_hardware(config.hardware)
+    cost = RooflineCostModel(model, hardware, config.tp, block_size=config.cache.block_size)
     steps = result.steps.to_frame()
     decode = steps[(steps["num_prefill_tokens"] == 0) & (steps["num_decode_tokens"] > 0)]
     per_step = decode["num_decode_tokens"] / decode["num_steps"]
@@ -88,12 +89,11 @@ def _breakdown(config: RunConfig, result: RunResult) -> list[str]:
     budget = config.scheduler.max_num_batched_tokens
     shapes = {
         f"decode x{batch} (ctx {context})": StepShape(
-            prefill_chunks=(), decode_context_tokens=(context,) * batch, block_size=16
+            prefill_chunks=(), decode_context_tokens=(context,) * batch
         ),
         f"mixed {budget - batch}+{batch}": StepShape(
             prefill_chunks=((budget - batch, context // 2),),
             decode_context_tokens=(context,) * batch,
-            block_size=16,
         ),
     }
     lines = []

@@ -165,7 +165,7 @@ def compare(
         simulated.write(out / f"sim-{name}")
         sim_steps = recorders[0].shapes if recorders else []
         steps = validation.step_errors(
-            engine_steps, cost_model.step_time_s, cost_model.step_breakdown, run.cache.block_size
+            engine_steps, cost_model.step_time_s, cost_model.step_breakdown
         )
         requests = validation.request_errors(measured.requests, simulated.requests_frame())
         result["models"][name] = {

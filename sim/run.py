@@ -227,7 +227,7 @@ def simulate(
     recorder = StepRecorder()
 
     def make_replica(env: simpy.Environment, index: int, pool: str, steps: StepRecorder) -> Replica:
-        executor: Any = CostModelExecutor(cost_model, block_size)
+        executor: Any = CostModelExecutor(cost_model)
         if wrap_executor is not None:
             executor = wrap_executor(executor)
         scheduler = Scheduler(cache, scheduler_config)

@@ -141,6 +141,21 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
 
 
+def config_from_args(args: argparse.Namespace) -> ValidateConfig:
+    return build(
+        ValidateConfig,
+        {
+            **given_settings(args, setting_names(CacheConfig) + setting_names(SchedulerConfig)),
+            "model": args.model,
+            "device": args.device,
+            "time_scale": args.time_scale,
+            "max_requests": args.max_requests,
+            "hardware": args.hardware,
+            "clock": args.clock,
+        },
+    )
+
+
 def run_validate(args: argparse.Namespace) -> int:
     import shlex
 
@@ -154,18 +169,7 @@ def run_validate(args: argparse.Namespace) -> int:
         )
     if args.trace is None:
         raise ValueError(f"validate needs a TRACE (or {MEASURED_OPTION} RUN_DIR)")
-    config = build(
-        ValidateConfig,
-        {
-            **given_settings(args, setting_names(CacheConfig) + setting_names(SchedulerConfig)),
-            "model": args.model,
-            "device": args.device,
-            "time_scale": args.time_scale,
-            "max_requests": args.max_requests,
-            "hardware": args.hardware,
-            "clock": args.clock,
-        },
-    )
+    config = config_from_args(args)
     if args.hardware is not None:
         get_hardware_preset(args.hardware)
     trace = load_trace(args.trace, format=args.format)

@@ -163,7 +163,9 @@ def test_the_replica_lists_a_continuations_requests_only_behind_a_wrapper() -> N
     continuations without listing their requests; behind a wrapper (validation's
     ``RecordingExecutor``, which may read them) it lists them. (Read off the replica, not by
     patching: a compiled build's classes cannot be patched.)"""
-    cost_model = make_cost_model(load_model("Llama-2-7B"), load_hardware("A100-80GB"), 1)
+    cost_model = make_cost_model(
+        load_model("Llama-2-7B"), load_hardware("A100-80GB"), 1, block_size=16
+    )
     scheduler = Scheduler(
         CacheConfig(num_blocks=64, block_size=16, memory_model="paged", max_model_len=4096),
         SchedulerConfig(policy="chunked"),
@@ -172,7 +174,7 @@ def test_the_replica_lists_a_continuations_requests_only_behind_a_wrapper() -> N
     def replica(costs: executor.StepExecutor) -> Replica:
         return Replica(simpy.Environment(), 0, "colocated", scheduler, costs, StepRecorder())
 
-    costs = executor.CostModelExecutor(cost_model, 16)
+    costs = executor.CostModelExecutor(cost_model)
     assert costs.prices_from_shape
     lean = replica(costs).skipper
     listed = replica(RecordingExecutor(costs)).skipper
