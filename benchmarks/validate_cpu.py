@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.policies import POLICIES
 from core.settings import build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +41,6 @@ from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes, shapes_equal
 from traces.loaders import load_trace  # noqa: E402
 
 TRACES = ("example", "bursty", "shared_prefix", "parallel_sampling")
-POLICIES = ("static", "dynamic", "continuous", "chunked")
 METRICS = ("ttft", "tpot", "itl", "e2e")
 
 

@@ -20,6 +20,7 @@ from sim.costmodel.base import (
     StepShape,
     make_cost_model,
 )
+from sim.executor import CostModelExecutor
 from sim.specs.hardware import HARDWARE_PRESETS
 from sim.specs.model import MODEL_PRESETS
 
@@ -324,3 +325,30 @@ def test_vectorized_decode_durations_equal_the_stepper_bit_for_bit(
     assert stepped == [
         cost.decode_step_time_s(num_seqs, t, b) for t, b in zip(totals, blocks, strict=True)
     ]
+
+
+def test_the_block_size_is_given_when_the_cost_model_is_built() -> None:
+    """No silent default: the roofline, make_cost_model and a calibrated profile all take the
+    deployment's block size at construction, and the executor reads it from the cost model."""
+    with pytest.raises(TypeError, match="block_size"):
+        make_cost_model(LLAMA, A100)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="block_size"):
+        RooflineCostModel(LLAMA, A100)  # type: ignore[call-arg]
+    profile = Path(__file__).parent / "data" / "llama2_7b_a100_tp1.json"  # measured at 16
+    with pytest.raises(ValueError, match="field 'block_size': profile measured at block size 16"):
+        make_cost_model(LLAMA, A100, profile_path=profile, block_size=32)
+    assert CostModelExecutor(RooflineCostModel(LLAMA, A100, block_size=32)).block_size == 32
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 128])
+def test_a_decode_reads_the_blocks_of_the_cost_models_size(block_size: int) -> None:
+    """A 17-token context reads ceil(17 / block_size) blocks: the price follows the size the
+    cost model was built with, through the executor's aggregate path too."""
+    cost = RooflineCostModel(LLAMA, A100, block_size=block_size)
+    kv_tokens = -(-17 // block_size) * block_size
+    expected = cost.decode_attention_s(1, 17, kv_tokens)
+    assert cost.step_breakdown(StepShape(decode_context_tokens=(17,)))["decode_attention"] == (
+        expected
+    )
+    whole = cost.step_time_s(StepShape(decode_context_tokens=(17,)))
+    assert cost.decode_step_time_s(1, 17, -(-17 // block_size)) == whole
