@@ -29,8 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-from core.settings import build
-
 CONFIGS = {
     "continuous": {"policy": "continuous", "max_num_seqs": 128, "max_num_batched_tokens": 4096},
     "chunked": {"policy": "chunked", "max_num_seqs": 128, "max_num_batched_tokens": 512},
@@ -50,6 +48,7 @@ def run_one(
     policy: str, num_requests: int, fast_forward: bool, cost_as_45813dd: bool = False
 ) -> dict[str, float]:
     """Generate the workload and simulate it; called in the child process."""
+    from core.settings import build
     from sim.run import RunConfig, simulate
     from traces.distributions import FixedLengths, PoissonArrivals
     from traces.generators import generate_trace
@@ -64,7 +63,7 @@ def run_one(
         tp=2,
         fast_forward=fast_forward,
         async_scheduling=not cost_as_45813dd,
-        **CONFIGS[policy],  # type: ignore[arg-type]
+        **CONFIGS[policy],
     )
     import core.scheduler
 

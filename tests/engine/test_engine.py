@@ -332,7 +332,8 @@ def test_replayed_shared_prefixes_are_real_cache_hits(tmp_path: Path) -> None:
         "--swap-space-gib",
         "--slo-ttft",
         "--gpu-memory-utilization",
-        "--max-batch-tokens",
+        "--max-num-batched-tokens",
+        "--max-batch-tokens",  # the old spelling, named beside the new one
         "--num-blocks",
         "--cpu-threads",
     ],
@@ -345,7 +346,8 @@ def test_engine_numeric_options_refuse_nonsense(
     with pytest.raises(SystemExit) as exit_info:
         engine_main(["run", str(trace), option, value, "--quiet"])
     assert exit_info.value.code == 2
-    assert f"argument {option}" in capsys.readouterr().err
+    line = next(line for line in capsys.readouterr().err.splitlines() if "error:" in line)
+    assert "error: argument --" in line and option in line
 
 
 def test_swap_without_swap_space_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
