@@ -117,7 +117,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
     )
     deployment.add_argument(
         "--pool-policy",
-        choices=sorted(POLICIES),
+        choices=tuple(POLICIES),
         default=DEFAULTS.pool_policy,
         help="--policy disagg: batching inside each pool (default: %(default)s)",
     )
