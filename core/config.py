@@ -342,6 +342,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
 )
 SETTINGS_BY_FIELD: dict[str, Setting] = {row.field: row for row in SETTINGS}
+SETTING_NAMES: tuple[str, ...] = tuple(SETTINGS_BY_FIELD)
+"""Every setting of `CacheConfig` and `SchedulerConfig`, in the table's order."""
 
 
 def setting_fields(config_class: type) -> list[str]:

@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from core.config import SETTINGS_BY_FIELD, Check, Setting, setting_fields
+from core.config import SETTING_NAMES, SETTINGS_BY_FIELD, Check, Setting, setting_fields
 from core.policies import POLICIES
 
 # What a flag's default looks like in --help when the config leaves it None and the table does
@@ -100,8 +100,10 @@ def _add(
     parser.add_argument(*names, type=reader, default=None, metavar=metavar, help=help)
 
 
-def given_settings(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
-    """The settings among ``names`` that the command line gave, by field name."""
+def given_settings(
+    args: argparse.Namespace, names: Sequence[str] = SETTING_NAMES
+) -> dict[str, Any]:
+    """The settings among ``names`` (the core's) that the command line gave, by field name."""
     given: dict[str, Any] = {}
     for name in names:
         value = getattr(args, name, None)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from core.config import LAYOUT_SETTINGS, CacheConfig, SchedulerConfig
 from core.flags import add_setting_flags, given_settings
-from core.settings import build, setting_names
+from core.settings import build
 from engine.llm_engine import CLOCKS, EngineConfig
 from records.run_options import (
     add_out_argument,
@@ -106,11 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    names = setting_names(CacheConfig) + setting_names(SchedulerConfig)
     return build(
         EngineConfig,
         {
-            **given_settings(args, names),
+            **given_settings(args),
             "model": args.model,
             "device": args.device,
             "dtype": args.dtype,

@@ -10,8 +10,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from core.config import CacheConfig, SchedulerConfig
-from core.settings import build, flat_settings, setting_names
+from core.config import SETTING_NAMES
+from core.settings import build, flat_settings
 from engine.llm_engine import EngineConfig
 from engine.replay import ReplayConfig, replay
 from fidelity import validation
@@ -82,8 +82,7 @@ def sim_config(engine_dir: Path, config: ValidateConfig, profile: str | None) ->
     missing = [name for name in _ENGINE_RECORDED if name not in run.config]
     if missing:
         raise ValueError(f"{engine_dir / 'summary.json'}: field 'config.{missing[0]}': missing")
-    names = setting_names(CacheConfig) + setting_names(SchedulerConfig)
-    recorded = {name: run.config[name] for name in names if name in run.config}
+    recorded = {name: run.config[name] for name in SETTING_NAMES if name in run.config}
     return build(
         RunConfig,
         {

@@ -97,6 +97,7 @@ class RunConfig:
         return self.pool_policy if policy == "disagg" else policy
 
     def resolved_memory_model(self) -> MemoryModel:
+        """``memory_model``, or, left None, the default of the policy the replicas run."""
         return self.cache.memory_model or POLICIES[self.pools_policy].default_memory_model
 
 
@@ -208,7 +209,7 @@ def simulate(
             max_num_seqs=scheduler_config.max_num_seqs,
         ),
         block_bytes=model.kv_bytes_per_block(block_size, config.tp),
-        memory_model=POLICIES[scheduler_config.policy].default_memory_model,
+        memory_model=config.resolved_memory_model(),
         model=(config.model, model.max_model_len),
     )
     if cost_config is None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from core.config import LAYOUT_SETTINGS, CacheConfig, SchedulerConfig
 from core.flags import add_setting_flags, given_settings
-from core.settings import build, setting_names
+from core.settings import build
 from fidelity.cli.engine_import import needs_engine
 from fidelity.clocks import CLOCK_CHOICES, CLOCK_HELP
 from fidelity.validate_config import VALIDATION_FILE, ValidateConfig
@@ -145,7 +145,7 @@ def config_from_args(args: argparse.Namespace) -> ValidateConfig:
     return build(
         ValidateConfig,
         {
-            **given_settings(args, setting_names(CacheConfig) + setting_names(SchedulerConfig)),
+            **given_settings(args),
             "model": args.model,
             "device": args.device,
             "time_scale": args.time_scale,

@@ -9,7 +9,7 @@ import argparse
 from core.config import CacheConfig, SchedulerConfig
 from core.flags import add_setting_flags, given_settings
 from core.policies import POLICIES
-from core.settings import build, setting_names
+from core.settings import build
 from records.run_options import (
     add_out_argument,
     add_report_and_quiet_arguments,
@@ -29,8 +29,6 @@ from traces.options import (
 )
 
 DEFAULTS = RunConfig()
-# The core's settings (KV cache and scheduler), by field name: flags from `core.flags`.
-CORE_SETTINGS = setting_names(CacheConfig) + setting_names(SchedulerConfig)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) -> None:
@@ -160,7 +158,7 @@ def base_config_from_args(args: argparse.Namespace) -> RunConfig:
     return build(
         RunConfig,
         {
-            **given_settings(args, CORE_SETTINGS),
+            **given_settings(args),
             "model": args.model,
             "hardware": args.hardware,
             "tp": args.tp,
