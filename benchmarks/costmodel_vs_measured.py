@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
+from core.model.presets import get_model_preset
 from sim.costmodel.base import CostModelConfig, make_cost_model
 from sim.costmodel.check import Comparison, compare_mlp, run_check, summarize
 from sim.costmodel.kernel_costs import allreduce_s
@@ -34,7 +35,6 @@ from sim.costmodel.step_shape import StepShape
 from sim.costmodel.vidur_profiles import MlpRow, find_vidur_files, read_mlp_csv
 from sim.specs.hardware import HARDWARE_PRESETS, HardwareSpec, hardware_for_node
 from sim.specs.kv_capacity import vidur_num_blocks, vllm_kv_capacity
-from sim.specs.model import MODEL_PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 VIDUR = ROOT.parent / "shared/profiles/vidur"
@@ -76,7 +76,7 @@ def accuracy(vidur_dir: Path) -> list[Comparison]:
     pooled: list[Comparison] = []
     network_done = False
     for name in MODELS:
-        result = run_check(vidur_dir, MODEL_PRESETS[name], hardware)
+        result = run_check(vidur_dir, get_model_preset(name), hardware)
         comparisons = result.comparisons
         if network_done:  # the network files are model-independent: count them once
             comparisons = [c for c in comparisons if c.kind != "allreduce"]
@@ -87,11 +87,11 @@ def accuracy(vidur_dir: Path) -> list[Comparison]:
         for row in summarize(comparisons, by_op=False):
             group = [c for c in comparisons if c.kind == row["kind"]]
             print(_line(str(row["kind"]), group))
-        bare = run_check(vidur_dir, MODEL_PRESETS[name], hardware, node="none").comparisons
+        bare = run_check(vidur_dir, get_model_preset(name), hardware, node="none").comparisons
         for kind in ("decode_step", "prefill_step"):
             group = [c for c in bare if c.kind == kind]
             print(_line(f"{kind} without all-reduce", group))
-        mixture = run_check(vidur_dir, MODEL_PRESETS[name], hardware, allreduce_mixture=True)
+        mixture = run_check(vidur_dir, get_model_preset(name), hardware, allreduce_mixture=True)
         for kind in ("decode_step", "prefill_step"):
             group = [c for c in mixture.comparisons if c.kind == kind]
             print(_line(f"{kind} AR mixture mean", group))
@@ -135,7 +135,7 @@ def _mlp_score(rows: dict[str, list[MlpRow]], hardware: HardwareSpec) -> float:
     errors: dict[str, list[float]] = {}
     for name, model_rows in rows.items():
         tps = {row.tp for row in model_rows}
-        for c in compare_mlp(model_rows, MODEL_PRESETS[name], hardware, tps):
+        for c in compare_mlp(model_rows, get_model_preset(name), hardware, tps):
             errors.setdefault(c.op, []).append(abs(c.error_pct))
     return statistics.mean(statistics.median(e) for e in errors.values())
 
@@ -144,7 +144,7 @@ def holdout(vidur_dir: Path) -> None:
     """Refit the compute constants on the Llama-2 files alone (coordinate descent over
     FITTED, two rounds) and score the held-out Llama-3 files with the refit and the
     committed constants."""
-    found = {name: find_vidur_files(vidur_dir, MODEL_PRESETS[name]).mlp for name in MODELS}
+    found = {name: find_vidur_files(vidur_dir, get_model_preset(name)).mlp for name in MODELS}
     rows = {name: read_mlp_csv(path) for name, path in found.items() if path is not None}
     fit = {name: rows[name] for name in ("Llama-2-7B", "Llama-2-70B")}
     held = {name: rows[name] for name in ("Llama-3-8B", "Llama-3-70B")}
@@ -236,7 +236,7 @@ def _load_before(module: str = "roofline") -> ModuleType:
 
 
 def side_by_side(vidur_dir: Path) -> None:
-    model = MODEL_PRESETS["Llama-2-70B"]
+    model = get_model_preset("Llama-2-70B")
     hardware = hardware_for_node(HARDWARE_PRESETS["A100-80GB"], "pairwise_nvlink")
     # The base commit's preset had a 2 us NVLink hop; its roofline reads no other changed field.
     old_hardware = replace(hardware, interconnect_latency_s=2e-6)

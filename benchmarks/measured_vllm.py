@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from core.model.presets import load_model_spec
 from fidelity.cli.measured import replay_config, validate_run
 from fidelity.measured import write_measured_run
 from fidelity.measured_importers import import_llmservingsim
@@ -40,7 +41,7 @@ from records.compare import Comparison
 from records.run_dir import load_run
 from sim.costmodel.base import TERMS, CostModelConfig, StepShape
 from sim.costmodel.roofline import RooflineCostModel
-from sim.run import RunConfig, RunResult, load_model
+from sim.run import RunConfig, RunResult
 from sim.specs.hardware import HardwareSpec
 from sim.specs.hardware_file import load_hardware
 
@@ -77,7 +78,7 @@ def _row(
 def _breakdown(config: RunConfig, result: RunResult) -> list[str]:
     """Roofline terms (ms) of a decode step at the run's mean decode batch and context, and of
     a full-budget mixed step (one prefill chunk beside that many decodes)."""
-    model = load_model(config.model)
+    model = load_model_spec(config.model)
     hardware = load_hardware(config.hardware)
     cost = RooflineCostModel(model, hardware, config.tp, block_size=config.cache.block_size)
     steps = result.steps.to_frame()

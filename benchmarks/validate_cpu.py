@@ -285,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         trace_path = ROOT / "traces" / "data" / f"{name}.csv"
         trace = load_trace(trace_path)
         for policy in args.policies.split(","):
-            config = ValidateConfig(
+            config = build(
+                ValidateConfig,
                 policy=policy,
                 time_scale=args.time_scale,
                 max_requests=args.requests,

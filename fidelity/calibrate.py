@@ -11,12 +11,12 @@ from typing import Any
 
 from tqdm import tqdm
 
+from core.model.presets import load_model_spec
 from core.settings import build
 from engine import profiling
 from engine.llm_engine import EngineConfig
 from fidelity.clocks import resolve_clock
 from sim.costmodel.profile import DECODE_CONTEXT_RULES, FORMAT_VERSION, load_profile
-from sim.run import load_model
 
 
 def profile_payload(measured: Any, model: str, block_size: int, command: str) -> dict[str, Any]:
@@ -148,4 +148,4 @@ def choose_decode_rule(checks: list[dict[str, Any]]) -> tuple[str, list[dict[str
 
 def _model_name(model: str) -> str:
     """The ``ModelSpec.name`` the simulator will know this model by."""
-    return load_model(model).name
+    return load_model_spec(model).name

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core.model.presets import preset_names
 from fidelity.measured import MeasuredRun
 from sim.specs.hardware import HARDWARE_PRESETS
-from sim.specs.model import MODEL_PRESETS
 from traces.schema import Trace, TraceRequest
 
 
@@ -176,7 +176,7 @@ def _model_preset(model: str | None) -> str | None:
     if not model:
         return None
     tail = model.rstrip("/").rsplit("/", 1)[-1].lower()
-    return next((name for name in MODEL_PRESETS if name.lower() == tail), None)
+    return next((name for name in preset_names() if name.lower() == tail), None)
 
 
 def _hardware_preset(name: str) -> str | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import SETTING_NAMES
+from core.model.presets import load_model_spec
 from core.settings import build, flat_settings
 from engine.llm_engine import EngineConfig
 from engine.replay import ReplayConfig, replay
@@ -23,7 +24,7 @@ from sim.costmodel.base import CostModel, CostModelConfig, make_cost_model
 from sim.costmodel.profile import load_profile
 from sim.executor import CostModelExecutor
 from sim.recording import RecordingExecutor
-from sim.run import RunConfig, RunResult, load_model, simulate
+from sim.run import RunConfig, RunResult, simulate
 from sim.specs.hardware import get_hardware_preset
 from traces.schema import Trace
 
@@ -107,7 +108,7 @@ def _cost_config(run: RunConfig) -> CostModelConfig:
 
 
 def _cost_models(run: RunConfig) -> dict[str, CostModel]:
-    model, hardware = load_model(run.model), get_hardware_preset(run.hardware)
+    model, hardware = load_model_spec(run.model), get_hardware_preset(run.hardware)
     cost_config = _cost_config(run)
     models = {
         "roofline": make_cost_model(

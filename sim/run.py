@@ -18,21 +18,21 @@ import simpy
 from tqdm import tqdm
 
 from core.config import CacheConfig, MemoryModel, SchedulerConfig, check_serving
+from core.model.presets import load_model_spec
 from core.policies import POLICIES, check_policy
 from core.request import Request
 from core.scheduler import Scheduler
 from core.settings import flat_settings
 from records.metrics import summarize
+from records.overload import Overload, request_overload
 from records.run_dir import write_run_dir
 from records.schema import StepRecorder, request_frame
 from sim.costmodel.base import CostModelConfig, make_cost_model
 from sim.deployment import ROUTERS, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
 from sim.simulator import Replica
-from sim.specs.hardware_file import load_hardware
-from sim.specs.hf_config import model_spec_from_hf_config
+from sim.specs.hardware_file import hardware_is_file, load_hardware
 from sim.specs.kv_capacity import derive_num_blocks
-from sim.specs.model import ModelSpec, get_model_preset
 from traces.schema import Trace
 
 POLICY_CHOICES = (*POLICIES, "disagg")
@@ -108,12 +108,6 @@ def servesim_version() -> str:
         return "unknown"
 
 
-def load_model(name_or_path: str) -> ModelSpec:
-    if Path(name_or_path).exists():
-        return model_spec_from_hf_config(name_or_path)
-    return get_model_preset(name_or_path)
-
-
 @dataclass
 class RunResult:
     config: RunConfig
@@ -128,6 +122,10 @@ class RunResult:
     trace_stats: dict[str, float] = field(default_factory=dict)
     command: str | None = None
     transfers: list[Transfer] = field(default_factory=list)
+    # A hardware file's own ``name`` (None for a preset, whose name is ``config.hardware``).
+    hardware_name: str | None = None
+    # Set when more load was offered than the deployment served (records.overload).
+    overload: Overload | None = None
 
     @property
     def mean_real_token_share(self) -> float | None:
@@ -142,8 +140,12 @@ class RunResult:
         write_run_dir(out, self.requests_frame(), self.steps.to_frame(), self.payload())
 
     def payload(self) -> dict[str, Any]:
-        """What ``summary.json`` holds for this run."""
-        return {
+        """What ``summary.json`` holds for this run (``hardware_name`` only where a hardware
+        file named the GPU, ``overload`` only where the run was overloaded)."""
+        named: dict[str, Any] = {"hardware_name": self.hardware_name} if self.hardware_name else {}
+        if self.overload is not None:  # (only a run that went wrong gains the key)
+            named["overload"] = self.overload.as_dict()
+        return named | {
             "trace": self.trace_name,
             "config": flat_settings(self.config),
             "memory_model": self.memory_model,
@@ -193,7 +195,7 @@ def simulate(
     wraps each replica's executor (validation records the batches it prices this way);
     ``cost_config`` replaces the roofline's default efficiencies (for what-if studies), its
     own ``async_scheduling`` included; without it, ``config.async_scheduling`` chooses."""
-    model = load_model(config.model)
+    model = load_model_spec(config.model)
     hardware = load_hardware(config.hardware)
     settings, block_size = config.cache, config.cache.block_size
     scheduler_config = replace(config.scheduler, policy=config.pools_policy)
@@ -279,4 +281,6 @@ def simulate(
         notes=list(trace.notes),
         trace_stats=trace.length_stats(),
         transfers=output.transfers,
+        hardware_name=hardware.name if hardware_is_file(config.hardware) else None,
+        overload=request_overload(output.requests, output.end_s),
     )

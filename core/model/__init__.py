@@ -1,2 +1,2 @@
-"""The model description both executors build from: a Hugging Face ``config.json`` reader
-(standard library only) and the shapes it yields."""
+"""The one model description both executors build from (`spec.ModelSpec`), its Hugging Face
+``config.json`` reader (`hf_config`) and the named presets (`presets`). Standard library only."""

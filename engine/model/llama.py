@@ -15,10 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.model.spec import ModelSpec, RopeScaling
 from engine.attention import AttentionMetadata, attend
-from engine.model.config import ModelConfig, RopeScaling
+from engine.model.support import RUNNABLE_DTYPES, rms_norm_eps
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The torch dtype of each checkpoint dtype the engine runs (torch names them alike).
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in RUNNABLE_DTYPES}
 
 
 class Linear(nn.Module):
@@ -66,19 +68,21 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
     inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
+    factor = scaling.factor
+    assert factor is not None, "RopeScaling requires a factor for linear and llama3"
     if scaling.rope_type == "linear":
-        return inv_freq / scaling.factor
+        return inv_freq / factor
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    original_len = scaling.original_max_position_embeddings
+    assert low is not None and high is not None and original_len is not None  # llama3's keys
     # llama3: wavelengths longer than original_len / low_freq_factor are slowed by `factor`,
     # shorter than original_len / high_freq_factor kept, and the band between interpolated.
-    original_len = scaling.original_max_position_embeddings
     wavelength = 2 * math.pi / inv_freq
-    band = (original_len / wavelength - scaling.low_freq_factor) / (
-        scaling.high_freq_factor - scaling.low_freq_factor
-    )
-    blended = (1 - band) * inv_freq / scaling.factor + band * inv_freq
-    is_low = wavelength > original_len / scaling.low_freq_factor
-    is_high = wavelength < original_len / scaling.high_freq_factor
-    return torch.where(is_low, inv_freq / scaling.factor, torch.where(is_high, inv_freq, blended))
+    band = (original_len / wavelength - low) / (high - low)
+    blended = (1 - band) * inv_freq / factor + band * inv_freq
+    is_low = wavelength > original_len / low
+    is_high = wavelength < original_len / high
+    return torch.where(is_low, inv_freq / factor, torch.where(is_high, inv_freq, blended))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -89,7 +93,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
@@ -124,7 +128,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), gate and up in one matmul."""
 
-    def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
         hidden, inter = config.hidden_size, config.intermediate_size
         self.gate_up_proj = Linear(hidden, 2 * inter, config.mlp_bias, device, dtype)
@@ -137,9 +141,9 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
-        eps, hidden = config.rms_norm_eps, config.hidden_size
+        eps, hidden = rms_norm_eps(config), config.hidden_size
         self.input_layernorm = RMSNorm(hidden, eps, device, dtype)
         self.self_attn = Attention(config, device, dtype)
         self.post_attention_layernorm = RMSNorm(hidden, eps, device, dtype)
@@ -164,7 +168,7 @@ class LlamaForCausalLM(nn.Module):
     cos_table: torch.Tensor
     sin_table: torch.Tensor
 
-    def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelSpec, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Parameter(
@@ -173,7 +177,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(config, device, dtype) for _ in range(config.num_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        self.norm = RMSNorm(config.hidden_size, rms_norm_eps(config), device, dtype)
         self.lm_head = (
             self.embed_tokens
             if config.tie_word_embeddings
@@ -183,7 +187,7 @@ class LlamaForCausalLM(nn.Module):
         )
         # cos/sin of every position the model allows, built once: a step only indexes them.
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
-        positions = torch.arange(config.max_position_embeddings, dtype=torch.int64)
+        positions = torch.arange(config.max_model_len, dtype=torch.int64)
         angles = positions.float()[:, None] * inv_freq[None, :]
         self.register_buffer("cos_table", angles.cos().to(device, dtype), persistent=False)
         self.register_buffer("sin_table", angles.sin().to(device, dtype), persistent=False)
@@ -306,7 +310,7 @@ class LlamaForCausalLM(nn.Module):
 
 
 def resolve_dtype(
-    config: ModelConfig, device: torch.device, dtype: torch.dtype | None
+    config: ModelSpec, device: torch.device, dtype: torch.dtype | None
 ) -> torch.dtype:
     """None: fp32 on CPU; on CUDA the config's fp16/bf16, else bf16."""
     if dtype is not None:
@@ -315,6 +319,6 @@ def resolve_dtype(
         return dtype
     if device.type != "cuda":
         return torch.float32
-    if config.torch_dtype in ("float16", "bfloat16"):
-        return DTYPES[config.torch_dtype]
+    if config.dtype in ("float16", "bfloat16"):
+        return DTYPES[config.dtype]
     return torch.bfloat16

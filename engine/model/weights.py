@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.model.config import load_model_config
 from engine.model.llama import LlamaForCausalLM, resolve_dtype
+from engine.model.support import engine_model_spec
 
 WEIGHT_MODES = ("auto", "random")
 
@@ -45,7 +45,8 @@ def weight_files(directory: Path) -> list[Path]:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ValueError(
-            f"{directory}: no *.safetensors weights (pass weights='random' for random ones)"
+            f"{directory}: no *.safetensors weights (for seeded random ones: --weights random, "
+            "or weights='random' in Python)"
         )
     return files
 
@@ -112,14 +113,14 @@ def load_model(
     weights: str = "auto",
     seed: int = 0,
 ) -> LlamaForCausalLM:
-    """Build the model of a bundled config or a Hugging Face directory, in eval mode.
+    """Build the model of a preset or a Hugging Face directory, in eval mode.
 
     ``weights="auto"`` loads the directory's safetensors (an error when there are none);
-    ``"random"`` draws seeded weights (for timing, or a bundled config with no checkpoint).
+    ``"random"`` draws seeded weights (for timing, or a preset, which has no checkpoint).
     """
     if weights not in WEIGHT_MODES:
         raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {weights!r}")
-    config = load_model_config(name_or_dir)
+    config = engine_model_spec(name_or_dir)
     device = torch.device(device)
     model = LlamaForCausalLM(config, device, resolve_dtype(config, device, dtype))
     if weights == "random":
@@ -129,7 +130,7 @@ def load_model(
     else:
         raise ValueError(
             f"model {str(name_or_dir)!r} is not a directory, so it has no weights to load; "
-            "pass weights='random'"
+            "for seeded random weights give --weights random (weights='random' in Python)"
         )
     model.requires_grad_(False)
     return model.eval()

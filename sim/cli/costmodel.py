@@ -7,6 +7,7 @@ import argparse
 import shlex
 from typing import Any
 
+from core.model.presets import load_model_spec
 from sim.costmodel.check import add_check_arguments, check_command
 from sim.costmodel.profile_import import vidur_profile, write_vidur_profile
 
@@ -44,9 +45,7 @@ def add_costmodel_commands(commands: Any) -> None:
 
 
 def import_vidur_command(args: argparse.Namespace) -> int:
-    from sim.run import load_model  # the run machinery, only when the command runs
-
-    model = load_model(args.model)
+    model = load_model_spec(args.model)
     words = ["--vidur-dir", args.vidur_dir, "--model", args.model, "--tp", str(args.tp)]
     words += ["--out", args.out]
     for flag, value in (("--gpu", args.gpu), ("--node", args.node)):

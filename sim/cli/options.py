@@ -8,6 +8,7 @@ import argparse
 
 from core.config import CacheConfig, SchedulerConfig
 from core.flags import add_setting_flags, given_settings
+from core.model.presets import preset_names
 from core.policies import POLICIES
 from core.settings import build
 from records.run_options import (
@@ -19,7 +20,6 @@ from records.run_options import (
 from sim.deployment import ROUTERS
 from sim.run import POLICY_CHOICES, RunConfig
 from sim.specs.hardware import HARDWARE_PRESETS
-from sim.specs.model import MODEL_PRESETS
 from traces.options import (
     add_trace_arguments,
     non_negative_float,
@@ -49,7 +49,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
     parser.add_argument(
         "--model",
         default=DEFAULTS.model,
-        help=f"model preset ({', '.join(MODEL_PRESETS)}) or a Hugging Face config.json path "
+        help=f"model preset ({', '.join(preset_names())}) or a Hugging Face config.json path "
         "(default: %(default)s)",
     )
     parser.add_argument(

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from core.model.spec import ModelSpec
 from sim.costmodel.calibrated import CalibratedCostModel
 from sim.costmodel.profile import Profile, load_profile
 from sim.costmodel.roofline import TERMS, CostModelConfig, RooflineCostModel
 from sim.costmodel.step_shape import StepShape
 from sim.specs.hardware import HardwareSpec
-from sim.specs.model import ModelSpec
 
 __all__ = [
     "TERMS",

@@ -11,6 +11,8 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.model.presets import load_model_spec
+from core.model.spec import ModelSpec, check_tp
 from sim.costmodel.kernel_costs import allreduce_s
 from sim.costmodel.layer_ops import ELEMENTWISE_CALLS, LINEAR_OPS, LayerOps
 from sim.costmodel.roofline import RooflineCostModel
@@ -30,7 +32,6 @@ from sim.specs.hardware import (
     get_hardware_preset,
     hardware_for_node,
 )
-from sim.specs.model import ModelSpec, check_tp
 
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -388,9 +389,7 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_command(args: argparse.Namespace) -> int:
-    from sim.run import load_model  # the run machinery, only when the command runs
-
-    model = load_model(args.model)
+    model = load_model_spec(args.model)
     hardware = get_hardware_preset(args.hardware)
     if args.tp is not None:
         check_tp(model, args.tp)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from core.model.spec import ModelSpec, check_tp
 from sim.costmodel.kernel_costs import embedding_s, gemm_s, row_kernel_s, streaming_s
 from sim.specs.hardware import HardwareSpec
-from sim.specs.model import ModelSpec, check_tp
 
 LINEAR_OPS: tuple[str, ...] = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 ELEMENTWISE_OPS: tuple[str, ...] = (

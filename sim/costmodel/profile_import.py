@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from core.model.spec import ModelSpec, check_tp
 from sim.costmodel.layer_ops import ELEMENTWISE_CALLS, LINEAR_OPS
 from sim.costmodel.profile import FORMAT_VERSION
 from sim.costmodel.vidur_profiles import (
@@ -20,7 +21,6 @@ from sim.costmodel.vidur_profiles import (
     read_attention_csv,
     read_mlp_csv,
 )
-from sim.specs.model import ModelSpec, check_tp
 
 UNKNOWN = "unknown (Vidur profile)"
 

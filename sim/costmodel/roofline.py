@@ -10,11 +10,11 @@ from typing import Final
 
 import numpy as np
 
+from core.model.spec import ModelSpec, check_tp
 from sim.costmodel.kernel_costs import allreduce_s, gemm_s, streaming_s
 from sim.costmodel.layer_ops import LayerOps
 from sim.costmodel.step_shape import StepShape
 from sim.specs.hardware import HardwareSpec
-from sim.specs.model import ModelSpec, check_tp
 
 TERMS: tuple[str, ...] = (
     "linear",

@@ -8,7 +8,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.specs.model import ModelSpec
+from core.model.spec import ModelSpec
 
 MLP_OPS: tuple[str, ...] = (
     "emb",

@@ -1,2 +1,2 @@
-"""What the cost model prices on: hardware (presets and files), the model shapes the simulator
-reads, and how much KV memory a deployment leaves (``kv_capacity``)."""
+"""What the cost model prices on besides the model (``core.model``): hardware (presets and
+files), and how much KV memory a deployment leaves (``kv_capacity``)."""

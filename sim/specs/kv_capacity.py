@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.model.spec import ModelSpec, check_tp
 from sim.specs.hardware import HardwareSpec
-from sim.specs.model import ModelSpec, check_tp
 
 GIB = 1 << 30
 _LOGIT_BYTES = 4  # vLLM's sampler works on fp32 logits

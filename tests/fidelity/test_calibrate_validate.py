@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("torch")
 
+from core.model.presets import get_model_preset
 from records.step_shapes import load_step_shapes
 from sim.cli.main import main as sim_main
 from sim.costmodel.base import StepShape, make_cost_model
 from sim.costmodel.profile import load_profile
 from sim.specs.hardware import HARDWARE_PRESETS
-from sim.specs.model import MODEL_PRESETS
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_small_calibration_writes_a_profile_that_loads(small_profile: Path) -> N
     assert raw["grid"]["num_tokens"] == [1, 16, 128]
     assert "calibrate" in raw["command"]
     cost = make_cost_model(
-        MODEL_PRESETS["tiny-llama"],
+        get_model_preset("tiny-llama"),
         HARDWARE_PRESETS["CPU-1T"],
         profile_path=small_profile,
         block_size=16,
@@ -117,3 +117,25 @@ def test_validate_refuses_a_run_of_other_requests(
     argv = ["validate", str(trace), "--profile", str(small_profile), "--replay", str(run)]
     assert sim_main([*argv, "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_validate_frees_its_engine_before_calibrating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without --profile, validate replays the trace on one engine and then calibrates on
+    # another: on CUDA, the replay's engine still alive made the calibration's memory
+    # profiling find no room for a KV cache.
+    from engine import profiling
+    from tests.engine.engine_lifetimes import engine_lifetimes
+
+    monkeypatch.setattr(profiling, "CalibrationGrid", lambda: profiling.SMALL_GRID)
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "request_id,arrival_s,prompt_tokens,output_tokens,num_samples\n"
+        + "".join(f"q{i},0.0,{8 + i},3,1\n" for i in range(4))
+    )
+    with engine_lifetimes(monkeypatch) as built:
+        argv = ["validate", str(trace), "--out", str(tmp_path / "val"), "--quiet"]
+        assert sim_main(argv) == 0
+    # Two engines, the replay's then the calibration's, each built with no other alive.
+    assert built.alive_at_build == [0, 0]

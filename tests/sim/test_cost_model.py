@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.model.presets import get_model_preset, preset_names
 from sim.costmodel.base import (
     TERMS,
     CostModel,
@@ -22,9 +23,8 @@ from sim.costmodel.base import (
 )
 from sim.executor import CostModelExecutor
 from sim.specs.hardware import HARDWARE_PRESETS
-from sim.specs.model import MODEL_PRESETS
 
-LLAMA = MODEL_PRESETS["Llama-2-7B"]
+LLAMA = get_model_preset("Llama-2-7B")
 A100 = HARDWARE_PRESETS["A100-80GB"]
 
 
@@ -100,7 +100,7 @@ def test_async_scheduling_makes_a_step_the_longer_of_host_and_kernels() -> None:
     assert overlapped.step_time_s(decode) == pytest.approx(kernels_s, rel=1e-12)
     # A tiny step on a tiny model: the host is the longer, and the step lasts what it does.
     small = StepShape(decode_context_tokens=(1,))
-    tiny = RooflineCostModel(MODEL_PRESETS["tiny-llama"], A100, block_size=16)
+    tiny = RooflineCostModel(get_model_preset("tiny-llama"), A100, block_size=16)
     assert tiny.step_time_s(small) == pytest.approx(host_s, rel=1e-12)
     assert tiny.step_breakdown(small)["overhead"] > 0.0
     # Host work longer than any kernel time: the step costs exactly the host's time.
@@ -159,7 +159,7 @@ def test_monotone_in_tokens_and_context(
 
 @settings(max_examples=300, deadline=None)
 @given(
-    model=st.sampled_from(sorted(MODEL_PRESETS)),
+    model=st.sampled_from(preset_names()),
     tp=st.sampled_from([1, 2, 4]),
     async_scheduling=st.booleans(),
     overhead_s=st.sampled_from([0.0, 1e-4, 0.05]),
@@ -178,7 +178,7 @@ def test_aggregate_price_equals_the_step_priced_whole_bit_for_bit(
 ) -> None:
     """``aggregate_step_time_s`` (and the stepper it shares with fast-forward) adds the
     terms of ``step_time_s`` itself, in its order: the same float, not just a close one."""
-    spec = MODEL_PRESETS[model]
+    spec = get_model_preset(model)
     if spec.num_heads % tp:
         return  # not a valid sharding of this model
     config = CostModelConfig(async_scheduling=async_scheduling, step_overhead_s=overhead_s)
@@ -292,7 +292,7 @@ def test_make_cost_model_without_profile_is_roofline() -> None:
 
 def test_cost_model_imports_neither_torch_nor_triton() -> None:
     code = (
-        "import sys, sim.costmodel.base, sim.specs.model, sim.specs.hardware\n"
+        "import sys, sim.costmodel.base, core.model.presets, sim.specs.hardware\n"
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules, "
         "[m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')]"
     )
@@ -301,7 +301,7 @@ def test_cost_model_imports_neither_torch_nor_triton() -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(
-    model=st.sampled_from(sorted(MODEL_PRESETS)),
+    model=st.sampled_from(preset_names()),
     tp=st.sampled_from([1, 2, 4, 8]),
     num_seqs=st.integers(1, 256),
     contexts=st.lists(st.integers(1, 200_000), min_size=1, max_size=20),
@@ -309,7 +309,7 @@ def test_cost_model_imports_neither_torch_nor_triton() -> None:
 def test_vectorized_decode_durations_equal_the_stepper_bit_for_bit(
     model: str, tp: int, num_seqs: int, contexts: list[int]
 ) -> None:
-    spec = MODEL_PRESETS[model]
+    spec = get_model_preset(model)
     if spec.num_heads % tp:
         return  # not a valid sharding of this model
     cost = RooflineCostModel(spec, HARDWARE_PRESETS["H100-SXM"], tp=tp, block_size=16)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from core.model.presets import get_model_preset
 from sim.cli.main import main
 from sim.costmodel.check import AllReduceTable, run_check
 from sim.costmodel.kernel_costs import allreduce_s, gemm_s, row_kernel_s
@@ -24,10 +25,9 @@ from sim.costmodel.vidur_profiles import (
     read_mlp_csv,
 )
 from sim.specs.hardware import HARDWARE_PRESETS, hardware_for_node
-from sim.specs.model import MODEL_PRESETS
 
 A100 = HARDWARE_PRESETS["A100-80GB"]
-LLAMA = MODEL_PRESETS["Llama-2-7B"]
+LLAMA = get_model_preset("Llama-2-7B")
 
 
 def test_allreduce_is_latency_bound_for_small_messages() -> None:
@@ -264,7 +264,7 @@ VIDUR = Path(__file__).resolve().parents[3] / "shared/profiles/vidur"
 def test_real_a100_files_stay_within_the_targets(model: str) -> None:
     if not VIDUR.is_dir():
         pytest.skip("../shared/profiles/vidur is absent")
-    result = run_check(VIDUR, MODEL_PRESETS[model], A100, tp=1)
+    result = run_check(VIDUR, get_model_preset(model), A100, tp=1)
     errors: dict[str, list[float]] = {}
     for c in result.comparisons:
         errors.setdefault(c.kind, []).append(abs(c.error_pct))

@@ -9,11 +9,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core.model.presets import get_model_preset
 from core.request import RequestStatus
 from core.settings import build, with_settings
 from sim.deployment import ROUTERS
 from sim.run import RunConfig, simulate
-from sim.specs.model import get_model_preset
 from traces.loaders import load_trace
 
 DATA = Path(__file__).resolve().parents[2] / "traces" / "data"

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from core.model.presets import get_model_preset
 from sim.specs.hardware import HARDWARE_PRESETS
 from sim.specs.kv_capacity import (
     GIB,
@@ -16,10 +17,9 @@ from sim.specs.kv_capacity import (
     vidur_num_blocks,
     vllm_kv_capacity,
 )
-from sim.specs.model import MODEL_PRESETS
 
 A100 = HARDWARE_PRESETS["A100-80GB"]
-LLAMA2_70B = MODEL_PRESETS["Llama-2-70B"]
+LLAMA2_70B = get_model_preset("Llama-2-70B")
 
 
 def test_vidur_rule_gives_its_3328_blocks() -> None:
@@ -33,7 +33,7 @@ def test_vllm_rule_matches_a_logged_h100_run() -> None:
     # of weights (llm-d-benchmark's config_explorer/empirical-vllm-memory-results.md). The
     # sampler term was fitted to runs including this one; weights and the sum are not.
     h100 = replace(HARDWARE_PRESETS["H100-SXM"], hbm_capacity_bytes=int(79.18 * GIB))
-    capacity = vllm_kv_capacity(MODEL_PRESETS["Llama-3-8B"], h100, 1, 16, 0.9, 8192, 1024)
+    capacity = vllm_kv_capacity(get_model_preset("Llama-3-8B"), h100, 1, 16, 0.9, 8192, 1024)
     assert capacity.weight_bytes / GIB == pytest.approx(14.99, abs=0.05)
     assert capacity.kv_bytes / GIB == pytest.approx(51.38, rel=0.005)
 
@@ -53,7 +53,7 @@ def test_terms_add_up_and_the_null_block_is_counted() -> None:
 
 
 def test_the_larger_of_forward_and_sampler_counts() -> None:
-    llama3 = MODEL_PRESETS["Llama-3-8B"]
+    llama3 = get_model_preset("Llama-3-8B")
     few = vllm_kv_capacity(llama3, A100, 1, 16, 0.9, 8192, max_num_seqs=64)
     many = vllm_kv_capacity(llama3, A100, 1, 16, 0.9, 8192, max_num_seqs=1024)
     assert few.activation_peak_bytes == forward_peak_bytes(llama3, 1, 8192)

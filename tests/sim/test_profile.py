@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from core.model.presets import get_model_preset
 from sim.costmodel.base import CalibratedCostModel, RooflineCostModel, StepShape, make_cost_model
 from sim.costmodel.profile import Table1D, Table2D, load_profile
 from sim.specs.hardware import HARDWARE_PRESETS
-from sim.specs.model import MODEL_PRESETS
 
 PROFILE = Path(__file__).parent / "data" / "llama2_7b_a100_tp1.json"
-LLAMA = MODEL_PRESETS["Llama-2-7B"]
+LLAMA = get_model_preset("Llama-2-7B")
 A100 = HARDWARE_PRESETS["A100-80GB"]
 
 
@@ -156,7 +156,7 @@ def test_calibrated_refuses_other_model_or_tp() -> None:
         CalibratedCostModel(profile, RooflineCostModel(LLAMA, A100, tp=2, block_size=16))
     with pytest.raises(ValueError, match=r"field 'model'.*Llama-2-13B"):
         CalibratedCostModel(
-            profile, RooflineCostModel(MODEL_PRESETS["Llama-2-13B"], A100, block_size=16)
+            profile, RooflineCostModel(get_model_preset("Llama-2-13B"), A100, block_size=16)
         )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from core.model.presets import get_model_preset
 from sim.cli.main import main
 from sim.costmodel.base import make_cost_model
 from sim.costmodel.profile import load_profile
@@ -15,9 +16,8 @@ from sim.costmodel.profile_import import vidur_profile
 from sim.costmodel.step_shape import StepShape
 from sim.costmodel.vidur_profiles import MLP_OPS, VidurFileError
 from sim.specs.hardware import HARDWARE_PRESETS
-from sim.specs.model import MODEL_PRESETS
 
-LLAMA = MODEL_PRESETS["Llama-2-7B"]
+LLAMA = get_model_preset("Llama-2-7B")
 SHAPE = "32,32,4096,11008,32768,True"
 MLP_HEADER = ",".join(f"time_stats.{op}.median" for op in MLP_OPS)
 MLP_HEADER += ",n_head,n_kv_head,n_embd,n_expanded_embd,vocab_size,use_gated_mlp"
@@ -111,7 +111,7 @@ def test_cli_writes_a_profile_the_cost_model_reads(tmp_path: Path) -> None:
 def test_nothing_to_import_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = _write(tmp_path)
     with pytest.raises(VidurFileError, match="no measured op fits Llama-3-8B"):
-        vidur_profile(root, MODEL_PRESETS["Llama-3-8B"], 1, "test")
+        vidur_profile(root, get_model_preset("Llama-3-8B"), 1, "test")
     argv = ["profile", "import-vidur", "--vidur-dir", str(root), "--model", "Llama-3-8B"]
     assert main([*argv, "--tp", "1", "--out", str(tmp_path / "p.json")]) == 2
     assert capsys.readouterr().err.startswith("error: ")

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
+from core.model.presets import get_model_preset
 from sim.cli.main import main as sim_main
 from sim.costmodel.base import StepShape, make_cost_model
 from sim.costmodel.profile import load_profile
 from sim.specs.hardware import HARDWARE_PRESETS
-from sim.specs.model import MODEL_PRESETS
 from tests.sim.profile_header import cpu_profile_header
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = MODEL_PRESETS["tiny-llama"]
+TINY = get_model_preset("tiny-llama")
 CPU = HARDWARE_PRESETS["CPU-1T"]
 
 
@@ -95,7 +95,7 @@ def test_check_point_contexts_must_agree_with_their_sum(tmp_path: Path) -> None:
 
 def test_a_profile_for_another_model_is_refused(tmp_path: Path) -> None:
     path = _write(tmp_path, _v2())
-    llama = MODEL_PRESETS["Llama-2-7B"]
+    llama = get_model_preset("Llama-2-7B")
     with pytest.raises(ValueError, match="field 'model': profile is for 'tiny-llama'"):
         make_cost_model(llama, HARDWARE_PRESETS["A100-80GB"], profile_path=path, block_size=16)
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from core.model.presets import get_model_preset
 from sim.costmodel.base import StepShape, make_cost_model
 from sim.costmodel.profile import load_profile
 from sim.specs.hardware import HARDWARE_PRESETS
-from sim.specs.model import MODEL_PRESETS
 from tests.sim.profile_header import cpu_profile_header
 
-TINY = MODEL_PRESETS["tiny-llama"]
+TINY = get_model_preset("tiny-llama")
 CPU = HARDWARE_PRESETS["CPU-1T"]
 LAYERS = TINY.num_layers
 

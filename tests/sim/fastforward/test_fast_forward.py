@@ -10,6 +10,7 @@ import pytest
 import simpy
 
 from core.config import CacheConfig, SchedulerConfig
+from core.model.presets import load_model_spec
 from core.policies import POLICIES
 from core.scheduler import Scheduler
 from core.settings import build
@@ -18,7 +19,7 @@ from sim import executor
 from sim.costmodel.base import make_cost_model
 from sim.fastforward import FastForward, RunPlan
 from sim.recording import RecordingExecutor
-from sim.run import RunConfig, load_model, simulate
+from sim.run import RunConfig, simulate
 from sim.simulator import Replica
 from sim.specs.hardware_file import load_hardware
 from traces.loaders import load_trace
@@ -164,7 +165,7 @@ def test_the_replica_lists_a_continuations_requests_only_behind_a_wrapper() -> N
     ``RecordingExecutor``, which may read them) it lists them. (Read off the replica, not by
     patching: a compiled build's classes cannot be patched.)"""
     cost_model = make_cost_model(
-        load_model("Llama-2-7B"), load_hardware("A100-80GB"), 1, block_size=16
+        load_model_spec("Llama-2-7B"), load_hardware("A100-80GB"), 1, block_size=16
     )
     scheduler = Scheduler(
         CacheConfig(num_blocks=64, block_size=16, memory_model="paged", max_model_len=4096),
