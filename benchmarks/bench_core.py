@@ -25,13 +25,13 @@ def bench_scheduler(policy: str, num_steps: int, prefix_caching: bool) -> tuple[
     rng = random.Random(0)
     cache = CacheConfig(
         num_blocks=NUM_RUNNING * 80,
-        block_size=16,
         max_model_len=4096,
         enable_prefix_caching=prefix_caching,
+        memory_model="paged",
     )
     sched = Scheduler(
         cache,
-        SchedulerConfig(policy=policy, max_num_seqs=NUM_RUNNING, max_num_batched_tokens=8192),
+        SchedulerConfig(policy=policy, max_num_seqs=NUM_RUNNING),
     )
     counter = 0
 

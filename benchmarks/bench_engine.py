@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from core.config import CacheConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -124,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--hardware", default=None, help="sim hardware preset for the bounds")
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=CacheConfig().block_size)
     parser.add_argument("--batches", default="1,4,16,64,256")
     parser.add_argument("--contexts", default="512,2048,8192")
     parser.add_argument("--prefill-tokens", default="128,512,2048")

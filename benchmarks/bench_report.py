@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from core.settings import build
 from records.run_dir import RunRecords, records_from_result
 from records.schema import STEP_COLUMNS
 from reports import write_report
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             base = min(dump_dom(blank, chromium)[1] for _ in range(3))
             lines.append(f"blank page       chromium start+load {base:5.2f} s (best of 3)")
         trace = load_trace(str(ROOT / "traces" / "data" / "example.csv"))
-        example = records_from_result(simulate(trace, RunConfig(policy="chunked")))
+        example = records_from_result(simulate(trace, build(RunConfig, policy="chunked")))
         lines.append(measure("example", example, out_dir, chromium))
         lines.append(measure("synthetic-100k", synthetic_run(), out_dir, chromium))
     text = "\n".join(lines) + "\n"

@@ -48,6 +48,7 @@ def run_one(
     policy: str, num_requests: int, fast_forward: bool, cost_as_45813dd: bool = False
 ) -> dict[str, float]:
     """Generate the workload and simulate it; called in the child process."""
+    from core.settings import build
     from sim.run import RunConfig, simulate
     from traces.distributions import FixedLengths, PoissonArrivals
     from traces.generators import generate_trace
@@ -55,13 +56,14 @@ def run_one(
     trace = generate_trace(
         num_requests, PoissonArrivals(0.5), FixedLengths(2048, 512), seed=0, name="vidur"
     )
-    config = RunConfig(
+    config = build(
+        RunConfig,
         model="Llama-2-70B",
         hardware=COST_AS_45813DD_HARDWARE if cost_as_45813dd else "A100-80GB",
         tp=2,
         fast_forward=fast_forward,
         async_scheduling=not cost_as_45813dd,
-        **CONFIGS[policy],  # type: ignore[arg-type]
+        **CONFIGS[policy],
     )
     import core.scheduler
 

@@ -243,12 +243,12 @@ def side_by_side(vidur_dir: Path) -> None:
     before = _load_before().RooflineCostModel(model, old_hardware, 2)
     # Vidur's reference engine (vLLM of 2024) waits for the host each step: price it so.
     sync = CostModelConfig(async_scheduling=False)
-    after = RooflineCostModel(model, hardware, 2, sync)
+    after = RooflineCostModel(model, hardware, 2, sync, block_size=16)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "profile.json"
         profile = vidur_profile(vidur_dir, model, 2, "benchmark", node="pairwise_nvlink")
         write_vidur_profile(profile, path)
-        imported = make_cost_model(model, hardware, 2, path, sync)
+        imported = make_cost_model(model, hardware, 2, path, sync, block_size=16)
     print("## Vidur workload: Llama-2-70B, TP2, A100-80GB (NVLink pair), block 16")
     print(
         f"{'quantity':44s} {'before':>8s} {'after':>8s} {'import':>8s} {'Vidur':>8s} "

@@ -18,6 +18,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vidur import CONFIGS
 
+from core.settings import build
 from sim.run import RunConfig, simulate
 from traces.distributions import FixedLengths, PoissonArrivals
 from traces.generators import generate_trace
@@ -27,7 +28,7 @@ def counts(policy: str, num_requests: int) -> dict[str, float]:
     trace = generate_trace(
         num_requests, PoissonArrivals(0.5), FixedLengths(2048, 512), seed=0, name="vidur"
     )
-    config = RunConfig(model="Llama-2-70B", hardware="A100-80GB", tp=2, **CONFIGS[policy])  # type: ignore[arg-type]
+    config = build(RunConfig, model="Llama-2-70B", hardware="A100-80GB", tp=2, **CONFIGS[policy])
     columns = simulate(trace, config).steps.columns
     num_steps = np.asarray(columns["num_steps"], dtype=np.int64)
     running = np.asarray(columns["num_running"], dtype=np.int64)

@@ -79,22 +79,22 @@ def _breakdown(config: RunConfig, result: RunResult) -> list[str]:
     """Roofline terms (ms) of a decode step at the run's mean decode batch and context, and of
     a full-budget mixed step (one prefill chunk beside that many decodes)."""
     model = load_model_spec(config.model)
-    cost = RooflineCostModel(model, load_hardware(config.hardware), config.tp)
+    hardware = load_hardware(config.hardware)
+    cost = RooflineCostModel(model, hardware, config.tp, block_size=config.cache.block_size)
     steps = result.steps.to_frame()
     decode = steps[(steps["num_prefill_tokens"] == 0) & (steps["num_decode_tokens"] > 0)]
     per_step = decode["num_decode_tokens"] / decode["num_steps"]
     batch = max(1, round(float(np.average(per_step, weights=decode["num_steps"]))))
     frame = result.requests_frame()
     context = int(frame["prompt_tokens"].mean() + frame["output_tokens"].mean() / 2)
-    budget = config.max_num_batched_tokens
+    budget = config.scheduler.max_num_batched_tokens
     shapes = {
         f"decode x{batch} (ctx {context})": StepShape(
-            prefill_chunks=(), decode_context_tokens=(context,) * batch, block_size=16
+            prefill_chunks=(), decode_context_tokens=(context,) * batch
         ),
         f"mixed {budget - batch}+{batch}": StepShape(
             prefill_chunks=((budget - batch, context // 2),),
             decode_context_tokens=(context,) * batch,
-            block_size=16,
         ),
     }
     lines = []
@@ -174,12 +174,13 @@ def main() -> int:
             print(
                 f"\n{run_dir.name}: {config.model} on {load_hardware(config.hardware).name} "
                 f"x{config.tp}, {result.num_blocks} KV blocks/rank, budget "
-                f"{config.max_num_batched_tokens}, max_num_seqs {config.max_num_seqs}, prefix "
+                f"{config.scheduler.max_num_batched_tokens}, max_num_seqs "
+                f"{config.scheduler.max_num_seqs}, prefix "
                 f"hit rate {result.summary['prefix_hit_rate']:.1%} (replay {wall_s:.1f} s wall)"
             )
             print(_row("analytic", comparison, measured, result))
             if run_dir.name in profiles:
-                profiled = RunConfig(**{**_fields(config), "profile": profiles[run_dir.name]})
+                profiled = dataclasses.replace(config, profile=profiles[run_dir.name])
                 comparison, presult = validate_run(out, profiled)
                 print(_row("profile", comparison, measured, presult))
             for label, (cost_config, hardware_changes) in what_ifs.items():
@@ -220,10 +221,6 @@ def _with_hardware(config: RunConfig, changes: dict[str, float], path: Path) -> 
     spec = dataclasses.replace(load_hardware(config.hardware), **changes)  # type: ignore[arg-type]
     path.write_text(json.dumps(dataclasses.asdict(spec)))
     return dataclasses.replace(config, hardware=str(path))
-
-
-def _fields(config: RunConfig) -> dict[str, object]:
-    return {name: getattr(config, name) for name in RunConfig.__dataclass_fields__}
 
 
 if __name__ == "__main__":

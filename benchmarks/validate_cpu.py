@@ -26,6 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.policies import POLICIES
+from core.settings import build
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -38,7 +41,6 @@ from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes, shapes_equal
 from traces.loaders import load_trace  # noqa: E402
 
 TRACES = ("example", "bursty", "shared_prefix", "parallel_sampling")
-POLICIES = ("static", "dynamic", "continuous", "chunked")
 METRICS = ("ttft", "tpot", "itl", "e2e")
 
 
@@ -107,7 +109,9 @@ def noise(trace_path: Path, args: argparse.Namespace, out: Path, clock: str) -> 
     trace = subset(load_trace(trace_path), args.noise_requests, 1.0)
     dirs = []
     for attempt in (1, 2):
-        engine = EngineConfig(model="tiny-llama", weights="random", policy="chunked", clock=clock)
+        engine = build(
+            EngineConfig, model="tiny-llama", weights="random", policy="chunked", clock=clock
+        )
         result = replay(trace, ReplayConfig(engine=engine, time_scale=args.time_scale))
         result.write(out / f"noise-{attempt}")
         dirs.append(out / f"noise-{attempt}")
@@ -281,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         trace_path = ROOT / "traces" / "data" / f"{name}.csv"
         trace = load_trace(trace_path)
         for policy in args.policies.split(","):
-            config = ValidateConfig(
+            config = build(
+                ValidateConfig,
                 policy=policy,
                 time_scale=args.time_scale,
                 max_requests=args.requests,

@@ -148,6 +148,7 @@ def run_ours(items: list[Item], st: Setting) -> tuple[list[StepRecord], list[lis
         block_size=BLOCK_SIZE,
         enable_prefix_caching=st.prefix_caching,
         max_model_len=st.max_model_len,
+        memory_model="paged",
     )
     config = SchedulerConfig(
         policy=st.policy, max_num_seqs=st.max_num_seqs, max_num_batched_tokens=st.budget

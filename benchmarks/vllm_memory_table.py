@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
+from core.settings import build, with_settings
 from records.schema import SLOT_COLUMNS
 from sim.run import RunConfig, RunResult, simulate
 from traces.distributions import PoissonArrivals
@@ -64,7 +64,8 @@ def main() -> int:
     trace = trace_from_length_table(
         fitted, PoissonArrivals(args.rate), seed=0, num_requests=args.requests, shuffle=True
     )
-    base = RunConfig(
+    base = build(
+        RunConfig,
         policy="continuous",
         model="OPT-13B",
         hardware="A100-40GB",
@@ -87,7 +88,7 @@ def main() -> int:
     )
     cases = [("contiguous", r) for r in ("max", "pow2", "oracle")] + [("paged", "max")]
     for memory, reservation in cases:
-        config = replace(base, memory_model=memory, reservation=reservation)  # type: ignore[arg-type]
+        config = with_settings(base, memory_model=memory, reservation=reservation)
         result = simulate(trace, config)
         share, saturated = saturated_share(result)
         label = f"contiguous ({reservation})" if memory == "contiguous" else "paged (block 16)"

@@ -112,10 +112,11 @@ class ContiguousKVManager(KVCacheManager):
         self._tokens: dict[int, int] = {}  # seq_id -> slots holding tokens
         self.num_token_slots = 0
         self._pending_copies: dict[int, list[RangeCopy]] = {}
+        self._max_model_len = config.resolved_max_model_len
 
     def _slots(self, request: Request) -> int:
         rule = self.config.reservation
-        return reservation_slots(rule, request.max_total_tokens, self.config.max_model_len)
+        return reservation_slots(rule, request.max_total_tokens, self._max_model_len)
 
     def rejection_reason(self, request: Request) -> str | None:
         need = self._slots(request) * request.n

@@ -13,7 +13,7 @@ from core.contiguous_allocator import ContiguousKVManager
 from core.kv_manager import KVCacheManager, PagedKVManager
 from core.kv_state import KVState
 from core.memory import MemorySnapshot
-from core.policies import POLICIES, Policy
+from core.policies import POLICIES, Policy, check_policy
 from core.request import Request, RequestStatus, TokenTimeline
 from core.step import Step, StepHost, arrival_order, insert_by_arrival
 
@@ -25,12 +25,8 @@ def make_kv_manager(config: CacheConfig) -> KVCacheManager:
 
 
 def make_policy(config: SchedulerConfig) -> Policy:
-    try:
-        return POLICIES[config.policy](config)
-    except KeyError:
-        raise ValueError(
-            f"policy must be one of {sorted(POLICIES)}, got {config.policy!r}"
-        ) from None
+    check_policy(config.policy)
+    return POLICIES[config.policy](config)
 
 
 class Scheduler(StepHost):
@@ -46,6 +42,7 @@ class Scheduler(StepHost):
         scheduler_config: SchedulerConfig,
         policy: Policy | None = None,
     ) -> None:
+        cache_config.check_resolved()
         self.cache_config = cache_config
         self.config = scheduler_config
         self.policy = policy if policy is not None else make_policy(scheduler_config)
@@ -101,7 +98,7 @@ class Scheduler(StepHost):
 
     def rejection_reason(self, request: Request) -> str | None:
         """Why this replica could never serve ``request`` (None if it can)."""
-        max_len = self.cache_config.max_model_len
+        max_len = self.cache_config.resolved_max_model_len
         if request.max_total_tokens > max_len:
             return (
                 f"prompt {request.num_prompt_tokens} + max output {request.max_output_tokens} "

@@ -12,37 +12,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.llm_engine import CLOCKS, POLICIES, PREEMPTION_MODES, EngineConfig
-from traces.options import non_negative_float, non_negative_int
-from traces.serving_options import (
+from core.config import LAYOUT_SETTINGS, CacheConfig, SchedulerConfig
+from core.flags import add_setting_flags, given_settings
+from core.settings import build
+from engine.llm_engine import CLOCKS, EngineConfig
+from records.run_options import (
     add_out_argument,
-    add_policy_argument,
     add_report_and_quiet_arguments,
-    add_scheduling_arguments,
     add_slo_arguments,
-    add_trace_arguments,
     slo_s,
 )
+from traces.options import add_trace_arguments, non_negative_float, non_negative_int
 
 DEFAULTS = EngineConfig()
-
-# The engine words some shared options for itself (one replica, a real cache and clock).
-_TRACE_HELP = {
-    "trace": "trace file (the formats `python -m sim run` reads)",
-    "--format": "trace format (default: detect)",
-    "--on-error": "bad trace rows: raise fails listing every one (file, line, field); skip "
-    "leaves them out (default: %(default)s)",
-}
-_SCHEDULING_HELP = {
-    "--num-blocks": "KV blocks (default: from memory; on CUDA as vLLM does)",
-    "--gpu-memory-utilization": "share of GPU memory for the engine (default: %(default)s)",
-    "--swap-space-gib": "host swap space for --preemption swap (default: %(default)s)",
-    "--max-num-seqs": "max requests per step (default: %(default)s)",
-    "--batch-size": "static/dynamic batch size (default: %(default)s)",
-    "--max-wait-s": "dynamic batching wait (default: %(default)s)",
-    "--prefix-caching": "enable prefix caching",
-    "--max-model-len": "max prompt + output tokens (default: the model's)",
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,8 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
         "each request generates exactly its trace output length. Writes the simulator's run "
         "records with measured step times.",
     )
-    add_trace_arguments(run, _TRACE_HELP, check_format=False)
-    add_policy_argument(run, POLICIES, DEFAULTS.policy)
+    add_trace_arguments(run, check_format=False)
+    settings = run.add_argument_group(
+        "KV cache and scheduling (the settings python -m sim run takes too)"
+    )
+    add_setting_flags(settings, (CacheConfig, SchedulerConfig), skip=LAYOUT_SETTINGS)
     run.add_argument(
         "--model",
         default=DEFAULTS.model,
@@ -85,7 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "triton", "torch"],
         help="kernels: Triton on CUDA (auto), or the torch references",
     )
-    add_scheduling_arguments(run, DEFAULTS, PREEMPTION_MODES, _SCHEDULING_HELP)
     run.add_argument(
         "--time-scale",
         type=non_negative_float,
@@ -117,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=DEFAULTS.seed, help="weights and sampling seed")
     add_slo_arguments(run)
     add_out_argument(run)
-    add_report_and_quiet_arguments(run, {"--report": "write a self-contained HTML report here"})
+    add_report_and_quiet_arguments(run)
     run.set_defaults(func=run_command)
     add_gpu_check_command(commands)
     return parser
@@ -170,27 +154,19 @@ def run_gpu_check(args: argparse.Namespace) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        weights=args.weights,
-        block_size=args.block_size,
-        num_gpu_blocks=args.num_blocks,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        swap_space_gib=args.swap_space_gib,
-        policy=args.policy,
-        max_num_batched_tokens=args.max_batch_tokens,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        enable_prefix_caching=args.prefix_caching,
-        preemption_mode=args.preemption,
-        batch_size=args.batch_size,
-        max_wait_s=args.max_wait_s,
-        seed=args.seed,
-        backend=args.backend,
-        cpu_threads=args.cpu_threads,
-        clock=args.clock,
+    return build(
+        EngineConfig,
+        {
+            **given_settings(args),
+            "model": args.model,
+            "device": args.device,
+            "dtype": args.dtype,
+            "weights": args.weights,
+            "seed": args.seed,
+            "backend": args.backend,
+            "cpu_threads": args.cpu_threads,
+            "clock": args.clock,
+        },
     )
 
 
@@ -236,7 +212,8 @@ def run_command(args: argparse.Namespace) -> int:
         if not args.out:
             raise ValueError("--report needs --out (the report reads the written run)")
         path = write_report(
-            [load_run(args.out, label=f"engine / {args.policy}")], Path(args.report)
+            [load_run(args.out, label=f"engine / {config.engine.scheduler.policy}")],
+            Path(args.report),
         )
         if not args.quiet:
             print(f"wrote report {path}")

@@ -6,8 +6,10 @@ import operator
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from core.request import Request, RequestStatus
+from core.settings import build
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.sampling import SamplingParams
 
@@ -33,43 +35,16 @@ class RequestOutput:
 class LLM:
     """A model on the real engine, driven by the shared core.
 
-    ``model`` is a preset name (``tiny-llama``) or a local Hugging Face directory;
-    ``weights="random"`` initialises seeded random weights (timing runs). The other arguments
-    are ``EngineConfig``'s.
+    ``model`` is a preset name (``tiny-llama``, the default) or a local Hugging Face
+    directory. The other keyword arguments are `EngineConfig`'s settings by name, the same
+    names as the flags of ``python -m engine run`` (``block_size=32``, ``policy="continuous"``,
+    ``enable_prefix_caching=True``, ``weights="random"`` for seeded random weights...); each
+    left out keeps the config's default.
     """
 
-    def __init__(
-        self,
-        model: str = "tiny-llama",
-        device: str = "cpu",
-        dtype: str | None = None,
-        weights: str = "auto",
-        block_size: int = 16,
-        num_gpu_blocks: int | None = None,
-        policy: str = "chunked",
-        max_num_batched_tokens: int = 8192,
-        max_num_seqs: int = 256,
-        enable_prefix_caching: bool = False,
-        preemption_mode: str = "recompute",
-        seed: int = 0,
-        **kwargs: object,
-    ) -> None:
-        config = EngineConfig(
-            model=model,
-            device=device,
-            dtype=dtype,
-            weights=weights,
-            block_size=block_size,
-            num_gpu_blocks=num_gpu_blocks,
-            policy=policy,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            enable_prefix_caching=enable_prefix_caching,
-            preemption_mode=preemption_mode,
-            seed=seed,
-            **kwargs,  # type: ignore[arg-type]
-        )
-        self.engine = LLMEngine(config)
+    def __init__(self, model: str | None = None, **settings: Any) -> None:
+        given = settings if model is None else {"model": model, **settings}
+        self.engine = LLMEngine(build(EngineConfig, given))
         self._next_id = 0
 
     def generate(

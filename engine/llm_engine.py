@@ -16,14 +16,15 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import torch
 
 from core.batch import ScheduledBatch, StepResult
-from core.config import CacheConfig, SchedulerConfig
+from core.config import GIB, CacheConfig, SchedulerConfig, check_serving
 from core.model.spec import ModelSpec
+from core.policies import check_policy
 from core.request import Request
 from core.scheduler import Scheduler
 from engine.kv_cache import KVCache
@@ -32,9 +33,6 @@ from engine.model.weights import load_model
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
 
-GIB = 1 << 30
-POLICIES = ("static", "dynamic", "continuous", "chunked")
-PREEMPTION_MODES = ("recompute", "swap")
 CLOCKS = ("wall", "cpu")
 """How a step's duration is measured: ``wall`` (the clock on the wall: what a user waits) or
 ``cpu`` (the engine thread's CPU time: the step's own work, not the wait for a core on a
@@ -46,27 +44,19 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Everything that builds an engine. ``num_gpu_blocks`` None sizes the cache from memory:
-    on CUDA as vLLM does (a profiling pass of the largest step, then ``gpu_memory_utilization``
-    of total memory less its peak), on CPU from ``cpu_kv_cache_gib``."""
+    """Everything that builds an engine: the core's KV cache and scheduler settings (``cache``,
+    ``scheduler``) and the engine's own fields. ``cache.num_blocks`` None sizes the cache from
+    memory: on CUDA as vLLM does (a profiling pass of the largest step, then
+    ``gpu_memory_utilization`` of total memory less its peak), on CPU from
+    ``cpu_kv_cache_gib``. The engine runs paged memory only."""
 
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     model: str = "tiny-llama"
     device: str = "cpu"
     dtype: str | None = None
     weights: str = "auto"
-    block_size: int = 16
-    num_gpu_blocks: int | None = None
-    gpu_memory_utilization: float = 0.9
     cpu_kv_cache_gib: float = 1.0
-    swap_space_gib: float = 4.0
-    policy: str = "chunked"
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = False
-    preemption_mode: str = "recompute"
-    batch_size: int = 8
-    max_wait_s: float = 1.0
     seed: int = 0
     backend: str = "auto"
     # torch's intra-op threads on CPU. A small model's ops take microseconds, where thread
@@ -76,16 +66,16 @@ class EngineConfig:
     clock: str = "wall"
 
     def __post_init__(self) -> None:
+        check_policy(self.scheduler.policy)
+        check_serving(self.cache, self.scheduler)
+        if self.cache.memory_model not in (None, "paged"):
+            raise ValueError(
+                f"memory_model must be 'paged' on the engine, got {self.cache.memory_model!r}"
+            )
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.weights not in ("auto", "random"):
             raise ValueError(f"weights must be 'auto' or 'random', got {self.weights!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(
-                f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"
-            )
         if self.cpu_threads < 0:
             raise ValueError(f"cpu_threads must be >= 0, got {self.cpu_threads!r}")
         if self.clock not in CLOCKS:
@@ -100,18 +90,10 @@ class EngineConfig:
                 "clock 'cpu' needs cpu_threads=1 (the engine thread's CPU time misses work on "
                 f"torch's other threads), got cpu_threads={self.cpu_threads!r}"
             )
-        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
-            raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks!r}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+        if not (self.cpu_kv_cache_gib >= 0 and self.cpu_kv_cache_gib != float("inf")):
             raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+                f"cpu_kv_cache_gib must be finite and >= 0, got {self.cpu_kv_cache_gib!r}"
             )
-        for name in ("cpu_kv_cache_gib", "swap_space_gib"):
-            value = getattr(self, name)
-            if not (value >= 0 and value != float("inf")):
-                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
-        if self.preemption_mode == "swap" and self.swap_space_gib == 0:
-            raise ValueError("preemption_mode 'swap' needs swap_space_gib > 0")
 
 
 @dataclass(slots=True)
@@ -170,40 +152,26 @@ class LLMEngine:
         model_config = self.model.config
         self.device = torch.device(config.device)
         self.dtype = next(self.model.parameters()).dtype
-        # The model's own limit: its positions, or a sliding window it does not apply.
-        max_len = config.max_model_len or model_config.full_attention_len
-        if max_len > model_config.full_attention_len:
-            raise ValueError(
-                f"max_model_len {max_len} exceeds the model's limit of "
-                f"{model_config.full_attention_len} tokens"
-            )
+        block_size = config.cache.block_size
         block_bytes = KVCache.bytes_per_block(
             model_config.num_layers,
-            config.block_size,
+            block_size,
             model_config.num_kv_heads,
             model_config.head_dim,
             self.dtype,
         )
-        num_blocks = config.num_gpu_blocks or self._blocks_from_memory(block_bytes)
-        num_cpu_blocks = int(config.swap_space_gib * GIB // block_bytes)
-        self.cache_config = CacheConfig(
-            num_blocks=num_blocks,
-            block_size=config.block_size,
-            num_cpu_blocks=num_cpu_blocks if config.preemption_mode == "swap" else 0,
-            enable_prefix_caching=config.enable_prefix_caching,
-            max_model_len=max_len,
+        # The model's limit: its positions, or a sliding window it does not apply.
+        self.cache_config = config.cache.resolve(
+            config.scheduler,
+            size_blocks=lambda: self._blocks_from_memory(block_bytes),
+            block_bytes=block_bytes,
+            memory_model="paged",
+            model=(model_config.name, model_config.full_attention_len),
         )
-        self.scheduler_config = SchedulerConfig(
-            policy=config.policy,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            preemption_mode=config.preemption_mode,  # type: ignore[arg-type]
-            batch_size=config.batch_size,
-            max_wait_s=config.max_wait_s,
-        )
+        self.scheduler_config = config.scheduler
         self.scheduler = Scheduler(self.cache_config, self.scheduler_config)
         self.eos_token_ids = _eos_ids(model_config)
-        layers = self.model.make_kv_caches(num_blocks, config.block_size)
+        layers = self.model.make_kv_caches(self.cache_config.resolved_num_blocks, block_size)
         self.kv_cache = KVCache(layers, self.cache_config.num_cpu_blocks, config.backend)
         self.runner = ModelRunner(
             self.model,
@@ -311,11 +279,11 @@ class LLMEngine:
         paid before the first measured step. The engine's own scheduler, its prefix cache and
         its counters are untouched; the KV blocks written are overwritten before any later
         read. Returns the number of steps run."""
-        max_len = self.cache_config.max_model_len
+        max_len = self.cache_config.resolved_max_model_len
         prompt = min(WARMUP_PROMPT_TOKENS, max(1, max_len - WARMUP_OUTPUT_TOKENS))
         outputs = max(1, min(WARMUP_OUTPUT_TOKENS, max_len - prompt))
         block_size = self.cache_config.block_size
-        if (self.cache_config.num_blocks - 1) * block_size < prompt + outputs + block_size:
+        if self.cache_config.num_usable_blocks * block_size < prompt + outputs + block_size:
             return 0  # a cache too small for the warm-up request: nothing to warm with
         scratch_cache = replace(self.cache_config, num_cpu_blocks=0, enable_prefix_caching=False)
         scratch_config = replace(self.scheduler_config, policy="continuous")
@@ -354,19 +322,20 @@ class LLMEngine:
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        max_len = config.max_model_len or self.model.config.max_model_len
-        lens = profile_batch(config.max_num_batched_tokens, config.max_num_seqs, max_len)
-        run_profiling_pass(self.model, lens, config.block_size, config.backend)
+        max_len = config.cache.max_model_len or self.model.config.max_model_len
+        scheduler = config.scheduler
+        lens = profile_batch(scheduler.max_num_batched_tokens, scheduler.max_num_seqs, max_len)
+        run_profiling_pass(self.model, lens, config.cache.block_size, config.backend)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).total_memory
-        free_for_kv = total * config.gpu_memory_utilization - peak
+        free_for_kv = total * config.cache.gpu_memory_utilization - peak
         num_blocks = int(free_for_kv // block_bytes)
         if num_blocks < 1:
             raise ValueError(
                 f"no room for a KV cache: peak {peak / GIB:.1f} GiB of {total / GIB:.1f} GiB at "
-                f"gpu_memory_utilization {config.gpu_memory_utilization}"
+                f"gpu_memory_utilization {config.cache.gpu_memory_utilization}"
             )
         return num_blocks
 

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from core.config import CacheConfig, SchedulerConfig
 from core.model.spec import ModelSpec
 from engine.model.llama import LlamaForCausalLM, resolve_dtype
 from engine.model.support import engine_model_spec
@@ -29,8 +30,13 @@ PARTS = ("weights", "KV cache", "activations", "swap space")  # a MemoryNeed's, 
 
 
 class EngineSettings(Protocol):
-    """The fields of ``engine.llm_engine.EngineConfig`` that size an engine."""
+    """The fields of ``engine.llm_engine.EngineConfig`` that size an engine: its KV cache and
+    scheduler settings (the core's configs) and its own model, device, dtype and CPU cache."""
 
+    @property
+    def cache(self) -> CacheConfig: ...
+    @property
+    def scheduler(self) -> SchedulerConfig: ...
     @property
     def model(self) -> str: ...
     @property
@@ -38,21 +44,7 @@ class EngineSettings(Protocol):
     @property
     def dtype(self) -> str | None: ...
     @property
-    def block_size(self) -> int: ...
-    @property
-    def num_gpu_blocks(self) -> int | None: ...
-    @property
     def cpu_kv_cache_gib(self) -> float: ...
-    @property
-    def swap_space_gib(self) -> float: ...
-    @property
-    def preemption_mode(self) -> str: ...
-    @property
-    def max_num_batched_tokens(self) -> int: ...
-    @property
-    def max_num_seqs(self) -> int: ...
-    @property
-    def max_model_len(self) -> int | None: ...
 
 
 class InsufficientMemoryError(ValueError):
@@ -167,16 +159,17 @@ def estimate_memory(
     """What ``config``'s engine needs, with ``element`` bytes per weight and KV value."""
     rope_tables = 2 * model.max_model_len * (model.head_dim // 2) * element
     weights = num_parameters(model) * element + rope_tables
-    block = 2 * model.num_layers * config.block_size * model.num_kv_heads * model.head_dim
+    settings, scheduler = config.cache, config.scheduler
+    block = 2 * model.num_layers * settings.block_size * model.num_kv_heads * model.head_dim
     block *= element
-    if config.num_gpu_blocks is not None:
-        cache = config.num_gpu_blocks * block
+    if settings.num_blocks is not None:
+        cache = settings.num_blocks * block
     elif torch.device(config.device).type == "cuda":
         cache = 0  # sized from what the profiling pass leaves
     else:
         cache = max(1, int(config.cpu_kv_cache_gib * GIB // block)) * block
-    swap = int(config.swap_space_gib * GIB) if config.preemption_mode == "swap" else 0
-    lens = profile_batch(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)
+    swap = int(settings.swap_space_gib * GIB) if scheduler.preemption_mode == "swap" else 0
+    lens = profile_batch(scheduler.max_num_batched_tokens, scheduler.max_num_seqs, max_model_len)
     return MemoryNeed(weights, cache, activation_bytes(model, sum(lens), len(lens), element), swap)
 
 
@@ -236,7 +229,8 @@ def check_memory(config: EngineSettings) -> MemoryNeed:
         raise ValueError(f"device {config.device}: no CUDA device here ({build})")
     dtype = resolve_dtype(model, device, getattr(torch, config.dtype) if config.dtype else None)
     element = torch.empty((), dtype=dtype).element_size()
-    max_len = min(config.max_model_len or model.full_attention_len, model.full_attention_len)
+    given = config.cache.max_model_len
+    max_len = min(given or model.full_attention_len, model.full_attention_len)
     need = estimate_memory(config, model, element, max_len)
     if device.type == "cuda":
         places = [

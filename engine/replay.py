@@ -21,7 +21,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from core.request import Request
+from core.settings import flat_settings
 from engine.llm_engine import EngineConfig, LLMEngine
 from engine.sampling import SamplingParams
 from records.metrics import summarize
@@ -97,7 +98,7 @@ class EngineRunResult:
         c = self.steps.columns
         real = sum(c["real_token_slots"])
         used = real + sum(c["internal_fragmentation_slots"]) + sum(c["reservation_waste_slots"])
-        engine = asdict(self.config.engine)
+        engine = flat_settings(self.config.engine)
         payload = {
             "trace": self.trace_name,
             "executor": "engine",
@@ -234,7 +235,7 @@ def replay(
     return EngineRunResult(
         trace_name=trace.name,
         config=config,
-        num_blocks=engine.cache_config.num_blocks,
+        num_blocks=engine.cache_config.resolved_num_blocks,
         requests=requests,
         steps=recorder,
         summary=summary,

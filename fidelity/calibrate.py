@@ -12,6 +12,7 @@ from typing import Any
 from tqdm import tqdm
 
 from core.model.presets import load_model_spec
+from core.settings import build
 from engine import profiling
 from engine.llm_engine import EngineConfig
 from fidelity.clocks import resolve_clock
@@ -77,16 +78,19 @@ def calibrate(
     """Time ``model``'s engine on ``device`` and write the profile to ``out``. ``clock`` is
     the CPU's timer (``resolve_clock``); a GPU is timed with CUDA events."""
     grid = profiling.SMALL_GRID if small else profiling.CalibrationGrid()
-    config = EngineConfig(
-        model=model,
-        device=device,
-        block_size=block_size,
-        weights="random",
-        cpu_threads=cpu_threads,
-        clock=resolve_clock(clock, device, cpu_threads),
-        # A host cache, so that swaps each way can be timed (a quarter GiB is enough).
-        preemption_mode="swap",
-        swap_space_gib=0.25,
+    config = build(
+        EngineConfig,
+        {
+            "model": model,
+            "device": device,
+            "block_size": block_size,
+            "weights": "random",
+            "cpu_threads": cpu_threads,
+            "clock": resolve_clock(clock, device, cpu_threads),
+            # A host cache, so that swaps each way can be timed (a quarter GiB is enough).
+            "preemption_mode": "swap",
+            "swap_space_gib": 0.25,
+        },
     )
     bar = tqdm(
         total=profiling.point_count(grid), unit="op", disable=not (progress and sys.stderr.isatty())

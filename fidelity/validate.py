@@ -10,7 +10,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from core.config import SETTING_NAMES
 from core.model.presets import load_model_spec
+from core.settings import build, flat_settings
 from engine.llm_engine import EngineConfig
 from engine.replay import ReplayConfig, replay
 from fidelity import validation
@@ -40,18 +42,11 @@ def subset(trace: Trace, max_requests: int | None, time_scale: float) -> Trace:
 def run_engine(trace: Trace, config: ValidateConfig, out: Path, command: str) -> Path:
     """Replay on the real engine; writes the run (with step_shapes.jsonl) to ``out``."""
     engine = EngineConfig(
+        cache=config.cache,
+        scheduler=config.scheduler,
         model=config.model,
         device=config.device,
         weights="random",
-        block_size=config.block_size,
-        num_gpu_blocks=config.num_blocks,
-        policy=config.policy,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-        enable_prefix_caching=config.enable_prefix_caching,
-        preemption_mode=config.preemption_mode,
-        batch_size=config.batch_size,
-        max_wait_s=config.max_wait_s,
         cpu_threads=config.cpu_threads,
         clock=config.engine_clock(),
     )
@@ -63,38 +58,46 @@ def run_engine(trace: Trace, config: ValidateConfig, out: Path, command: str) ->
     return out
 
 
+# The settings every engine run has recorded since the first: a run without one is refused
+# rather than replayed at a default it did not run with.
+_ENGINE_RECORDED = (
+    "policy",
+    "block_size",
+    "swap_space_gib",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "batch_size",
+    "max_wait_s",
+    "preemption_mode",
+    "enable_prefix_caching",
+)
+
+
 def sim_config(engine_dir: Path, config: ValidateConfig, profile: str | None) -> RunConfig:
-    """The simulator's configuration of the engine run in ``engine_dir``: same policy, block
-    count and budgets, paged memory, every step simulated (no fast-forward)."""
+    """The simulator's configuration of the engine run in ``engine_dir``: its KV cache and
+    scheduler settings as recorded (its block count the one it sized), paged memory, every
+    step simulated (no fast-forward)."""
     run = load_run(engine_dir)
-    c = run.config
     if run.num_blocks is None:
         raise ValueError(f"{engine_dir / 'summary.json'}: field 'num_blocks': missing")
-    try:
-        return RunConfig(
-            policy=str(c["policy"]),
-            model=config.model,
-            hardware=config.roofline_hardware(),
-            memory_model="paged",
-            block_size=int(c["block_size"]),
-            num_blocks=int(run.num_blocks),
-            swap_space_gib=float(c["swap_space_gib"]),
-            max_num_seqs=int(c["max_num_seqs"]),
-            max_num_batched_tokens=int(c["max_num_batched_tokens"]),
-            batch_size=int(c["batch_size"]),
-            max_wait_s=float(c["max_wait_s"]),
-            preemption_mode=c["preemption_mode"],
-            enable_prefix_caching=bool(c["enable_prefix_caching"]),
-            max_model_len=c.get("max_model_len"),
-            profile=profile,
-            fast_forward=False,
+    missing = [name for name in _ENGINE_RECORDED if name not in run.config]
+    if missing:
+        raise ValueError(f"{engine_dir / 'summary.json'}: field 'config.{missing[0]}': missing")
+    recorded = {name: run.config[name] for name in SETTING_NAMES if name in run.config}
+    return build(
+        RunConfig,
+        {
+            **recorded,
+            "memory_model": "paged",
+            "num_blocks": int(run.num_blocks),
+            "model": config.model,
+            "hardware": config.roofline_hardware(),
+            "profile": profile,
+            "fast_forward": False,
             # servesim's engine prepares each step only after the last one ends: no overlap.
-            async_scheduling=False,
-        )
-    except KeyError as error:
-        raise ValueError(
-            f"{engine_dir / 'summary.json'}: field 'config.{error.args[0]}': missing"
-        ) from None
+            "async_scheduling": False,
+        },
+    )
 
 
 def _cost_config(run: RunConfig) -> CostModelConfig:
@@ -109,12 +112,17 @@ def _cost_models(run: RunConfig) -> dict[str, CostModel]:
     cost_config = _cost_config(run)
     models = {
         "roofline": make_cost_model(
-            model, hardware, run.tp, config=cost_config, block_size=run.block_size
+            model, hardware, run.tp, config=cost_config, block_size=run.cache.block_size
         )
     }
     if run.profile is not None:
         models["calibrated"] = make_cost_model(
-            model, hardware, run.tp, run.profile, config=cost_config, block_size=run.block_size
+            model,
+            hardware,
+            run.tp,
+            run.profile,
+            config=cost_config,
+            block_size=run.cache.block_size,
         )
     return models
 
@@ -139,7 +147,7 @@ def compare(
         "engine_summary": measured.summary,
         "profile": run.profile,
         "roofline_hardware": run.hardware,
-        "sim_config": asdict(run),
+        "sim_config": flat_settings(run),
         "cost_config": asdict(_cost_config(run)),
         "models": {},
     }
@@ -157,7 +165,7 @@ def compare(
         simulated.write(out / f"sim-{name}")
         sim_steps = recorders[0].shapes if recorders else []
         steps = validation.step_errors(
-            engine_steps, cost_model.step_time_s, cost_model.step_breakdown, run.block_size
+            engine_steps, cost_model.step_time_s, cost_model.step_breakdown
         )
         requests = validation.request_errors(measured.requests, simulated.requests_frame())
         result["models"][name] = {
@@ -207,7 +215,7 @@ def validate(
             calibrate(
                 config.model,
                 config.device,
-                config.block_size,
+                config.cache.block_size,
                 out / "profile.json",
                 command,
                 progress=progress,

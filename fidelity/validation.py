@@ -111,7 +111,7 @@ def _num(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def shape_of(record: StepShapeRecord, block_size: int) -> StepShape:
+def shape_of(record: StepShapeRecord) -> StepShape:
     return StepShape(
         prefill_chunks=record.prefill_chunks,
         decode_context_tokens=record.decode_context_tokens,
@@ -119,7 +119,6 @@ def shape_of(record: StepShapeRecord, block_size: int) -> StepShape:
         num_copy_blocks=record.num_copy_blocks,
         num_swap_out_blocks=record.num_swap_out_blocks,
         num_swap_in_blocks=record.num_swap_in_blocks,
-        block_size=block_size,
     )
 
 
@@ -127,13 +126,12 @@ def step_errors(
     steps: Sequence[StepShapeRecord],
     price: Callable[[StepShape], float],
     breakdown: Callable[[StepShape], dict[str, float]] | None,
-    block_size: int,
 ) -> dict[str, Any]:
     """The cost model's error on the measured run's own batches (each step's busy time:
     duration plus update), overall and by batch shape, with one row per step."""
     rows = []
     for record in steps:
-        shape = shape_of(record, block_size)
+        shape = shape_of(record)
         row: dict[str, Any] = {
             "step_idx": record.step_idx,
             "kind": record.kind,

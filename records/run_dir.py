@@ -5,13 +5,14 @@ frames), and ``records_from_result`` builds the same from an in-memory simulator
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field, is_dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from core.settings import flat_settings
 from records.schema import SUMMED_COLUMNS
 
 UNKNOWN = "unknown"
@@ -166,7 +167,7 @@ def records_from_result(
     mean_real_token_share, and trace_stats when present) without writing files; ``source``
     names the run directory it was also written to, if any."""
     raw = result.config
-    config = asdict(raw) if is_dataclass(raw) and not isinstance(raw, type) else dict(raw)
+    config = flat_settings(raw) if is_dataclass(raw) and not isinstance(raw, type) else dict(raw)
     memory_model = str(result.memory_model)
     share = result.mean_real_token_share
     stats = getattr(result, "trace_stats", None)

@@ -27,7 +27,6 @@ def step_shape(batch: ScheduledBatch, block_size: int) -> StepShape:
         num_copy_blocks=len(batch.copies) + range_blocks,
         num_swap_out_blocks=len(batch.swap_out),
         num_swap_in_blocks=len(batch.swap_in),
-        block_size=block_size,
     )
 
 
@@ -67,9 +66,10 @@ class CostModelExecutor:
     arithmetic, so skipping ahead changes no result.
     """
 
-    def __init__(self, cost_model: CostModel, block_size: int) -> None:
+    def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
-        self.block_size = block_size
+        # The deployment's block size, which the cost model was built for.
+        self.block_size: int = cost_model.block_size
         self._aggregate = getattr(cost_model, "aggregate_step_time_s", None)
         # The roofline, typed as such: a compiled build then calls its methods and its
         # stepper's directly rather than through the interpreter's call protocol.
@@ -177,7 +177,7 @@ class CostModelExecutor:
         roofline = self._roofline
         # The roofline's stepper for steps whose chunks are all whole (bit-identical to
         # ``execute``); a prompt's last, shorter chunk is priced from aggregates.
-        full = None if roofline is None else roofline.stepper(tuple(chunks), num_seqs, bs)
+        full = None if roofline is None else roofline.stepper(tuple(chunks), num_seqs)
         whole = 0
         if full is not None:
             # The steps before the first prompt's last, shorter chunk (all, without chunks).
@@ -216,12 +216,10 @@ class CostModelExecutor:
     ) -> float:
         """The cost model's ``aggregate_step_time_s`` (which it offers) of a step."""
         if self._roofline is not None:
-            return self._roofline.aggregate_step_time_s(
-                chunks, num_seqs, total, blocks, self.block_size
-            )
+            return self._roofline.aggregate_step_time_s(chunks, num_seqs, total, blocks)
         aggregate = self._aggregate
         assert aggregate is not None
-        duration_s: float = aggregate(chunks, num_seqs, total, blocks, self.block_size)
+        duration_s: float = aggregate(chunks, num_seqs, total, blocks)
         return duration_s
 
     def _split(self, batch: ScheduledBatch) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
@@ -238,7 +236,6 @@ class CostModelExecutor:
             prefill_chunks=step_chunks,
             decode_context_tokens=tuple(contexts),
             num_padding_tokens=self._padding,
-            block_size=self.block_size,
         )
         return self.cost_model.step_time_s(shape)
 
@@ -253,7 +250,7 @@ _VECTOR_MIN_STEPS = 32 if __file__.endswith(".py") else 192
 
 
 def _decode_ends(
-    durations: Callable[[int, np.ndarray, np.ndarray, int], np.ndarray],
+    durations: Callable[[int, np.ndarray, np.ndarray], np.ndarray],
     start_s: float,
     count: int,
     num_seqs: int,
@@ -273,7 +270,7 @@ def _decode_ends(
     sum_blocks[0] = blocks
     np.add.accumulate(phase_order, out=sum_blocks[1:])
     sum_blocks[1:] += blocks
-    step_s = durations(num_seqs, totals, sum_blocks, bs)
+    step_s = durations(num_seqs, totals, sum_blocks)
     ends = np.empty(count + 1)
     ends[0] = start_s
     ends[1:] = step_s

@@ -9,7 +9,7 @@ import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +17,12 @@ import pandas as pd
 import simpy
 from tqdm import tqdm
 
-from core.config import (
-    CacheConfig,
-    MemoryModel,
-    PreemptionMode,
-    ReservationRule,
-    SchedulerConfig,
-)
+from core.config import CacheConfig, MemoryModel, SchedulerConfig, check_serving
 from core.model.presets import load_model_spec
-from core.policies import POLICIES
+from core.policies import POLICIES, check_policy
 from core.request import Request
 from core.scheduler import Scheduler
+from core.settings import flat_settings
 from records.metrics import summarize
 from records.overload import Overload, request_overload
 from records.run_dir import write_run_dir
@@ -40,31 +35,23 @@ from sim.specs.hardware_file import hardware_is_file, load_hardware
 from sim.specs.kv_capacity import derive_num_blocks
 from traces.schema import Trace
 
-GIB = 1 << 30
-POLICY_CHOICES = (*sorted(POLICIES), "disagg")
+POLICY_CHOICES = (*POLICIES, "disagg")
+"""What ``--policy`` offers: the core's policies, and ``disagg`` (prefill and decode pools of
+replicas, each running ``pool_policy``, joined by a KV link)."""
 
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    """Everything that defines a simulated deployment (the CLI's defaults are these)."""
+    """Everything that defines a simulated deployment: the core's KV cache and scheduler
+    settings (``cache``, ``scheduler``; its ``policy`` may also be ``disagg``) and the
+    simulator's own fields. Its settings read and write as one flat dict
+    (`core.settings.build`, `flat_settings`); the CLI's defaults are these."""
 
-    policy: str = "chunked"
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     model: str = "Llama-3-8B"
     hardware: str = "H100-SXM"
     tp: int = 1
-    memory_model: MemoryModel | None = None  # None: the policy's default
-    reservation: ReservationRule = "max"
-    block_size: int = 16
-    num_blocks: int | None = None  # None: derived from GPU memory
-    gpu_memory_utilization: float = 0.9
-    swap_space_gib: float = 4.0
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    batch_size: int = 8
-    max_wait_s: float = 1.0
-    preemption_mode: PreemptionMode = "recompute"
-    enable_prefix_caching: bool = False
-    max_model_len: int | None = None  # None: the model's
     profile: str | None = None
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
@@ -85,12 +72,9 @@ class RunConfig:
     link_parallel_transfers: int = 1
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICY_CHOICES:
-            raise ValueError(f"policy must be one of {POLICY_CHOICES}, got {self.policy!r}")
-        if self.pool_policy not in POLICIES:
-            raise ValueError(
-                f"pool_policy must be one of {sorted(POLICIES)}, got {self.pool_policy!r}"
-            )
+        check_policy(self.scheduler.policy, also=("disagg",))
+        check_policy(self.pool_policy, field="pool_policy")
+        check_serving(self.cache, self.scheduler)
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
         for name in ("num_replicas", "num_prefill", "num_decode", "link_parallel_transfers"):
@@ -101,23 +85,20 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and not 0 < value < math.inf:
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        for name in ("link_latency_us", "swap_space_gib", "max_wait_s"):
-            value = getattr(self, name)
-            if not 0 <= value < math.inf:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if not 0 < self.gpu_memory_utilization <= 1:
+        if not 0 <= self.link_latency_us < math.inf:
             raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
-            )
-        if self.preemption_mode == "swap" and self.swap_space_gib == 0:
-            raise ValueError(
-                "preemption_mode 'swap' needs CPU swap space, but swap_space_gib is 0 "
-                "(--swap-space-gib > 0, or --preemption recompute)"
+                f"link_latency_us must be a finite number >= 0, got {self.link_latency_us!r}"
             )
 
+    @property
+    def pools_policy(self) -> str:
+        """The policy every replica's scheduler runs: ``pool_policy`` under ``disagg``."""
+        policy = self.scheduler.policy
+        return self.pool_policy if policy == "disagg" else policy
+
     def resolved_memory_model(self) -> MemoryModel:
-        policy = self.pool_policy if self.policy == "disagg" else self.policy
-        return self.memory_model or POLICIES[policy].default_memory_model
+        """``memory_model``, or, left None, the default of the policy the replicas run."""
+        return self.cache.memory_model or POLICIES[self.pools_policy].default_memory_model
 
 
 def servesim_version() -> str:
@@ -166,7 +147,7 @@ class RunResult:
             named["overload"] = self.overload.as_dict()
         return named | {
             "trace": self.trace_name,
-            "config": asdict(self.config),
+            "config": flat_settings(self.config),
             "memory_model": self.memory_model,
             "num_blocks": self.num_blocks,
             "num_skipped_rows": self.num_skipped_rows,
@@ -180,10 +161,6 @@ class RunResult:
 
     def requests_frame(self) -> pd.DataFrame:
         return request_frame(self.requests, self.transfers)
-
-
-def _pool_policy(config: RunConfig) -> str:
-    return config.pool_policy if config.policy == "disagg" else config.policy
 
 
 # The cyclic garbage collector's first generation runs after this many net allocations of
@@ -220,49 +197,27 @@ def simulate(
     own ``async_scheduling`` included; without it, ``config.async_scheduling`` chooses."""
     model = load_model_spec(config.model)
     hardware = load_hardware(config.hardware)
-    kv_bytes_per_block = model.kv_bytes_per_block(config.block_size, config.tp)
-    num_blocks = config.num_blocks or derive_num_blocks(
-        model,
-        hardware,
-        config.tp,
-        config.block_size,
-        config.gpu_memory_utilization,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-    )
-    if config.max_model_len is not None and config.max_model_len > model.max_model_len:
-        raise ValueError(
-            f"max_model_len {config.max_model_len} exceeds {config.model}'s context of "
-            f"{model.max_model_len} tokens (--max-model-len, or a --model with a longer one)"
-        )
-    policy = _pool_policy(config)
-    num_cpu_blocks = int(config.swap_space_gib * GIB // kv_bytes_per_block)
-    if config.preemption_mode == "swap" and num_cpu_blocks == 0:
-        raise ValueError(
-            f"preemption_mode 'swap': swap_space_gib {config.swap_space_gib!r} holds no KV block "
-            f"of {kv_bytes_per_block} bytes (--swap-space-gib larger, or --preemption recompute)"
-        )
-    cache = CacheConfig(
-        num_blocks=num_blocks,
-        block_size=config.block_size,
-        memory_model=config.memory_model or POLICIES[policy].default_memory_model,
-        reservation=config.reservation,
-        num_cpu_blocks=num_cpu_blocks,
-        enable_prefix_caching=config.enable_prefix_caching,
-        max_model_len=config.max_model_len or model.max_model_len,
-    )
-    scheduler_config = SchedulerConfig(
-        policy=policy,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        preemption_mode=config.preemption_mode,
-        batch_size=config.batch_size,
-        max_wait_s=config.max_wait_s,
+    settings, block_size = config.cache, config.cache.block_size
+    scheduler_config = replace(config.scheduler, policy=config.pools_policy)
+    cache = settings.resolve(
+        scheduler_config,
+        size_blocks=lambda: derive_num_blocks(
+            model,
+            hardware,
+            config.tp,
+            block_size,
+            settings.gpu_memory_utilization,
+            max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
+            max_num_seqs=scheduler_config.max_num_seqs,
+        ),
+        block_bytes=model.kv_bytes_per_block(block_size, config.tp),
+        memory_model=config.resolved_memory_model(),
+        model=(config.model, model.max_model_len),
     )
     if cost_config is None:
         cost_config = CostModelConfig(async_scheduling=config.async_scheduling)
     cost_model = make_cost_model(
-        model, hardware, config.tp, config.profile, cost_config, block_size=config.block_size
+        model, hardware, config.tp, config.profile, cost_config, block_size=block_size
     )
     # Progress counts requests that finished or were rejected, so it reaches 100% only once
     # the backlog has drained (not when the last request arrives).
@@ -275,7 +230,7 @@ def simulate(
     recorder = StepRecorder()
 
     def make_replica(env: simpy.Environment, index: int, pool: str, steps: StepRecorder) -> Replica:
-        executor: Any = CostModelExecutor(cost_model, config.block_size)
+        executor: Any = CostModelExecutor(cost_model)
         if wrap_executor is not None:
             executor = wrap_executor(executor)
         scheduler = Scheduler(cache, scheduler_config)
@@ -303,7 +258,7 @@ def simulate(
                 num_replicas=config.num_replicas,
                 router=config.router,
                 disagg=(config.num_prefill, config.num_decode)
-                if config.policy == "disagg"
+                if config.scheduler.policy == "disagg"
                 else None,
                 link=make_link,
                 on_done=None if bar.disable else bar.update,
@@ -311,14 +266,14 @@ def simulate(
     finally:
         bar.close()
     summary = summarize(output.requests, output.end_s, config.slo_ttft_s, config.slo_tpot_s)
-    if config.policy == "disagg":
+    if config.scheduler.policy == "disagg":
         summary["kv_transfer_bytes"] = sum(t.num_bytes for t in output.transfers)
         summary["num_kv_transfers"] = len(output.transfers)
     return RunResult(
         config=config,
         trace_name=trace.name,
-        memory_model=cache.memory_model,
-        num_blocks=num_blocks,
+        memory_model=cache.resolved_memory_model,
+        num_blocks=cache.resolved_num_blocks,
         requests=output.requests,
         steps=recorder,
         summary=summary,

@@ -1,12 +1,16 @@
 """Argparse types for the numeric options of every command line (``trace``, ``run``,
 ``compare``): each refuses NaN, infinities and out-of-range values with a message argparse
-prints as ``error: argument --option: ...`` (exit code 2)."""
+prints as ``error: argument --option: ...`` (exit code 2). And the trace options that every
+command replaying a trace takes (`add_trace_arguments`)."""
 
 from __future__ import annotations
 
 import argparse
 import math
 from collections.abc import Callable
+
+from traces.loaders import FORMATS
+from traces.rows import ON_ERROR_CHOICES
 
 
 def _number(text: str, kind: type[int] | type[float]) -> float:
@@ -68,3 +72,25 @@ _NON_NEGATIVE_INT = _bounded(int, 0, True)
 _POSITIVE_FLOAT = _bounded(float, 0, False)
 _NON_NEGATIVE_FLOAT = _bounded(float, 0, True)
 _FRACTION = _bounded(float, 0, False, 1.0)
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser, check_format: bool = True) -> None:
+    """``TRACE``, ``--format`` and ``--on-error``. `check_format` False leaves the format name
+    to the trace loader instead of argparse's choices."""
+    parser.add_argument(
+        "trace",
+        help="trace file (servesim CSV, Vidur CSV, Azure CSV, Mooncake JSONL, BurstGPT CSV)",
+    )
+    parser.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", *sorted(FORMATS)] if check_format else None,
+        help="trace format (default: detect from the header)",
+    )
+    parser.add_argument(
+        "--on-error",
+        default="raise",
+        choices=ON_ERROR_CHOICES,
+        help="bad trace rows: raise fails listing every one (file, line, field); skip leaves "
+        "them out and the summary counts them (default: %(default)s)",
+    )

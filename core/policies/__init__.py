@@ -1,7 +1,9 @@
-"""Batching policies, found by name in ``POLICIES`` (argparse choices and tests use it)."""
+"""Batching policies, found by name in ``POLICIES`` (the one list of them: the flags' choices,
+every config's check and the tests read it)."""
 
 from __future__ import annotations
 
+from core.errors import ConfigError
 from core.policies.base import Policy, StepContext
 from core.policies.chunked import ChunkedPrefill
 from core.policies.continuous import ContinuousBatching
@@ -14,6 +16,15 @@ POLICIES: dict[str, type[Policy]] = {
     "chunked": ChunkedPrefill,
 }
 
+
+def check_policy(name: str, also: tuple[str, ...] = (), field: str = "policy") -> None:
+    """Refuse a policy name that is not in ``POLICIES`` (nor in ``also``: what an executor
+    offers beside the policies, as the simulator's disaggregated deployment); ``field`` is the
+    setting that holds it."""
+    if name not in POLICIES and name not in also:
+        raise ConfigError(field, f"must be one of {(*POLICIES, *also)}, got {name!r}")
+
+
 __all__ = [
     "POLICIES",
     "ChunkedPrefill",
@@ -22,4 +33,5 @@ __all__ = [
     "Policy",
     "StaticBatching",
     "StepContext",
+    "check_policy",
 ]

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from core.settings import build
 from engine.llm_engine import EngineConfig, LLMEngine, StepRecord
 from engine.sampling import SamplingParams
 
@@ -31,14 +32,14 @@ def fill_decode_batch(engine: LLMEngine, batch: int, context: int, num_steps: in
     prefix. Raises ValueError when the engine's cache or budgets cannot hold the batch."""
     cache = engine.cache_config
     per_seq = -(-(context + num_steps + 2) // cache.block_size)
-    if batch * per_seq > cache.num_blocks - 1:
+    if batch * per_seq > cache.num_usable_blocks:
         raise ValueError(
             f"a decode batch of {batch} x {context} tokens needs {batch * per_seq} KV blocks, "
             f"the engine has {cache.num_blocks}"
         )
     if (
         batch > engine.scheduler_config.max_num_seqs
-        or context + num_steps + 2 > cache.max_model_len
+        or context + num_steps + 2 > cache.resolved_max_model_len
     ):
         raise ValueError(
             f"a decode batch of {batch} x {context} tokens exceeds the engine's limits"
@@ -163,7 +164,7 @@ def engine_config(args: argparse.Namespace, **overrides: Any) -> EngineConfig:
     )
     if "enforce_eager" in EngineConfig.__dataclass_fields__:
         settings["enforce_eager"] = bool(args.enforce_eager)
-    return EngineConfig(**settings)
+    return build(EngineConfig, settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

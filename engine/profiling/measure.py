@@ -84,7 +84,7 @@ def measure(
     device = engine.device
     timer = Timer(device, grid, config.clock)
     tick = on_point or (lambda _: None)
-    max_len = engine.cache_config.max_model_len
+    max_len = engine.cache_config.resolved_max_model_len
     grid_ctx = tuple(c for c in grid.decode_context if c <= max_len) or (min(16, max_len),)
     out = Measurements()
     out.device, out.software = _device_info(device)

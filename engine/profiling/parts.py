@@ -36,7 +36,7 @@ class StepParts:
         self.k_cache, self.v_cache = engine.kv_cache.layers[0]
         self.block_size = engine.kv_cache.block_size
         self.num_cache_blocks = engine.kv_cache.num_blocks
-        self.max_model_len = engine.cache_config.max_model_len
+        self.max_model_len = engine.cache_config.resolved_max_model_len
         element = torch.empty((), dtype=self.dtype).element_size()
         self.kv_bytes_per_token_per_layer = 2 * cfg.num_kv_heads * cfg.head_dim * element
         self.block_bytes = self.block_size * self.kv_bytes_per_token_per_layer * cfg.num_layers

@@ -28,7 +28,7 @@ def check_steps(engine: LLMEngine, grid: CalibrationGrid) -> list[dict[str, Any]
     budget = min(engine.scheduler_config.max_num_batched_tokens, CHECK_BUDGET_TOKENS)
     with _scheduled_as(engine, budget):
         engine.warm_up()
-        max_len = engine.cache_config.max_model_len
+        max_len = engine.cache_config.resolved_max_model_len
         rng = torch.Generator().manual_seed(1)
         vocab = engine.model.config.vocab_size
         for i in range(grid.check_requests):
@@ -56,7 +56,7 @@ def grid_steps(
     tick = on_point or (lambda _: None)
     with _scheduled_as(engine, engine.scheduler_config.max_num_batched_tokens):
         engine.warm_up()
-        max_len = engine.cache_config.max_model_len
+        max_len = engine.cache_config.resolved_max_model_len
         rng = torch.Generator().manual_seed(2)
         vocab = engine.model.config.vocab_size
         steps: list[dict[str, Any]] = []

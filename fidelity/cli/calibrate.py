@@ -7,6 +7,9 @@ import argparse
 import shlex
 import sys
 
+from core.config import CacheConfig
+from core.flags import add_setting_flags, given_settings
+from core.settings import build
 from fidelity.cli.engine_import import needs_engine
 from fidelity.clocks import CLOCK_CHOICES, CLOCK_HELP
 
@@ -18,9 +21,7 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         help="engine model preset or Hugging Face directory (default: %(default)s)",
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
-    parser.add_argument(
-        "--block-size", type=int, default=16, help="KV block size in tokens (default: %(default)s)"
-    )
+    add_setting_flags(parser, (CacheConfig,), only=("block_size",))
     parser.add_argument("--out", required=True, help="profile JSON to write")
     parser.add_argument(
         "--small-grid", action="store_true", help="a tiny grid (for tests; seconds on CPU)"
@@ -36,8 +37,7 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    if args.block_size <= 0:
-        raise ValueError(f"--block-size must be positive, got {args.block_size}")
+    block_size = build(CacheConfig, given_settings(args, ["block_size"])).block_size
     command = shlex.join(["python", "-m", "sim", *getattr(args, "argv", sys.argv[1:])])
     with needs_engine("calibrate"):
         from fidelity.calibrate import calibrate
@@ -45,7 +45,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     path = calibrate(
         args.model,
         args.device,
-        args.block_size,
+        block_size,
         args.out,
         command,
         small=args.small_grid,

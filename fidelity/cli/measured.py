@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core.settings import flat_settings, with_settings
 from fidelity.measured import HARDWARE_FILE, TRACE_FILE, write_measured_run
 from fidelity.measured_importers import IMPORTERS
 from records.compare import Comparison, compare_requests, format_comparison
@@ -19,8 +20,7 @@ from sim.costmodel.base import CostModelConfig
 from sim.run import RunConfig, RunResult, simulate
 from traces.loaders import load_trace
 
-_DEFAULTS = RunConfig()
-_CONFIG_FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
+_DEFAULTS = flat_settings(RunConfig())
 
 
 def add_measured_commands(commands: Any) -> None:
@@ -80,13 +80,14 @@ def replay_config(run_dir: str | Path, config: RunConfig) -> RunConfig:
     against the run directory."""
     root = Path(run_dir)
     recorded = load_run(root).config
+    current = flat_settings(config)
     changes: dict[str, Any] = {}
     for name, value in recorded.items():
-        if name in _CONFIG_FIELDS and getattr(config, name) == getattr(_DEFAULTS, name):
+        if name in current and current[name] == _DEFAULTS[name]:
             changes[name] = value
     if changes.get("hardware") == HARDWARE_FILE:
         changes["hardware"] = str(root / HARDWARE_FILE)
-    return dataclasses.replace(config, **changes)
+    return with_settings(config, **changes)
 
 
 def validate_run(
@@ -106,9 +107,10 @@ def validate_command(args: argparse.Namespace) -> int:
     measured = load_run(args.measured).summary
     if not args.quiet:
         print(
-            f"{config.model} on {config.hardware} x{config.tp}, {config.policy}, "
-            f"max_num_seqs {config.max_num_seqs}, budget {config.max_num_batched_tokens}, "
-            f"prefix caching {'on' if config.enable_prefix_caching else 'off'}, "
+            f"{config.model} on {config.hardware} x{config.tp}, {config.scheduler.policy}, "
+            f"max_num_seqs {config.scheduler.max_num_seqs}, "
+            f"budget {config.scheduler.max_num_batched_tokens}, "
+            f"prefix caching {'on' if config.cache.enable_prefix_caching else 'off'}, "
             f"{result.num_blocks} KV blocks"
         )
     print(format_comparison(comparison))

@@ -11,9 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from core.config import LAYOUT_SETTINGS, CacheConfig, SchedulerConfig
+from core.flags import add_setting_flags, given_settings
+from core.settings import build
 from fidelity.cli.engine_import import needs_engine
 from fidelity.clocks import CLOCK_CHOICES, CLOCK_HELP
-from fidelity.validate_config import ENGINE_POLICIES, VALIDATION_FILE, ValidateConfig
+from fidelity.validate_config import VALIDATION_FILE, ValidateConfig
 from sim.specs.hardware import get_hardware_preset
 
 
@@ -93,12 +96,6 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
         "measured validate RUN_DIR`, taking its run options (see its --help)",
     )
     parser.add_argument("--format", default="auto", help="trace format (default: detect)")
-    parser.add_argument(
-        "--policy",
-        default=defaults.policy,
-        choices=ENGINE_POLICIES,
-        help="batching policy (default: %(default)s)",
-    )
     parser.add_argument("--model", default=defaults.model, help="model (default: %(default)s)")
     parser.add_argument(
         "--device", default=defaults.device, help="cpu or cuda (default: %(default)s)"
@@ -115,37 +112,10 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", required=True, help="directory for validation.json and runs")
     parser.add_argument("--report", default=None, help="write the HTML validation section here")
-    parser.add_argument(
-        "--block-size", type=int, default=defaults.block_size, help="KV block size in tokens"
+    settings = parser.add_argument_group(
+        "KV cache and scheduling (the engine's: the flags of python -m engine run)"
     )
-    parser.add_argument(
-        "--num-blocks", type=int, default=None, help="KV blocks (default: the engine's)"
-    )
-    parser.add_argument(
-        "--max-batch-tokens",
-        type=int,
-        default=defaults.max_num_batched_tokens,
-        help="token budget per step (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=defaults.max_num_seqs,
-        help="max requests per step (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=defaults.batch_size,
-        help="static/dynamic batch size (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--preemption",
-        default=defaults.preemption_mode,
-        choices=("recompute", "swap"),
-        help="preemption mode (default: %(default)s)",
-    )
-    parser.add_argument("--prefix-caching", action="store_true", help="enable prefix caching")
+    add_setting_flags(settings, (CacheConfig, SchedulerConfig), skip=LAYOUT_SETTINGS)
     parser.add_argument(
         "--time-scale",
         type=float,
@@ -171,6 +141,21 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
 
 
+def config_from_args(args: argparse.Namespace) -> ValidateConfig:
+    return build(
+        ValidateConfig,
+        {
+            **given_settings(args),
+            "model": args.model,
+            "device": args.device,
+            "time_scale": args.time_scale,
+            "max_requests": args.max_requests,
+            "hardware": args.hardware,
+            "clock": args.clock,
+        },
+    )
+
+
 def run_validate(args: argparse.Namespace) -> int:
     import shlex
 
@@ -184,22 +169,7 @@ def run_validate(args: argparse.Namespace) -> int:
         )
     if args.trace is None:
         raise ValueError(f"validate needs a TRACE (or {MEASURED_OPTION} RUN_DIR)")
-    config = ValidateConfig(
-        policy=args.policy,
-        model=args.model,
-        device=args.device,
-        block_size=args.block_size,
-        num_blocks=args.num_blocks,
-        max_num_batched_tokens=args.max_batch_tokens,
-        max_num_seqs=args.max_num_seqs,
-        batch_size=args.batch_size,
-        preemption_mode=args.preemption,
-        enable_prefix_caching=args.prefix_caching,
-        time_scale=args.time_scale,
-        max_requests=args.max_requests,
-        hardware=args.hardware,
-        clock=args.clock,
-    )
+    config = config_from_args(args)
     if args.hardware is not None:
         get_hardware_preset(args.hardware)
     trace = load_trace(args.trace, format=args.format)

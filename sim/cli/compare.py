@@ -4,11 +4,11 @@ model item, one sub-folder per run under --out and one report comparing them."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from typing import Any
 
 from core.config import MEMORY_MODELS, RESERVATION_RULES
-from sim.cli.options import DEFAULTS, add_run_arguments, base_config_from_args
+from core.settings import with_settings
+from sim.cli.options import add_run_arguments, base_config_from_args
 from sim.cli.run import check_output_paths, command_line, print_summary, write_outputs
 from sim.run import POLICY_CHOICES, RunConfig, simulate
 from traces.loaders import load_trace
@@ -30,7 +30,7 @@ def add_compare_command(commands: Any) -> None:
         "'static,continuous,chunked' or 'continuous:contiguous:max,continuous:paged'",
     )
     # compare takes --policies; --policy (shared with run) is refused there, not ignored.
-    compare.set_defaults(func=compare_command, policy=None)
+    compare.set_defaults(func=compare_command)
 
 
 def parse_variants(text: str) -> list[tuple[str, str | None, str | None]]:
@@ -59,7 +59,7 @@ def _compare_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
     """(folder name, config) per --policies item, checked before anything runs."""
     if args.policy is not None:
         raise ValueError("--policy: compare runs one policy per --policies item; use --policies")
-    base = base_config_from_args(argparse.Namespace(**(vars(args) | {"policy": DEFAULTS.policy})))
+    base = base_config_from_args(args)
     named = []
     for policy, memory, reservation in parse_variants(args.policies):
         if reservation and memory == "paged":
@@ -67,11 +67,11 @@ def _compare_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
                 f"--policies {policy}:{memory}:{reservation}: a reservation rule "
                 "applies to contiguous memory only"
             )
-        config = replace(
+        config = with_settings(
             base,
             policy=policy,
-            memory_model=memory or base.memory_model,  # type: ignore[arg-type]
-            reservation=reservation or base.reservation,  # type: ignore[arg-type]
+            memory_model=memory or base.cache.memory_model,
+            reservation=reservation or base.cache.reservation,
         )
         named.append(("_".join(p for p in (policy, memory, reservation) if p), config))
     if args.reservation and all(c.resolved_memory_model() == "paged" for _, c in named):

@@ -6,21 +6,26 @@ from __future__ import annotations
 
 import argparse
 
-from core.config import MEMORY_MODELS, PREEMPTION_MODES, RESERVATION_RULES
+from core.config import CacheConfig, SchedulerConfig
+from core.flags import add_setting_flags, given_settings
 from core.model.presets import preset_names
 from core.policies import POLICIES
+from core.settings import build
+from records.run_options import (
+    add_out_argument,
+    add_report_and_quiet_arguments,
+    add_slo_arguments,
+    slo_s,
+)
 from sim.deployment import ROUTERS
 from sim.run import POLICY_CHOICES, RunConfig
 from sim.specs.hardware import HARDWARE_PRESETS
-from traces.options import non_negative_float, non_negative_int, positive_float, positive_int
-from traces.serving_options import (
-    add_out_argument,
-    add_policy_argument,
-    add_report_and_quiet_arguments,
-    add_scheduling_arguments,
-    add_slo_arguments,
+from traces.options import (
     add_trace_arguments,
-    slo_s,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
 )
 
 DEFAULTS = RunConfig()
@@ -29,7 +34,18 @@ DEFAULTS = RunConfig()
 def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) -> None:
     if with_trace:
         add_trace_arguments(parser)
-    add_policy_argument(parser, POLICY_CHOICES, DEFAULTS.policy)
+    settings = parser.add_argument_group(
+        "KV cache and scheduling (the settings python -m engine run takes too)"
+    )
+    add_setting_flags(
+        settings,
+        (CacheConfig, SchedulerConfig),
+        choices={"policy": POLICY_CHOICES},
+        help_extra={
+            "policy": "; or disagg: separate prefill and decode replicas, each running "
+            "--pool-policy, joined by a KV link"
+        },
+    )
     parser.add_argument(
         "--model",
         default=DEFAULTS.model,
@@ -48,21 +64,6 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
         default=DEFAULTS.tp,
         help="tensor-parallel degree (default: %(default)s)",
     )
-    parser.add_argument(
-        "--memory",
-        choices=MEMORY_MODELS,
-        default=None,
-        help="KV memory model (default: the policy's own: contiguous for static/dynamic, "
-        "paged otherwise)",
-    )
-    parser.add_argument(
-        "--reservation",
-        choices=RESERVATION_RULES,
-        default=None,
-        help=f"contiguous memory only: how much each sequence reserves "
-        f"(default: {DEFAULTS.reservation})",
-    )
-    add_scheduling_arguments(parser, DEFAULTS, PREEMPTION_MODES)
     parser.add_argument(
         "--profile",
         default=None,
@@ -114,7 +115,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
     )
     deployment.add_argument(
         "--pool-policy",
-        choices=sorted(POLICIES),
+        choices=tuple(POLICIES),
         default=DEFAULTS.pool_policy,
         help="--policy disagg: batching inside each pool (default: %(default)s)",
     )
@@ -145,7 +146,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.reservation is not None and config.resolved_memory_model() == "paged":
         raise ValueError(
             f"--reservation {args.reservation}: applies to contiguous memory only, but "
-            f"--policy {config.policy} runs paged memory here (add --memory contiguous)"
+            f"--policy {config.scheduler.policy} runs paged memory here "
+            "(add --memory-model contiguous)"
         )
     return config
 
@@ -153,36 +155,26 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def base_config_from_args(args: argparse.Namespace) -> RunConfig:
     """The `RunConfig` of the options as given, without `config_from_args`'s cross-option
     checks (``compare`` checks each --policies item itself)."""
-    return RunConfig(
-        policy=args.policy,
-        model=args.model,
-        hardware=args.hardware,
-        tp=args.tp,
-        memory_model=args.memory,
-        reservation=args.reservation or DEFAULTS.reservation,
-        block_size=args.block_size,
-        num_blocks=args.num_blocks,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        swap_space_gib=args.swap_space_gib,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_batch_tokens,
-        batch_size=args.batch_size,
-        max_wait_s=args.max_wait_s,
-        preemption_mode=args.preemption,
-        enable_prefix_caching=args.prefix_caching,
-        max_model_len=args.max_model_len,
-        profile=args.profile,
-        slo_ttft_s=slo_s(args.slo_ttft),
-        slo_tpot_s=slo_s(args.slo_tpot),
-        seed=args.seed,
-        fast_forward=not args.no_fast_forward,
-        async_scheduling=not args.no_async_scheduling,
-        num_replicas=args.replicas,
-        router=args.router,
-        num_prefill=args.prefill_replicas,
-        num_decode=args.decode_replicas,
-        pool_policy=args.pool_policy,
-        link_bandwidth_gbps=args.link_gbps,
-        link_latency_us=args.link_latency_us,
-        link_parallel_transfers=args.link_parallel,
+    return build(
+        RunConfig,
+        {
+            **given_settings(args),
+            "model": args.model,
+            "hardware": args.hardware,
+            "tp": args.tp,
+            "profile": args.profile,
+            "slo_ttft_s": slo_s(args.slo_ttft),
+            "slo_tpot_s": slo_s(args.slo_tpot),
+            "seed": args.seed,
+            "fast_forward": not args.no_fast_forward,
+            "async_scheduling": not args.no_async_scheduling,
+            "num_replicas": args.replicas,
+            "router": args.router,
+            "num_prefill": args.prefill_replicas,
+            "num_decode": args.decode_replicas,
+            "pool_policy": args.pool_policy,
+            "link_bandwidth_gbps": args.link_gbps,
+            "link_latency_us": args.link_latency_us,
+            "link_parallel_transfers": args.link_parallel,
+        },
     )

@@ -7,10 +7,10 @@ import argparse
 import shlex
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from core.settings import flat_settings
 from records.run_dir import records_from_result
 from reports.html import write_report
 from reports.tables import deployment_text, rejection_note
@@ -38,9 +38,10 @@ def print_summary(result: RunResult) -> None:
     lines = [
         f"trace        {result.trace_name}: {s['num_requests']} requests ({s['completed']} "
         f"finished, {s['rejected']} rejected, {result.num_skipped_rows} bad rows skipped)",
-        f"config       {c.policy} / {result.memory_model} memory, {c.model} on {hardware} "
-        f"TP{c.tp}, {result.num_blocks} KV blocks of {c.block_size} tokens per replica",
-        f"deployment   {deployment_text(asdict(c))}",
+        f"config       {c.scheduler.policy} / {result.memory_model} memory, {c.model} on "
+        f"{hardware} TP{c.tp}, {result.num_blocks} KV blocks of {c.cache.block_size} tokens "
+        "per replica",
+        f"deployment   {deployment_text(flat_settings(c))}",
         f"duration     {s['duration_s']:.3f} s simulated",
         throughput_line(s),
     ]

@@ -27,7 +27,11 @@ __all__ = [
 
 
 class CostModel(Protocol):
-    """Prices engine steps and KV transfers, in seconds."""
+    """Prices engine steps and KV transfers, in seconds, for KV blocks of ``block_size``
+    tokens (the deployment's, given when the model is built)."""
+
+    @property
+    def block_size(self) -> int: ...
 
     def step_time_s(self, shape: StepShape) -> float: ...
 
@@ -46,11 +50,12 @@ def make_cost_model(
     tp: int = 1,
     profile_path: str | Path | None = None,
     config: CostModelConfig | None = None,
-    block_size: int | None = None,
+    *,
+    block_size: int,
 ) -> CostModel:
-    """The analytic roofline, or, given a profile file, its tables over the roofline. Given
-    ``block_size``, a profile measured at another block size is refused."""
-    roofline = RooflineCostModel(model, hardware, tp, config)
+    """The analytic roofline for KV blocks of ``block_size`` tokens, or, given a profile file,
+    its tables over the roofline (a profile measured at another block size is refused)."""
+    roofline = RooflineCostModel(model, hardware, tp, config, block_size=block_size)
     if profile_path is None:
         return roofline
-    return CalibratedCostModel(load_profile(profile_path), roofline, block_size)
+    return CalibratedCostModel(load_profile(profile_path), roofline)

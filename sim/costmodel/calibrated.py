@@ -16,17 +16,15 @@ from sim.costmodel.step_shape import StepShape
 class CalibratedCostModel:
     """Per-layer tables are scaled by the layer count; step overhead is fitted to `steps`.
 
-    The profile must have been measured for the fallback's model and tp: its tables are only
-    meaningful for the shapes they were timed at.
+    The profile must have been measured for the fallback's model, tp and block size: its
+    tables are only meaningful for the shapes they were timed at.
     """
 
-    def __init__(
-        self, profile: Profile, fallback: RooflineCostModel, block_size: int | None = None
-    ) -> None:
-        if block_size is not None and block_size != profile.block_size:
+    def __init__(self, profile: Profile, fallback: RooflineCostModel) -> None:
+        if fallback.block_size != profile.block_size:
             raise ValueError(
                 f"{profile.path}: field 'block_size': profile measured at block size "
-                f"{profile.block_size}, the run uses {block_size}"
+                f"{profile.block_size}, the run uses {fallback.block_size}"
             )
         if profile.tp != fallback.tp:
             raise ValueError(
@@ -39,8 +37,9 @@ class CalibratedCostModel:
                 f"cost model is for {fallback.model.name!r}"
             )
         self.profile, self.fallback = profile, fallback
+        self.block_size = fallback.block_size
         self._layers = fallback.model.num_layers
-        self._kv_bytes_per_token_per_layer = fallback.block_bytes(1) / self._layers
+        self._kv_bytes_per_token_per_layer = fallback.kv_bytes_per_token / self._layers
         self._fixed_overhead_s = fallback.config.step_overhead_s
         self._per_seq_overhead_s = 0.0
         # Joint fit (v4 ``step_fit: joint``): scales of the per-token terms (linear, KV store,
@@ -73,11 +72,7 @@ class CalibratedCostModel:
                 step.sum_decode_context_tokens / step.num_decode_seqs if step.num_decode_seqs else 0
             )
             contexts = (max(1, round(mean)),) * step.num_decode_seqs
-        return StepShape(
-            prefill_chunks=step.prefill_chunks,
-            decode_context_tokens=contexts,
-            block_size=self.profile.block_size,
-        )
+        return StepShape(prefill_chunks=step.prefill_chunks, decode_context_tokens=contexts)
 
     def _fit_joint(self) -> None:
         """Fit ``measured = a * tokens + b * prefill_attention + c * decode_attention + rest +
@@ -157,11 +152,7 @@ class CalibratedCostModel:
                     else 0
                 )
                 contexts = (max(1, round(mean)),) * step.num_decode_seqs
-            shape = StepShape(
-                prefill_chunks=step.prefill_chunks,
-                decode_context_tokens=contexts,
-                block_size=self.profile.block_size,
-            )
+            shape = StepShape(prefill_chunks=step.prefill_chunks, decode_context_tokens=contexts)
             residual = step.measured_s - self.step_time_s(shape)
             points.append((shape.num_seqs, residual, not step.prefill_chunks))
         self._fitting = False
@@ -209,7 +200,7 @@ class CalibratedCostModel:
                 num_tokens * self.fallback.model.hidden_size * self.fallback.model.dtype_bytes
             )
             terms[6] = 2 * layers * table(call_bytes)
-        block_bytes = self.fallback.block_bytes(shape.block_size)
+        block_bytes = self.fallback.block_bytes
         if shape.num_copy_blocks and (table := self._table1("copy_blocks")) is not None:
             terms[7] = table(shape.num_copy_blocks * block_bytes)
         terms[8] = self._swap_s(shape, block_bytes, terms[8])

@@ -98,9 +98,14 @@ def compare_allreduce(rows: list[AllReduceRow], hw: HardwareSpec, node: str) -> 
 def predict_attention(roofline: RooflineCostModel, row: AttentionRow) -> float:
     """One attention row's time as our model prices it, per layer (as the file times it)."""
     layers = roofline.model.num_layers
+    if row.block_size != roofline.block_size:
+        raise ValueError(
+            f"an attention row at block size {row.block_size} priced by a roofline of block "
+            f"size {roofline.block_size}"
+        )
     if row.is_prefill:
         chunks = ((row.prefill_chunk_size, row.kv_cache_size),)
-        return roofline.prefill_attention_s(chunks, row.block_size) / layers
+        return roofline.prefill_attention_s(chunks) / layers
     blocks = -(-row.kv_cache_size // row.block_size)
     kv_read = row.batch_size * blocks * row.block_size
     total = roofline.decode_attention_s(row.batch_size, row.batch_size * row.kv_cache_size, kv_read)
@@ -263,7 +268,10 @@ def run_check(
     if tp is None:
         tps |= {row.tp for row in attention_rows}
     tps = {t for t in tps if _valid_tp(model, t)}
-    rooflines = {t: RooflineCostModel(model, hardware, t) for t in sorted(tps)}
+    block_size = _block_size(attention_rows)
+    rooflines = {
+        t: RooflineCostModel(model, hardware, t, block_size=block_size) for t in sorted(tps)
+    }
     if found.mlp:
         files["mlp"] = str(found.mlp)
         comparisons += compare_mlp(mlp_rows, model, hardware, tps)
@@ -283,7 +291,8 @@ def run_check(
         raise ValueError(f"--node {node!r}: no network/{found.gpu}_{node}/all_reduce.csv")
     for t, roofline in rooflines.items():
         if node is not None:
-            roofline = RooflineCostModel(model, _node_hardware(hardware, node), t)
+            node_hardware = _node_hardware(hardware, node)
+            roofline = RooflineCostModel(model, node_hardware, t, block_size=block_size)
         inputs = StepInputs(
             tp=t,
             mlp={row.num_tokens: row for row in mlp_rows if row.tp == t},
@@ -302,6 +311,19 @@ def run_check(
         )
         comparisons += compare_steps(inputs, roofline)
     return CheckResult(files, comparisons)
+
+
+# Vidur profiles attention at vLLM's default block size; a check without an attention file
+# prices nothing per block, so the value is only the roofline's required one.
+VIDUR_BLOCK_SIZE = 16
+
+
+def _block_size(rows: list[AttentionRow]) -> int:
+    """The block size the attention file was measured at (one for the whole file)."""
+    sizes = {row.block_size for row in rows}
+    if len(sizes) > 1:
+        raise ValueError(f"attention rows at several block sizes {sorted(sizes)}: check one")
+    return sizes.pop() if sizes else VIDUR_BLOCK_SIZE
 
 
 def _valid_tp(model: ModelSpec, tp: int) -> bool:

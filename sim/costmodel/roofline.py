@@ -69,7 +69,9 @@ class CostModelConfig:
 
 
 class RooflineCostModel:
-    """Analytic cost of one step of `model` on `tp` GPUs of kind `hardware`, per rank."""
+    """Analytic cost of one step of `model` on `tp` GPUs of kind `hardware`, per rank, with KV
+    blocks of `block_size` tokens (the deployment's: it sets how much KV a decode reads, and
+    what a copied or swapped block moves)."""
 
     def __init__(
         self,
@@ -77,9 +79,14 @@ class RooflineCostModel:
         hardware: HardwareSpec,
         tp: int = 1,
         config: CostModelConfig | None = None,
+        *,
+        block_size: int,
     ) -> None:
         check_tp(model, tp)
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size!r}")
         self.model, self.hardware, self.tp = model, hardware, tp
+        self.block_size = block_size
         self.config = config = config or CostModelConfig()
         peak, bandwidth = hardware.peak_flops(model.dtype_bytes), hardware.hbm_bandwidth_bytes_per_s
         self._matmul_flops_per_s = peak * hardware.gemm_flops_efficiency
@@ -92,7 +99,7 @@ class RooflineCostModel:
         self._precompute_shapes(model, tp)
         # Terms that depend only on (tokens, sequences) in a step, computed once per pair.
         self._by_size: dict[tuple[int, int], tuple[float, ...]] = {}
-        self._steppers: dict[tuple[int, int, int, int], RepeatStepper] = {}
+        self._steppers: dict[tuple[int, int, int], RepeatStepper] = {}
 
     def _precompute_shapes(self, model: ModelSpec, tp: int) -> None:
         """Per-model constants, so a step costs a few multiplications."""
@@ -126,9 +133,10 @@ class RooflineCostModel:
             return 0.0
         return self.model.num_layers * self.layer_ops.linear_s(num_tokens)
 
-    def prefill_attention_s(self, chunks: tuple[tuple[int, int], ...], block_size: int) -> float:
+    def prefill_attention_s(self, chunks: tuple[tuple[int, int], ...]) -> float:
         """Attention of each chunk's new tokens over its context and the chunk itself (the
         causal square priced whole); K and V are read whole blocks at a time."""
+        block_size = self.block_size
         pairs = 0.0
         q_tokens = 0
         kv_tokens = 0
@@ -207,19 +215,25 @@ class RooflineCostModel:
             num_tokens * self._allreduce_bytes_per_token
         )
 
-    def block_bytes(self, block_size: int) -> int:
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """One token's K and V over all layers, on one rank."""
+        return self._kv_bytes_per_token
+
+    @property
+    def block_bytes(self) -> int:
         """One KV block over all layers, on one rank."""
-        return block_size * self._kv_bytes_per_token
+        return self.block_size * self._kv_bytes_per_token
 
-    def copy_blocks_s(self, num_blocks: int, block_size: int) -> float:
+    def copy_blocks_s(self, num_blocks: int) -> float:
         """Copy-on-write: each block is read and written once in device memory."""
-        return 2 * num_blocks * self.block_bytes(block_size) / self._memory_bytes_per_s
+        return 2 * num_blocks * self.block_bytes / self._memory_bytes_per_s
 
-    def swap_s(self, num_blocks: int, block_size: int) -> float:
+    def swap_s(self, num_blocks: int) -> float:
         """Blocks to or from host memory over PCIe; vLLM issues them before the forward pass and
         waits, so they add to the step rather than overlap it."""
         bandwidth = self.hardware.host_link_bandwidth_bytes_per_s * self.config.host_link_efficiency
-        return num_blocks * self.block_bytes(block_size) / bandwidth
+        return num_blocks * self.block_bytes / bandwidth
 
     def overhead_s(self, num_seqs: int) -> float:
         return self.config.step_overhead_s + num_seqs * self.config.per_sequence_overhead_s
@@ -227,7 +241,7 @@ class RooflineCostModel:
     def step_terms(self, shape: StepShape) -> tuple[float, ...]:
         """Seconds per term, in the order of TERMS. A step with no work costs nothing."""
         contexts = shape.decode_context_tokens
-        bs = shape.block_size
+        bs = self.block_size
         kv_read_tokens = sum([-(-ctx // bs) for ctx in contexts]) * bs
         swaps = shape.num_swap_out_blocks + shape.num_swap_in_blocks
         return self._terms(
@@ -235,7 +249,6 @@ class RooflineCostModel:
             (len(contexts), sum(contexts), kv_read_tokens),
             shape.num_padding_tokens if self.config.price_padding else 0,
             (shape.num_copy_blocks, swaps),
-            bs,
         )
 
     def _terms(
@@ -244,7 +257,6 @@ class RooflineCostModel:
         decode: tuple[int, int, int],
         num_padding: int,
         block_moves: tuple[int, int],
-        block_size: int,
     ) -> tuple[float, ...]:
         """`decode` is (num_seqs, sum of contexts, KV tokens read); `block_moves` is
         (copy-on-write copies, blocks swapped either way)."""
@@ -260,14 +272,14 @@ class RooflineCostModel:
         linear, store_kv, elementwise, lm_head, allreduce, overhead = shared
         device = (
             linear,
-            self.prefill_attention_s(chunks, block_size) if chunks else 0.0,
+            self.prefill_attention_s(chunks) if chunks else 0.0,
             self.decode_attention_s(num_decode, sum_context, kv_read_tokens),
             store_kv,
             elementwise,
             lm_head,
             allreduce,
-            self.copy_blocks_s(copies, block_size) if copies else 0.0,
-            self.swap_s(swaps, block_size) if swaps else 0.0,
+            self.copy_blocks_s(copies) if copies else 0.0,
+            self.swap_s(swaps) if swaps else 0.0,
         )
         return (*device, self.host_wait_s(overhead, sum(device)))
 
@@ -303,31 +315,25 @@ class RooflineCostModel:
         return dict(zip(TERMS, self.step_terms(shape), strict=True))
 
     def decode_step_time_s(
-        self, num_seqs: int, sum_context_tokens: int, sum_context_blocks: int, block_size: int = 16
+        self, num_seqs: int, sum_context_tokens: int, sum_context_blocks: int
     ) -> float:
         """A decode-only step from aggregates alone: O(1) whatever the batch."""
-        return self.aggregate_step_time_s(
-            (), num_seqs, sum_context_tokens, sum_context_blocks, block_size
-        )
+        return self.aggregate_step_time_s((), num_seqs, sum_context_tokens, sum_context_blocks)
 
     def repeat_stepper(
-        self,
-        prefill_chunks: tuple[tuple[int, int], ...],
-        num_decode_seqs: int,
-        block_size: int = 16,
+        self, prefill_chunks: tuple[tuple[int, int], ...], num_decode_seqs: int
     ) -> Callable[[tuple[tuple[int, int], ...], int, int], float]:
         """For steps of one shape (the same chunk sizes and decode count), a function of
         (chunks, summed context, summed context blocks) giving what ``aggregate_step_time_s``
         gives, to the last bit, with the terms that do not change computed once
         (``RepeatStepper.step``)."""
-        return self.stepper(prefill_chunks, num_decode_seqs, block_size).step
+        return self.stepper(prefill_chunks, num_decode_seqs).step
 
     def decode_repeat_durations(
         self,
         num_decode_seqs: int,
         sum_context_tokens: np.ndarray,
         sum_context_blocks: np.ndarray,
-        block_size: int = 16,
     ) -> np.ndarray:
         """Durations of many decode-only steps of ``num_decode_seqs`` sequences at once, one per
         (summed context, summed blocks) pair: the arithmetic of ``repeat_stepper(())``, done
@@ -338,7 +344,7 @@ class RooflineCostModel:
         compute = sum_context_tokens * self._attention_flops_per_pair / self._attention_flops_per_s
         bytes_moved = (
             num_decode_seqs * self._attention_q_bytes_per_token
-            + (sum_context_blocks * block_size) * self._kv_bytes_per_token
+            + (sum_context_blocks * self.block_size) * self._kv_bytes_per_token
         )
         linear, *after, overhead = self._size_terms(num_tokens, num_seqs)
         total: np.ndarray = (linear + 0.0) + (
@@ -357,7 +363,6 @@ class RooflineCostModel:
         num_decode_seqs: int,
         sum_context_tokens: int,
         sum_context_blocks: int,
-        block_size: int = 16,
     ) -> float:
         """A step without padding, copies or swaps, its decodes given by aggregates alone.
         Equal, to the last bit, to ``step_time_s`` of the same step: ``RepeatStepper`` adds
@@ -366,26 +371,26 @@ class RooflineCostModel:
         for num_new, _ in prefill_chunks:
             num_tokens += num_new
         if num_tokens <= 0:  # (no work: ``_terms`` prices nothing at all)
-            decode = (num_decode_seqs, sum_context_tokens, sum_context_blocks * block_size)
-            return sum(self._terms(prefill_chunks, decode, 0, (0, 0), block_size))
-        stepper = self.stepper(prefill_chunks, num_decode_seqs, block_size)
+            decode = (num_decode_seqs, sum_context_tokens, sum_context_blocks * self.block_size)
+            return sum(self._terms(prefill_chunks, decode, 0, (0, 0)))
+        stepper = self.stepper(prefill_chunks, num_decode_seqs)
         return stepper.step(prefill_chunks, sum_context_tokens, sum_context_blocks)
 
     def stepper(
-        self, prefill_chunks: tuple[tuple[int, int], ...], num_decode_seqs: int, block_size: int
+        self, prefill_chunks: tuple[tuple[int, int], ...], num_decode_seqs: int
     ) -> RepeatStepper:
-        """``RepeatStepper(self, prefill_chunks, num_decode_seqs, block_size)``, memoized: it
+        """``RepeatStepper(self, prefill_chunks, num_decode_seqs)``, memoized: it
         reads the chunks only through their count and their new tokens' total (a step's price
         builds one, and most steps repeat a size seen before)."""
         num_tokens = num_decode_seqs
         for num_new, _ in prefill_chunks:
             num_tokens += num_new
-        key = (num_decode_seqs, num_tokens, len(prefill_chunks), block_size)
+        key = (num_decode_seqs, num_tokens, len(prefill_chunks))
         stepper = self._steppers.get(key)
         if stepper is None:
             if len(self._steppers) >= _MAX_MEMO:
                 self._steppers.clear()  # (bounded, as ``_size_terms``)
-            stepper = RepeatStepper(self, prefill_chunks, num_decode_seqs, block_size)
+            stepper = RepeatStepper(self, prefill_chunks, num_decode_seqs)
             self._steppers[key] = stepper
         return stepper
 
@@ -418,11 +423,10 @@ class RepeatStepper:
         model: RooflineCostModel,
         prefill_chunks: tuple[tuple[int, int], ...],
         num_decode_seqs: int,
-        block_size: int,
     ) -> None:
         self.model = model
         self.num_decode_seqs = num_decode_seqs
-        self.block_size = block_size
+        self.block_size: int = model.block_size
         self.overlap = model.config.async_scheduling
         # Decode-only steps write ``decode_attention_s`` and the sums after it out, the same
         # operations in the same order (so the same bits), with no call per step.
@@ -456,9 +460,7 @@ class RepeatStepper:
             total = self.start + (self.latency + max(compute, bytes_moved / self.bytes_per_s))
         else:
             model = self.model
-            total = self.linear + (
-                model.prefill_attention_s(chunks, self.block_size) if chunks else 0.0
-            )
+            total = self.linear + (model.prefill_attention_s(chunks) if chunks else 0.0)
             total += model.decode_attention_s(
                 self.num_decode_seqs, sum_context, sum_blocks * self.block_size
             )

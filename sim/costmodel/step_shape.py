@@ -12,6 +12,7 @@ class StepShape:
     `prefill_chunks` holds (num_new_tokens, num_context_tokens_before_chunk) per prefilling
     sequence; `decode_context_tokens` the context length, including the new token, per decoding
     sequence. Padding tokens (static batching) pass through the linear layers for nothing.
+    Blocks are the cost model's own size (its ``block_size``, given when it is built).
     """
 
     prefill_chunks: tuple[tuple[int, int], ...] = ()
@@ -20,7 +21,6 @@ class StepShape:
     num_copy_blocks: int = 0
     num_swap_out_blocks: int = 0
     num_swap_in_blocks: int = 0
-    block_size: int = 16
 
     def __post_init__(self) -> None:
         # Kept cheap (min() runs in C): the simulator builds one of these per step.
@@ -43,8 +43,6 @@ class StepShape:
         ):
             if getattr(self, field) < 0:
                 raise ValueError(f"StepShape.{field} must be >= 0, got {getattr(self, field)!r}")
-        if self.block_size <= 0:
-            raise ValueError(f"StepShape.block_size must be positive, got {self.block_size!r}")
 
     @property
     def num_prefill_tokens(self) -> int:

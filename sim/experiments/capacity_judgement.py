@@ -28,9 +28,10 @@ def concurrency(config: RunConfig) -> int:
     """The most sequences the deployment runs at once by its batch limits (a batch's size for
     static and dynamic batching, ``max_num_seqs`` otherwise), over its replicas (the larger
     pool for disagg); KV memory may hold fewer."""
-    policy = config.pool_policy if config.policy == "disagg" else config.policy
-    per_replica = config.batch_size if policy in ("static", "dynamic") else config.max_num_seqs
-    if config.policy == "disagg":
+    scheduler = config.scheduler
+    static = config.pools_policy in ("static", "dynamic")
+    per_replica = scheduler.batch_size if static else scheduler.max_num_seqs
+    if scheduler.policy == "disagg":
         return per_replica * max(config.num_prefill, config.num_decode)
     return per_replica * config.num_replicas
 

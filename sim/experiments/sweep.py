@@ -77,7 +77,7 @@ def num_gpus(config: Any) -> int:
     """GPUs a deployment holds: TP times its replicas (both pools for disagg)."""
     replicas = (
         config.num_prefill + config.num_decode
-        if config.policy == "disagg"
+        if config.scheduler.policy == "disagg"
         else (config.num_replicas)
     )
     return int(config.tp * replicas)

@@ -81,9 +81,9 @@ def vllm_kv_capacity(
     hardware: HardwareSpec,
     tp: int,
     block_size: int,
-    gpu_memory_utilization: float = 0.9,
-    max_num_batched_tokens: int = 8192,
-    max_num_seqs: int = 256,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
     cuda_graph_bytes: int = 0,
 ) -> KvCapacity:
     """vLLM's rule: total x utilization - weights - peak activation of the profiling run -
@@ -159,7 +159,7 @@ def vidur_num_blocks(
 
 
 def default_activation_reserve_bytes(
-    model: ModelSpec, tp: int = 1, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256
+    model: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int
 ) -> int:
     """Memory a real engine's profiling run sees besides weights and KV: vLLM's peak
     activation (forward pass or sampler, whichever is larger) plus memory outside PyTorch.
@@ -175,10 +175,11 @@ def derive_num_blocks(
     hardware: HardwareSpec,
     tp: int,
     block_size: int,
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float,
     activation_reserve_bytes: int | None = None,
-    max_num_batched_tokens: int = 8192,
-    max_num_seqs: int = 256,
+    *,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
 ) -> int:
     """vLLM's `num_gpu_blocks` on one rank (`sim.specs.kv_capacity.vllm_kv_capacity`): its block
     pool keeps one of them as the null block. `activation_reserve_bytes`, when given, stands

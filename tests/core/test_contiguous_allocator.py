@@ -93,7 +93,11 @@ def test_reservation_rules(total: int, max_len: int) -> None:
 
 def test_external_fragmentation_is_holes_too_small_for_the_next_request() -> None:
     config = CacheConfig(
-        num_blocks=16, block_size=16, memory_model="contiguous", reservation="oracle"
+        num_blocks=16,
+        block_size=16,
+        memory_model="contiguous",
+        reservation="oracle",
+        max_model_len=4096,
     )
     kv = ContiguousKVManager(config)  # 256 slots
     requests = [Request(str(i), 0.0, 40, 24) for i in range(4)]  # 64 slots each

@@ -394,7 +394,9 @@ def random_setup(draw: st.DrawFn) -> tuple[list[Request], CacheConfig, Scheduler
     )
     reservation = draw(st.sampled_from(["max", "pow2", "oracle"]))
     if memory_model == "paged":
-        probe = CacheConfig(num_blocks=2, block_size=block_size)
+        probe = CacheConfig(
+            num_blocks=2, block_size=block_size, memory_model="paged", max_model_len=4096
+        )
         # One more: the null block.
         need = max(PagedKVManager(probe).max_blocks_needed(r) for r in requests) + 1
     else:

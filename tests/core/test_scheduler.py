@@ -101,7 +101,12 @@ def test_request_wider_than_step_budgets_is_rejected_or_served(
     config = SchedulerConfig(
         policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, batch_size=1
     )
-    replay([request], CacheConfig(num_blocks=64, block_size=4), config, max_steps=500)
+    replay(
+        [request],
+        CacheConfig(num_blocks=64, block_size=4, memory_model="paged", max_model_len=4096),
+        config,
+        max_steps=500,
+    )
     assert request.status is RequestStatus.FINISHED or request.reject_reason is not None
 
 
@@ -316,7 +321,11 @@ def test_dynamic_starts_after_max_wait() -> None:
 def test_dynamic_replay_wakes_without_arrivals() -> None:
     requests = [Request("r0", 0.1, 8, 2), Request("r1", 0.2, 8, 2), Request("r2", 9.0, 8, 2)]
     config = SchedulerConfig(policy="dynamic", batch_size=4, max_wait_s=0.5)
-    result = replay(requests, CacheConfig(num_blocks=64, block_size=4), config)
+    result = replay(
+        requests,
+        CacheConfig(num_blocks=64, block_size=4, memory_model="paged", max_model_len=4096),
+        config,
+    )
     first = next(b for b in result.batches if not b.is_empty)
     assert first.now_s == 0.1 + 0.5 and first.request_ids == ("r0", "r1")
 

@@ -152,7 +152,13 @@ def test_prefix_hit_on_identical_prompt(policy: str, prompt: int, second_arrival
         Request("first", 0.0, prompt, 20, prompt_token_ids=ids),
         Request("second", second_arrival_s, prompt, 3, prompt_token_ids=ids),
     ]
-    cache = CacheConfig(num_blocks=64, block_size=16, enable_prefix_caching=True)
+    cache = CacheConfig(
+        num_blocks=64,
+        block_size=16,
+        enable_prefix_caching=True,
+        memory_model="paged",
+        max_model_len=4096,
+    )
     config = SchedulerConfig(policy=policy, batch_size=1, max_wait_s=0.0)
     result = replay(requests, cache, config)
     expected = (prompt - 1) // 16 * 16
@@ -171,7 +177,13 @@ def test_prefix_hit_on_mooncake_hash_ids(policy: str) -> None:
         Request("b", 1.0, 1536, 2, prefix_hash_ids=(11, 12, 99)),
         Request("c", 2.0, 1536, 2, prefix_hash_ids=(50, 12, 13)),
     ]
-    cache = CacheConfig(num_blocks=512, block_size=16, enable_prefix_caching=True)
+    cache = CacheConfig(
+        num_blocks=512,
+        block_size=16,
+        enable_prefix_caching=True,
+        memory_model="paged",
+        max_model_len=4096,
+    )
     config = SchedulerConfig(policy=policy, max_num_batched_tokens=2048, batch_size=1)
     result = replay(requests, cache, config)
     assert [r.num_prefix_hit_tokens for r in requests] == [0, 1024, 0]
@@ -181,5 +193,9 @@ def test_prefix_hit_on_mooncake_hash_ids(policy: str) -> None:
 def test_no_prefix_hit_without_prefix_caching() -> None:
     ids = tuple(range(40))
     requests = [Request(f"r{i}", float(i), 40, 2, prompt_token_ids=ids) for i in range(2)]
-    replay(requests, CacheConfig(num_blocks=64, block_size=16), SchedulerConfig())
+    replay(
+        requests,
+        CacheConfig(num_blocks=64, block_size=16, memory_model="paged", max_model_len=4096),
+        SchedulerConfig(),
+    )
     assert [r.num_prefix_hit_tokens for r in requests] == [0, 0]

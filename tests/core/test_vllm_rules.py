@@ -26,7 +26,12 @@ def make(
 ) -> Scheduler:
     extra = {} if watermark is None else {"watermark": watermark}
     cache = CacheConfig(
-        num_blocks=num_blocks, block_size=4, enable_prefix_caching=prefix_caching, **extra
+        num_blocks=num_blocks,
+        block_size=4,
+        memory_model="paged",
+        enable_prefix_caching=prefix_caching,
+        max_model_len=4096,
+        **extra,
     )
     return Scheduler(cache, SchedulerConfig(policy=policy, max_num_batched_tokens=budget))
 
@@ -100,11 +105,11 @@ def test_num_blocks_counts_the_null_block() -> None:
 
 def test_paged_cache_needs_a_block_besides_the_null_block() -> None:
     with pytest.raises(ValueError, match="num_blocks"):
-        CacheConfig(num_blocks=1)
+        CacheConfig(num_blocks=1, memory_model="paged", max_model_len=4096)
 
 
 def test_watermark_defaults_to_zero() -> None:
-    assert CacheConfig(num_blocks=8).watermark == 0.0
+    assert CacheConfig(num_blocks=8, memory_model="paged", max_model_len=4096).watermark == 0.0
 
 
 def test_watermark_applies_only_while_something_runs() -> None:

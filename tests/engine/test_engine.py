@@ -94,14 +94,14 @@ CASES = {
     "chunked-prefix-caching": dict(
         policy="chunked", max_num_batched_tokens=48, enable_prefix_caching=True
     ),
-    "recompute-tiny-cache": dict(policy="chunked", max_num_batched_tokens=64, num_gpu_blocks=40),
+    "recompute-tiny-cache": dict(policy="chunked", max_num_batched_tokens=64, num_blocks=40),
     "swap-tiny-cache": dict(
-        policy="continuous", num_gpu_blocks=40, preemption_mode="swap", swap_space_gib=0.01
+        policy="continuous", num_blocks=40, preemption_mode="swap", swap_space_gib=0.01
     ),
     "prefix-caching-tiny-cache": dict(
         policy="chunked",
         max_num_batched_tokens=32,
-        num_gpu_blocks=40,
+        num_blocks=40,
         enable_prefix_caching=True,
     ),
 }
@@ -140,7 +140,7 @@ def test_parallel_samples_under_preemption(
         block_size=4,
         policy="chunked",
         max_num_batched_tokens=32,
-        num_gpu_blocks=40,
+        num_blocks=40,
     )
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, n=2)
     outputs = llm.generate(prompts[6:12], params)
@@ -332,7 +332,8 @@ def test_replayed_shared_prefixes_are_real_cache_hits(tmp_path: Path) -> None:
         "--swap-space-gib",
         "--slo-ttft",
         "--gpu-memory-utilization",
-        "--max-batch-tokens",
+        "--max-num-batched-tokens",
+        "--max-batch-tokens",  # the old spelling, named beside the new one
         "--num-blocks",
         "--cpu-threads",
     ],
@@ -345,7 +346,8 @@ def test_engine_numeric_options_refuse_nonsense(
     with pytest.raises(SystemExit) as exit_info:
         engine_main(["run", str(trace), option, value, "--quiet"])
     assert exit_info.value.code == 2
-    assert f"argument {option}" in capsys.readouterr().err
+    line = next(line for line in capsys.readouterr().err.splitlines() if "error:" in line)
+    assert "error: argument --" in line and option in line
 
 
 def test_swap_without_swap_space_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

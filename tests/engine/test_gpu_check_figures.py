@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from core.settings import build
+
 pytest.importorskip("torch")
 
 from engine.gpu_check import figures
@@ -81,7 +83,7 @@ def test_pytest_counts_come_from_the_last_summary_line(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(weights="random", cpu_kv_cache_gib=0.02, max_num_seqs=8))
+    return LLMEngine(build(EngineConfig, weights="random", cpu_kv_cache_gib=0.02, max_num_seqs=8))
 
 
 def test_the_decode_profile_splits_host_time(engine: LLMEngine, tmp_path: Path) -> None:

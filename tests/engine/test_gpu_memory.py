@@ -9,6 +9,8 @@ import os
 
 import pytest
 
+from core.settings import build
+
 torch = pytest.importorskip("torch")
 
 from engine import profiling  # noqa: E402
@@ -41,7 +43,8 @@ def test_a_dropped_engine_is_not_counted_against_the_next() -> None:
 
 
 def test_calibration_runs_on_cuda() -> None:
-    config = EngineConfig(
+    config = build(
+        EngineConfig,
         model="tiny-llama",
         device="cuda",
         weights="random",

@@ -10,6 +10,8 @@ import weakref
 
 import pytest
 
+from core.settings import build
+
 pytest.importorskip("torch")
 
 from engine import profiling
@@ -33,7 +35,8 @@ def test_a_dropped_engine_is_freed_at_once() -> None:
 
 
 def test_calibration_builds_one_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = EngineConfig(
+    config = build(
+        EngineConfig,
         **SMALL_CACHE,  # type: ignore[arg-type]
         preemption_mode="swap",
         swap_space_gib=0.01,

@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.settings import build
+
 torch = pytest.importorskip("torch")
 
 import engine.llm_engine as llm_engine  # noqa: E402
@@ -74,14 +76,14 @@ def test_the_parameter_count_is_the_models() -> None:
 
 
 def test_the_estimate_adds_weights_cache_and_activations() -> None:
-    config = EngineConfig(model="llama-3-8b", weights="random", max_num_batched_tokens=512)
+    config = build(EngineConfig, model="llama-3-8b", weights="random", max_num_batched_tokens=512)
     model = engine_model_spec("llama-3-8b")
     need = memory.estimate_memory(config, model, 4, model.max_model_len)
     assert need.weights_bytes > 8_030_261_248 * 4  # fp32 parameters and the rotary tables
     assert need.kv_cache_bytes <= GIB  # cpu_kv_cache_gib's whole blocks
     assert need.swap_bytes == 0  # recompute: no host swap space
     smaller = memory.estimate_memory(
-        EngineConfig(model="llama-3-8b", max_num_batched_tokens=256), model, 4, 8192
+        build(EngineConfig, model="llama-3-8b", max_num_batched_tokens=256), model, 4, 8192
     )
     assert 0 < smaller.activation_bytes < need.activation_bytes
 

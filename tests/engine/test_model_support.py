@@ -13,6 +13,7 @@ import pytest
 
 from core.model.presets import PRESETS_DIR, load_model_spec, preset_names
 from core.model.spec import ModelSpec
+from core.settings import build
 from engine.model.support import UnsupportedModelError, engine_model_spec, unsupported_field
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ def test_the_simulators_cost_model_and_the_engines_model_share_the_description()
         return executor
 
     simulate(trace, RunConfig(model="Tiny-Llama", hardware="CPU-1T"), wrap_executor=keep)
-    engine = LLMEngine(EngineConfig(model="tiny-llama", weights="random", num_gpu_blocks=8))
+    engine = LLMEngine(build(EngineConfig, model="tiny-llama", weights="random", num_blocks=8))
     assert priced and all(spec == engine.model.config for spec in priced)
     assert engine.model.config.dtype_bytes == 4 and engine.model.config.num_kv_heads == 2
 
@@ -144,7 +145,7 @@ def test_linear_rope_scaling_runs_the_scaled_context(tmp_path: Path) -> None:
     tiny = json.loads((PRESETS_DIR / "tiny-llama.json").read_text())
     linear = {"rope_type": "linear", "factor": 2.0}
     _write(tmp_path, tiny | {"max_position_embeddings": 256, "rope_scaling": linear})
-    engine = LLMEngine(EngineConfig(model=str(tmp_path), weights="random", num_gpu_blocks=64))
+    engine = LLMEngine(build(EngineConfig, model=str(tmp_path), weights="random", num_blocks=64))
     assert engine.model.cos_sin_cache.shape[0] == engine.cache_config.max_model_len == 512
     with pytest.raises(ValueError, match="exceeds the model's limit of 512 tokens"):
-        LLMEngine(EngineConfig(model=str(tmp_path), weights="random", max_model_len=513))
+        LLMEngine(build(EngineConfig, model=str(tmp_path), weights="random", max_model_len=513))

@@ -13,6 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core.settings import build
+
 pytest.importorskip("torch")
 
 from engine.cli import main as engine_main
@@ -34,7 +36,7 @@ def _trace(path: Path) -> Path:
 
 def _engine_config(**changes: object) -> EngineConfig:
     base = {"model": "tiny-llama", "weights": "random", "policy": "continuous"}
-    return EngineConfig(**{**base, **changes})  # type: ignore[arg-type]
+    return build(EngineConfig, {**base, **changes})
 
 
 def test_cpu_clock_replays_on_a_virtual_timeline(tmp_path: Path) -> None:

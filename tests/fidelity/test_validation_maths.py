@@ -93,7 +93,7 @@ def test_step_errors_by_batch_shape() -> None:
         # 10% slow on prefill tokens, exact on decodes, with a known per-step cost.
         return 0.02 * shape.num_prefill_tokens * 1.1 + 0.5 * bool(shape.decode_context_tokens)
 
-    out = validation.step_errors(steps, price, None, 16)
+    out = validation.step_errors(steps, price, None)
     assert out["by_kind"]["prefill-heavy"]["median_abs_pct"] == pytest.approx(10.0)
     assert out["by_kind"]["prefill-heavy"]["bias_pct"] == pytest.approx(10.0)
     # Decode-only steps: 0.5 predicted against 1.0 (-50%) and 0.5 (0%).
@@ -121,7 +121,7 @@ def test_step_errors_by_decode_skew() -> None:
         contexts = shape.decode_context_tokens
         return 0.01 * len(contexts) * sum(contexts) / len(contexts)
 
-    out = validation.step_errors(steps, at_mean_context, None, 16)
+    out = validation.step_errors(steps, at_mean_context, None)
     assert out["by_decode_skew"]["uniform"]["median_abs_pct"] == pytest.approx(0.0)
     assert out["by_decode_skew"]["skewed"]["bias_pct"] == pytest.approx(100 * (2.0 - 3.8) / 3.8)
     assert out["by_decode_skew"]["skewed"]["n"] == 1

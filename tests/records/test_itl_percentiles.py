@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.settings import build
 from records.metrics import PERCENTILES, _grouped_percentiles, summarize
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
@@ -98,7 +99,7 @@ def test_grouped_percentiles_of_one_sample() -> None:
     ],
 )
 def test_itl_summary_equals_every_expanded_gap(trace_file: str, options: dict[str, object]) -> None:
-    config = RunConfig(model="Llama-2-7B", hardware="A100-80GB", **options)  # type: ignore[arg-type]
+    config = build(RunConfig, model="Llama-2-7B", hardware="A100-80GB", **options)  # type: ignore[arg-type]
     result = simulate(load_trace(DATA / trace_file), config)
     gaps_ms = np.array([g for r in result.requests for g in r.tokens.gaps_s()]) * 1000.0
     assert gaps_ms.size > 100

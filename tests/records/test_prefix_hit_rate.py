@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from core.request import Request, RequestStatus
+from core.settings import build
 from records.metrics import summarize
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
@@ -41,7 +42,7 @@ def test_rate_stays_within_one_under_recompute(policy: str, num_blocks: int) -> 
     """parallel_sampling.csv with a small cache preempts (recompute) hundreds of times; the
     old definition (hits over the finished requests' prompt tokens) read 862% to 1430% here."""
     trace = load_trace(str(DATA / "parallel_sampling.csv"))
-    config = RunConfig(policy=policy, enable_prefix_caching=True, num_blocks=num_blocks)
+    config = build(RunConfig, policy=policy, enable_prefix_caching=True, num_blocks=num_blocks)
     result = simulate(trace, config)
     summary = result.summary
     assert summary["num_preemptions"] > 100

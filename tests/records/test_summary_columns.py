@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from core.request import Request, RequestStatus
+from core.settings import build
 from records.metrics import PERCENTILES, summarize
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
@@ -64,7 +65,7 @@ def _by_property(
 def test_summary_columns_equal_the_request_properties(
     trace_file: str, options: dict[str, object]
 ) -> None:
-    config = RunConfig(model="Llama-2-7B", hardware="A100-80GB", **options)  # type: ignore[arg-type]
+    config = build(RunConfig, model="Llama-2-7B", hardware="A100-80GB", **options)  # type: ignore[arg-type]
     requests = simulate(load_trace(DATA / trace_file), config).requests
     ttfts = sorted(r.ttft_s for r in requests if r.ttft_s is not None)
     tpots = sorted(r.tpot_s for r in requests if r.tpot_s is not None)

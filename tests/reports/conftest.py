@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from core.settings import build
 from records.run_dir import RunRecords, load_run, records_from_result
 from records.schema import STEP_COLUMNS
 from sim.run import RunConfig, simulate
@@ -21,7 +22,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "traces" / "data" / "example.csv
 @pytest.fixture(scope="session")
 def example_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("example-run")
-    simulate(load_trace(str(EXAMPLE)), RunConfig(policy="chunked")).write(out)
+    simulate(load_trace(str(EXAMPLE)), build(RunConfig, policy="chunked")).write(out)
     return out
 
 
@@ -32,7 +33,7 @@ def example_run(example_dir: Path) -> RunRecords:
 
 @pytest.fixture(scope="session")
 def static_run() -> RunRecords:
-    result = simulate(load_trace(str(EXAMPLE)), RunConfig(policy="static"))
+    result = simulate(load_trace(str(EXAMPLE)), build(RunConfig, policy="static"))
     return records_from_result(result, command="python -m sim run example.csv --policy static")
 
 

@@ -12,6 +12,7 @@ import numpy.typing as npt
 import plotly.graph_objects as go
 import pytest
 
+from core.settings import build
 from records.run_dir import RunRecords, records_from_result
 from reports import load, memory
 from reports.step_series import value_at
@@ -20,9 +21,9 @@ from traces.loaders import load_trace
 
 DATA = Path(__file__).resolve().parents[2] / "traces" / "data"
 CONFIGS = {
-    "chunked": RunConfig(policy="chunked", model="Llama-2-7B", hardware="A100-80GB"),
-    "static-disagg": RunConfig(
-        policy="disagg", pool_policy="static", model="Llama-2-7B", hardware="A100-80GB"
+    "chunked": build(RunConfig, policy="chunked", model="Llama-2-7B", hardware="A100-80GB"),
+    "static-disagg": build(
+        RunConfig, policy="disagg", pool_policy="static", model="Llama-2-7B", hardware="A100-80GB"
     ),
 }
 

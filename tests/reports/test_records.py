@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.settings import build
 from records.run_dir import load_run, records_from_result
 from sim.run import RunConfig, servesim_version, simulate
 from tests.reports.conftest import EXAMPLE
@@ -15,7 +16,7 @@ from traces.loaders import load_trace
 
 
 def test_load_run_matches_records_from_result(tmp_path: Path) -> None:
-    result = simulate(load_trace(str(EXAMPLE)), RunConfig(policy="continuous"))
+    result = simulate(load_trace(str(EXAMPLE)), build(RunConfig, policy="continuous"))
     result.write(tmp_path)
     saved, live = load_run(tmp_path), records_from_result(result)
     assert saved.label == live.label == "continuous / paged"

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from core.settings import build
 from records.sweep_table import load_sweep_csv
 from sim.cli.main import main
 from sim.experiments.capacity import (
@@ -255,12 +256,12 @@ def test_a_repeated_trace_is_fresh_copies_end_to_end() -> None:
 
 
 def test_a_probe_is_long_enough_by_the_stated_rule() -> None:
-    config = RunConfig(max_num_seqs=64, slo_ttft_s=0.5)
+    config = build(RunConfig, max_num_seqs=64, slo_ttft_s=0.5)
     assert concurrency(config) == 64
     assert probe_requests(config, rate=10.0) == 20 * 64
-    assert probe_requests(RunConfig(max_num_seqs=8), rate=10.0) == 1000  # the floor
-    assert concurrency(RunConfig(num_replicas=3, max_num_seqs=10)) == 30
-    assert concurrency(RunConfig(policy="static", batch_size=8)) == 8
+    assert probe_requests(build(RunConfig, max_num_seqs=8), rate=10.0) == 1000  # the floor
+    assert concurrency(build(RunConfig, num_replicas=3, max_num_seqs=10)) == 30
+    assert concurrency(build(RunConfig, policy="static", batch_size=8)) == 8
     # At 500 req/s a 0.5 s TTFT SLO asks for 20 × 0.5 s × 500 = 5,000 requests.
     assert probe_requests(config, rate=500.0) == 5000
     assert probe_requests(config, rate=10.0, min_requests=300) == 300

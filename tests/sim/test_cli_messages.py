@@ -14,6 +14,7 @@ import pytest
 
 import sim.cli.run
 import sim.run
+from core.settings import build
 from sim.cli.main import main
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
@@ -275,7 +276,7 @@ def test_progress_counts_requests_done_not_simulated_seconds(
     monkeypatch.setattr(sim.run.sys.stderr, "isatty", lambda: True)
     _Bar.made.clear()
     trace = load_trace(DATA / "parallel_sampling.csv")
-    config = RunConfig(policy=policy, model="Llama-2-7B", num_blocks=150, max_model_len=2048)
+    config = build(RunConfig, policy=policy, model="Llama-2-7B", num_blocks=150, max_model_len=2048)
     result = simulate(trace, config, progress=True)
     (bar,) = _Bar.made
     assert not bar.disable

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from core.settings import build
 from sim.cli.main import main
 from sim.cli.parser import build_parser
 from sim.run import RunConfig
@@ -166,7 +167,7 @@ def test_nan_and_out_of_range_floats_are_refused_by_name(
 )
 def test_run_config_refuses_what_the_cli_refuses(changes: dict[str, object]) -> None:
     with pytest.raises(ValueError, match=next(iter(changes))):
-        RunConfig(**changes)  # type: ignore[arg-type]
+        build(RunConfig, **changes)  # type: ignore[arg-type]
 
 
 def test_swap_without_swap_space_is_refused(

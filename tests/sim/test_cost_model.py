@@ -21,6 +21,7 @@ from sim.costmodel.base import (
     StepShape,
     make_cost_model,
 )
+from sim.executor import CostModelExecutor
 from sim.specs.hardware import HARDWARE_PRESETS
 
 LLAMA = get_model_preset("Llama-2-7B")
@@ -29,7 +30,7 @@ A100 = HARDWARE_PRESETS["A100-80GB"]
 
 @pytest.fixture(scope="module")
 def roofline() -> RooflineCostModel:
-    return RooflineCostModel(LLAMA, A100)
+    return RooflineCostModel(LLAMA, A100, block_size=16)
 
 
 def test_batch1_decode_is_weight_read_bound(roofline: RooflineCostModel) -> None:
@@ -79,15 +80,19 @@ def test_breakdown_sums_to_step_time(roofline: RooflineCostModel) -> None:
     assert breakdown["overhead"] == 0.0
     busy = {key: value for key, value in breakdown.items() if key not in ("allreduce", "overhead")}
     assert all(value > 0 for value in busy.values())
-    sync = RooflineCostModel(LLAMA, A100, config=CostModelConfig(async_scheduling=False))
+    sync = RooflineCostModel(
+        LLAMA, A100, config=CostModelConfig(async_scheduling=False), block_size=16
+    )
     waited = sync.step_breakdown(shape)
     assert waited["overhead"] == pytest.approx(2e-3 + 5 * 1e-5)
     assert sum(waited.values()) == pytest.approx(sync.step_time_s(shape), rel=1e-12)
 
 
 def test_async_scheduling_makes_a_step_the_longer_of_host_and_kernels() -> None:
-    sync = RooflineCostModel(LLAMA, A100, config=CostModelConfig(async_scheduling=False))
-    overlapped = RooflineCostModel(LLAMA, A100)
+    sync = RooflineCostModel(
+        LLAMA, A100, config=CostModelConfig(async_scheduling=False), block_size=16
+    )
+    overlapped = RooflineCostModel(LLAMA, A100, block_size=16)
     host_s = 2e-3 + 1e-5  # one sequence
     # A batch-1 decode: ~8 ms of weight reads hide the 2 ms of host work.
     decode = StepShape(decode_context_tokens=(1024,))
@@ -95,20 +100,20 @@ def test_async_scheduling_makes_a_step_the_longer_of_host_and_kernels() -> None:
     assert overlapped.step_time_s(decode) == pytest.approx(kernels_s, rel=1e-12)
     # A tiny step on a tiny model: the host is the longer, and the step lasts what it does.
     small = StepShape(decode_context_tokens=(1,))
-    tiny = RooflineCostModel(get_model_preset("tiny-llama"), A100)
+    tiny = RooflineCostModel(get_model_preset("tiny-llama"), A100, block_size=16)
     assert tiny.step_time_s(small) == pytest.approx(host_s, rel=1e-12)
     assert tiny.step_breakdown(small)["overhead"] > 0.0
     # Host work longer than any kernel time: the step costs exactly the host's time.
     slow_host = CostModelConfig(step_overhead_s=1.0)
-    assert RooflineCostModel(LLAMA, A100, config=slow_host).step_time_s(decode) == pytest.approx(
-        1.0 + 1e-5, rel=1e-12
-    )
+    assert RooflineCostModel(LLAMA, A100, config=slow_host, block_size=16).step_time_s(
+        decode
+    ) == pytest.approx(1.0 + 1e-5, rel=1e-12)
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_fast_paths_match_step_time_either_way(async_scheduling: bool) -> None:
     config = CostModelConfig(async_scheduling=async_scheduling, step_overhead_s=0.02)
-    model = RooflineCostModel(LLAMA, A100, config=config)
+    model = RooflineCostModel(LLAMA, A100, config=config, block_size=16)
     for contexts in ((7,), tuple(range(100, 100 + 64 * 13, 13))):
         blocks = sum(math.ceil(c / 16) for c in contexts)
         shape = StepShape(decode_context_tokens=contexts)
@@ -136,7 +141,7 @@ def test_empty_step_costs_nothing(roofline: RooflineCostModel) -> None:
 def test_monotone_in_tokens_and_context(
     contexts: list[int], extra_context: int, chunk: tuple[int, int], extra_tokens: int
 ) -> None:
-    model = RooflineCostModel(LLAMA, A100)
+    model = RooflineCostModel(LLAMA, A100, block_size=16)
     base = StepShape(prefill_chunks=(chunk,), decode_context_tokens=tuple(contexts))
     longer = StepShape(
         prefill_chunks=(chunk,), decode_context_tokens=(contexts[0] + extra_context, *contexts[1:])
@@ -177,19 +182,15 @@ def test_aggregate_price_equals_the_step_priced_whole_bit_for_bit(
     if spec.num_heads % tp:
         return  # not a valid sharding of this model
     config = CostModelConfig(async_scheduling=async_scheduling, step_overhead_s=overhead_s)
-    cost = RooflineCostModel(spec, HARDWARE_PRESETS["A100-80GB"], tp=tp, config=config)
-    shape = StepShape(
-        prefill_chunks=tuple(chunks),
-        decode_context_tokens=tuple(contexts),
-        block_size=block_size,
+    cost = RooflineCostModel(
+        spec, HARDWARE_PRESETS["A100-80GB"], tp=tp, config=config, block_size=block_size
     )
+    shape = StepShape(prefill_chunks=tuple(chunks), decode_context_tokens=tuple(contexts))
     blocks = sum(-(-c // block_size) for c in contexts)
-    got = cost.aggregate_step_time_s(
-        tuple(chunks), len(contexts), sum(contexts), blocks, block_size
-    )
+    got = cost.aggregate_step_time_s(tuple(chunks), len(contexts), sum(contexts), blocks)
     assert got == cost.step_time_s(shape)
     if contexts or chunks:  # (a step with work: what a stepper prices)
-        stepper = cost.repeat_stepper(tuple(chunks), len(contexts), block_size)
+        stepper = cost.repeat_stepper(tuple(chunks), len(contexts))
         assert stepper(tuple(chunks), sum(contexts), blocks) == got
 
 
@@ -203,7 +204,7 @@ def test_decode_reads_whole_blocks(roofline: RooflineCostModel) -> None:
 
 
 def test_tp2_halves_linear_and_adds_allreduce(roofline: RooflineCostModel) -> None:
-    tp2 = RooflineCostModel(LLAMA, A100, tp=2)
+    tp2 = RooflineCostModel(LLAMA, A100, tp=2, block_size=16)
     for shape in (StepShape(prefill_chunks=((2048, 0),)), StepShape(decode_context_tokens=(512,))):
         one, two = roofline.step_breakdown(shape), tp2.step_breakdown(shape)
         # Half the weights and FLOPs; the fixed GEMM latency does not halve.
@@ -213,7 +214,7 @@ def test_tp2_halves_linear_and_adds_allreduce(roofline: RooflineCostModel) -> No
 
 
 def test_allreduce_matches_alpha_beta_ring_formula() -> None:
-    tp4 = RooflineCostModel(LLAMA, A100, tp=4)
+    tp4 = RooflineCostModel(LLAMA, A100, tp=4, block_size=16)
     num_bytes = 1e6
     alpha = A100.allreduce_call_latency_s + 6 * A100.interconnect_latency_s
     expected = alpha + 6 / 4 * num_bytes / (300e9 * A100.interconnect_bus_efficiency)
@@ -247,7 +248,7 @@ def test_decode_fast_path_matches_step_time(roofline: RooflineCostModel) -> None
 
 def test_deterministic(roofline: RooflineCostModel) -> None:
     shape = StepShape(prefill_chunks=((300, 20),), decode_context_tokens=(40, 50))
-    again = RooflineCostModel(LLAMA, A100)
+    again = RooflineCostModel(LLAMA, A100, block_size=16)
     assert roofline.step_time_s(shape) == again.step_time_s(shape)
 
 
@@ -259,9 +260,14 @@ def test_config_validation_and_effect() -> None:
     shape = StepShape(decode_context_tokens=(1,))
     sync = CostModelConfig(async_scheduling=False)
     quiet = RooflineCostModel(
-        LLAMA, A100, config=CostModelConfig(step_overhead_s=0.0, async_scheduling=False)
+        LLAMA,
+        A100,
+        config=CostModelConfig(step_overhead_s=0.0, async_scheduling=False),
+        block_size=16,
     )
-    assert quiet.step_time_s(shape) < RooflineCostModel(LLAMA, A100, config=sync).step_time_s(shape)
+    assert quiet.step_time_s(shape) < RooflineCostModel(
+        LLAMA, A100, config=sync, block_size=16
+    ).step_time_s(shape)
 
 
 def test_step_shape_validation_and_properties() -> None:
@@ -277,11 +283,11 @@ def test_step_shape_validation_and_properties() -> None:
 
 
 def test_make_cost_model_without_profile_is_roofline() -> None:
-    model: CostModel = make_cost_model(LLAMA, A100, tp=2)
+    model: CostModel = make_cost_model(LLAMA, A100, tp=2, block_size=16)
     assert isinstance(model, RooflineCostModel)
     assert model.tp == 2
     with pytest.raises(ValueError, match="tp=3"):
-        make_cost_model(LLAMA, A100, tp=3)
+        make_cost_model(LLAMA, A100, tp=3, block_size=16)
 
 
 def test_cost_model_imports_neither_torch_nor_triton() -> None:
@@ -306,12 +312,12 @@ def test_vectorized_decode_durations_equal_the_stepper_bit_for_bit(
     spec = get_model_preset(model)
     if spec.num_heads % tp:
         return  # not a valid sharding of this model
-    cost = RooflineCostModel(spec, HARDWARE_PRESETS["H100-SXM"], tp=tp)
-    step = cost.repeat_stepper((), num_seqs, 16)
+    cost = RooflineCostModel(spec, HARDWARE_PRESETS["H100-SXM"], tp=tp, block_size=16)
+    step = cost.repeat_stepper((), num_seqs)
     totals = [c * num_seqs for c in contexts]
     blocks = [-(-c // 16) * num_seqs for c in contexts]
     got = cost.decode_repeat_durations(
-        num_seqs, np.array(totals, dtype=np.int64), np.array(blocks, dtype=np.int64), 16
+        num_seqs, np.array(totals, dtype=np.int64), np.array(blocks, dtype=np.int64)
     )
     stepped = [step((), t, b) for t, b in zip(totals, blocks, strict=True)]
     assert got.tolist() == stepped
@@ -319,3 +325,30 @@ def test_vectorized_decode_durations_equal_the_stepper_bit_for_bit(
     assert stepped == [
         cost.decode_step_time_s(num_seqs, t, b) for t, b in zip(totals, blocks, strict=True)
     ]
+
+
+def test_the_block_size_is_given_when_the_cost_model_is_built() -> None:
+    """No silent default: the roofline, make_cost_model and a calibrated profile all take the
+    deployment's block size at construction, and the executor reads it from the cost model."""
+    with pytest.raises(TypeError, match="block_size"):
+        make_cost_model(LLAMA, A100)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="block_size"):
+        RooflineCostModel(LLAMA, A100)  # type: ignore[call-arg]
+    profile = Path(__file__).parent / "data" / "llama2_7b_a100_tp1.json"  # measured at 16
+    with pytest.raises(ValueError, match="field 'block_size': profile measured at block size 16"):
+        make_cost_model(LLAMA, A100, profile_path=profile, block_size=32)
+    assert CostModelExecutor(RooflineCostModel(LLAMA, A100, block_size=32)).block_size == 32
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 128])
+def test_a_decode_reads_the_blocks_of_the_cost_models_size(block_size: int) -> None:
+    """A 17-token context reads ceil(17 / block_size) blocks: the price follows the size the
+    cost model was built with, through the executor's aggregate path too."""
+    cost = RooflineCostModel(LLAMA, A100, block_size=block_size)
+    kv_tokens = -(-17 // block_size) * block_size
+    expected = cost.decode_attention_s(1, 17, kv_tokens)
+    assert cost.step_breakdown(StepShape(decode_context_tokens=(17,)))["decode_attention"] == (
+        expected
+    )
+    whole = cost.step_time_s(StepShape(decode_context_tokens=(17,)))
+    assert cost.decode_step_time_s(1, 17, -(-17 // block_size)) == whole

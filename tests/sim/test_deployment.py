@@ -4,7 +4,6 @@ crosses a queued link — bytes moved, hold times, ordering, and fast-forward eq
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -12,17 +11,18 @@ import pytest
 
 from core.model.presets import get_model_preset
 from core.request import RequestStatus
+from core.settings import build, with_settings
 from sim.deployment import ROUTERS
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
 
 DATA = Path(__file__).resolve().parents[2] / "traces" / "data"
-BASE = RunConfig(model="Llama-2-7B", hardware="A100-80GB", num_blocks=800)
+BASE = build(RunConfig, model="Llama-2-7B", hardware="A100-80GB", num_blocks=800)
 
 
 def _disagg(**changes: object) -> RunConfig:
     settings: dict[str, object] = {"policy": "disagg", "num_prefill": 1, "num_decode": 2}
-    return replace(BASE, **(settings | changes))  # type: ignore[arg-type]
+    return with_settings(BASE, **(settings | changes))
 
 
 def test_disagg_moves_exactly_each_prompts_kv_bytes() -> None:
@@ -74,7 +74,7 @@ def test_disagg_rejects_what_a_pool_cannot_hold() -> None:
 @pytest.mark.parametrize("router", ROUTERS)
 def test_every_router_serves_every_request(router: str) -> None:
     trace = load_trace(DATA / "shared_prefix.csv")
-    config = replace(BASE, num_replicas=3, router=router, enable_prefix_caching=True)
+    config = with_settings(BASE, num_replicas=3, router=router, enable_prefix_caching=True)
     result = simulate(trace, config)
     assert result.summary["completed"] == len(trace)
     replicas = result.steps.to_frame().groupby("replica")["num_steps"].sum()
@@ -83,9 +83,9 @@ def test_every_router_serves_every_request(router: str) -> None:
 
 def test_prefix_aware_routing_hits_at_least_as_often_as_round_robin() -> None:
     trace = load_trace(DATA / "shared_prefix.csv")
-    config = replace(BASE, num_replicas=4, enable_prefix_caching=True)
-    rr = simulate(trace, replace(config, router="round_robin")).summary["prefix_hit_rate"]
-    pa = simulate(trace, replace(config, router="prefix_aware")).summary["prefix_hit_rate"]
+    config = with_settings(BASE, num_replicas=4, enable_prefix_caching=True)
+    rr = simulate(trace, with_settings(config, router="round_robin")).summary["prefix_hit_rate"]
+    pa = simulate(trace, with_settings(config, router="prefix_aware")).summary["prefix_hit_rate"]
     assert isinstance(rr, float) and isinstance(pa, float)
     assert pa >= rr
 
@@ -95,14 +95,14 @@ def test_prefix_aware_routing_hits_at_least_as_often_as_round_robin() -> None:
     [
         _disagg(),
         _disagg(link_bandwidth_gbps=2.0, num_decode=1),
-        replace(BASE, num_replicas=3, router="least_outstanding"),
-        replace(BASE, num_replicas=2, router="prefix_aware", enable_prefix_caching=True),
+        with_settings(BASE, num_replicas=3, router="least_outstanding"),
+        with_settings(BASE, num_replicas=2, router="prefix_aware", enable_prefix_caching=True),
     ],
     ids=["disagg", "disagg-slow-link", "least-outstanding", "prefix-aware"],
 )
 def test_fast_forward_is_exact_in_every_deployment(config: RunConfig) -> None:
     trace = load_trace(DATA / "bursty.csv")
     fast = simulate(trace, config)
-    slow = simulate(trace, replace(config, fast_forward=False))
+    slow = simulate(trace, with_settings(config, fast_forward=False))
     pd.testing.assert_frame_equal(fast.requests_frame(), slow.requests_frame())
     assert fast.summary == slow.summary

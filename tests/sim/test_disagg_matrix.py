@@ -11,6 +11,7 @@ import pytest
 from core.config import MEMORY_MODELS, PREEMPTION_MODES
 from core.policies import POLICIES
 from core.request import RequestStatus
+from core.settings import build
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
 
@@ -36,7 +37,7 @@ def _config(
         "num_blocks": 150,
         "max_model_len": 2048,
     }
-    return RunConfig(**(settings | changes))  # type: ignore[arg-type]
+    return build(RunConfig, **(settings | changes))  # type: ignore[arg-type]
 
 
 def test_disagg_with_prefix_caching_runs_and_hits_the_shared_prefixes() -> None:

@@ -127,7 +127,10 @@ def test_nvlink_bridge_joins_pairs_only() -> None:
     a40 = HARDWARE_PRESETS["A40"]
     assert (a40.nvlink_domain_size, a40.scale_out_bandwidth_bytes_per_s) == (2, 32e9)
     llama = get_model_preset("Llama-2-7B")
-    pair, quad = RooflineCostModel(llama, a40, tp=2), RooflineCostModel(llama, a40, tp=4)
+    pair, quad = (
+        RooflineCostModel(llama, a40, tp=2, block_size=16),
+        RooflineCostModel(llama, a40, tp=4, block_size=16),
+    )
     call, hop, bus = a40.allreduce_call_latency_s, 2e-6, a40.interconnect_bus_efficiency
     # 1 MiB over 2 ranks on the bridge vs 4 ranks over PCIe gen4 (32 GB/s): alpha-beta ring,
     # the PCIe ring with PCIe's own hop latency and bus efficiency.

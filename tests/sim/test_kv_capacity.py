@@ -48,13 +48,14 @@ def test_terms_add_up_and_the_null_block_is_counted() -> None:
     assert capacity.non_torch_bytes == int(0.13 * GIB) + int(0.42 * GIB)
     assert capacity.num_gpu_blocks == capacity.kv_bytes // capacity.block_bytes
     assert capacity.num_usable_blocks == capacity.num_gpu_blocks - 1
-    assert derive_num_blocks(LLAMA2_70B, A100, 2, 16) == capacity.num_gpu_blocks
+    budgets = {"max_num_batched_tokens": 8192, "max_num_seqs": 256}
+    assert derive_num_blocks(LLAMA2_70B, A100, 2, 16, 0.9, **budgets) == capacity.num_gpu_blocks
 
 
 def test_the_larger_of_forward_and_sampler_counts() -> None:
     llama3 = get_model_preset("Llama-3-8B")
-    few = vllm_kv_capacity(llama3, A100, 1, 16, max_num_seqs=64)
-    many = vllm_kv_capacity(llama3, A100, 1, 16, max_num_seqs=1024)
+    few = vllm_kv_capacity(llama3, A100, 1, 16, 0.9, 8192, max_num_seqs=64)
+    many = vllm_kv_capacity(llama3, A100, 1, 16, 0.9, 8192, max_num_seqs=1024)
     assert few.activation_peak_bytes == forward_peak_bytes(llama3, 1, 8192)
     assert many.activation_peak_bytes == many.sampler_peak_bytes > few.activation_peak_bytes
     assert many.num_gpu_blocks < few.num_gpu_blocks
@@ -62,8 +63,8 @@ def test_the_larger_of_forward_and_sampler_counts() -> None:
 
 def test_bad_inputs_and_models_that_do_not_fit() -> None:
     with pytest.raises(ValueError, match=r"gpu_memory_utilization.*1\.5"):
-        vllm_kv_capacity(LLAMA2_70B, A100, 2, 16, 1.5)
+        vllm_kv_capacity(LLAMA2_70B, A100, 2, 16, 1.5, 8192, 256)
     with pytest.raises(ValueError, match="max_num_seqs must be positive"):
-        vllm_kv_capacity(LLAMA2_70B, A100, 2, 16, max_num_seqs=0)
+        vllm_kv_capacity(LLAMA2_70B, A100, 2, 16, 0.9, 8192, max_num_seqs=0)
     with pytest.raises(ModelDoesNotFitError, match=r"Llama-2-70B at tp=1 .*peak activation"):
-        vllm_kv_capacity(LLAMA2_70B, A100, 1, 16)
+        vllm_kv_capacity(LLAMA2_70B, A100, 1, 16, 0.9, 8192, 256)

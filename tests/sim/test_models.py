@@ -18,7 +18,7 @@ ATTENTION, ROUTER, EXPERT = 18_874_368, 262_144, 4_718_592
 def test_moe_flops_per_token_by_hand() -> None:
     model = get_model_preset("Qwen3-30B-A3B")
     h100 = HARDWARE_PRESETS["H100-SXM"]
-    cost = RooflineCostModel(model, h100)
+    cost = RooflineCostModel(model, h100, block_size=16)
     flops_per_token = 2 * 48 * (ATTENTION + ROUTER + 8 * EXPERT)
     assert flops_per_token == 5_460_983_808
     # 8192 tokens are compute-bound: the routed experts run at the GEMM efficiency on the
@@ -39,7 +39,7 @@ def test_moe_flops_per_token_by_hand() -> None:
 def test_moe_expert_weight_reads_by_hand() -> None:
     model = get_model_preset("Qwen3-30B-A3B")
     h100 = HARDWARE_PRESETS["H100-SXM"]
-    cost = RooflineCostModel(model, h100)
+    cost = RooflineCostModel(model, h100, block_size=16)
     expert_all_layers_bytes = 48 * EXPERT * 2
     # One token reads its 8 experts; two read 128 (1 - (15/16)^2) = 15.5 on average; thousands
     # read all 128.
@@ -54,12 +54,12 @@ def test_moe_expert_weight_reads_by_hand() -> None:
     )
     assert cost.linear_s(1) < cost.linear_s(4096) / 4
     # Two ranks (TP-sharded experts, or EP with 64 whole experts each) read half per rank.
-    cost_tp2 = RooflineCostModel(model, HARDWARE_PRESETS["H100-SXM"], tp=2)
+    cost_tp2 = RooflineCostModel(model, HARDWARE_PRESETS["H100-SXM"], tp=2, block_size=16)
     assert cost_tp2.expert_weight_bytes(2) == pytest.approx(15.5 * expert_all_layers_bytes / 2)
 
 
 def test_dense_model_has_no_expert_terms() -> None:
     llama: ModelSpec = get_model_preset("Llama-3.1-8B")
-    cost = RooflineCostModel(llama, HARDWARE_PRESETS["H100-SXM"])
+    cost = RooflineCostModel(llama, HARDWARE_PRESETS["H100-SXM"], block_size=16)
     assert cost.expert_weight_bytes(100) == 0.0
     assert llama.active_params_per_layer == llama.params_per_layer

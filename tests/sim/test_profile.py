@@ -117,9 +117,9 @@ def test_unreadable_profile(tmp_path: Path) -> None:
 
 
 def test_calibrated_uses_tables_and_falls_back() -> None:
-    model = make_cost_model(LLAMA, A100, profile_path=PROFILE)
+    model = make_cost_model(LLAMA, A100, profile_path=PROFILE, block_size=16)
     assert isinstance(model, CalibratedCostModel)
-    roofline = RooflineCostModel(LLAMA, A100)
+    roofline = RooflineCostModel(LLAMA, A100, block_size=16)
     shape = StepShape(decode_context_tokens=(1024,), num_swap_in_blocks=2)
     calibrated, analytic = model.step_breakdown(shape), roofline.step_breakdown(shape)
     assert calibrated["linear"] == pytest.approx(32 * 2.6e-4)  # table at 1 token, per layer
@@ -130,7 +130,7 @@ def test_calibrated_uses_tables_and_falls_back() -> None:
 
 
 def test_calibrated_overhead_fitted_to_steps() -> None:
-    model = make_cost_model(LLAMA, A100, profile_path=PROFILE)
+    model = make_cost_model(LLAMA, A100, profile_path=PROFILE, block_size=16)
     profile = load_profile(PROFILE)
     residuals = []
     for step in profile.steps:
@@ -145,7 +145,7 @@ def test_calibrated_overhead_fitted_to_steps() -> None:
 
 
 def test_calibrated_monotone_in_decode_batch() -> None:
-    model = make_cost_model(LLAMA, A100, profile_path=PROFILE)
+    model = make_cost_model(LLAMA, A100, profile_path=PROFILE, block_size=16)
     times = [model.step_time_s(StepShape(decode_context_tokens=(900,) * n)) for n in range(1, 300)]
     assert all(b >= a for a, b in pairwise(times))
 
@@ -153,9 +153,11 @@ def test_calibrated_monotone_in_decode_batch() -> None:
 def test_calibrated_refuses_other_model_or_tp() -> None:
     profile = load_profile(PROFILE)
     with pytest.raises(ValueError, match=r"field 'tp'"):
-        CalibratedCostModel(profile, RooflineCostModel(LLAMA, A100, tp=2))
+        CalibratedCostModel(profile, RooflineCostModel(LLAMA, A100, tp=2, block_size=16))
     with pytest.raises(ValueError, match=r"field 'model'.*Llama-2-13B"):
-        CalibratedCostModel(profile, RooflineCostModel(get_model_preset("Llama-2-13B"), A100))
+        CalibratedCostModel(
+            profile, RooflineCostModel(get_model_preset("Llama-2-13B"), A100, block_size=16)
+        )
 
 
 def test_docs_example_is_the_test_profile() -> None:

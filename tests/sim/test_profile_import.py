@@ -100,7 +100,7 @@ def test_cli_writes_a_profile_the_cost_model_reads(tmp_path: Path) -> None:
     assert main([*argv, "--model", "Llama-2-7B", "--tp", "2", "--out", str(out)]) == 0
     profile = load_profile(out)
     assert profile.tp == 2 and set(profile.ops) >= {"linear", "allreduce", "decode_attention"}
-    model = make_cost_model(LLAMA, HARDWARE_PRESETS["A100-80GB"], 2, out)
+    model = make_cost_model(LLAMA, HARDWARE_PRESETS["A100-80GB"], 2, out, block_size=16)
     terms = model.step_breakdown(StepShape(decode_context_tokens=(32, 64)))
     # Two sequences, mean context 48: halfway between the measured 13 and 15 us, per layer.
     assert terms["decode_attention"] == pytest.approx(32 * 1.4e-5)

@@ -97,7 +97,7 @@ def test_a_profile_for_another_model_is_refused(tmp_path: Path) -> None:
     path = _write(tmp_path, _v2())
     llama = get_model_preset("Llama-2-7B")
     with pytest.raises(ValueError, match="field 'model': profile is for 'tiny-llama'"):
-        make_cost_model(llama, HARDWARE_PRESETS["A100-80GB"], profile_path=path)
+        make_cost_model(llama, HARDWARE_PRESETS["A100-80GB"], profile_path=path, block_size=16)
 
 
 def test_a_profile_for_another_block_size_is_refused_on_the_cli(

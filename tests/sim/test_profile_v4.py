@@ -71,7 +71,9 @@ def _profile(tmp_path: Path, steps: list[dict[str, Any]], **changes: Any) -> Pat
 
 def _table_terms(tmp_path: Path, shape: StepShape) -> dict[str, float]:
     """The terms as the tables alone give them (a profile without steps)."""
-    cost = make_cost_model(TINY, CPU, profile_path=_profile(tmp_path, [], step_fit="overhead"))
+    cost = make_cost_model(
+        TINY, CPU, profile_path=_profile(tmp_path, [], step_fit="overhead"), block_size=16
+    )
     return cost.step_breakdown(shape)
 
 
@@ -94,7 +96,7 @@ def test_joint_fit_recovers_known_scales_and_overheads(tmp_path: Path) -> None:
     steps = [_step(s, _truth(_table_terms(tmp_path, s), s.num_seqs)) for s in SHAPES]
     # One step slowed by load (3x) is left out of the second fit.
     steps[3]["measured_s"] *= 3
-    cost = make_cost_model(TINY, CPU, profile_path=_profile(tmp_path, steps))
+    cost = make_cost_model(TINY, CPU, profile_path=_profile(tmp_path, steps), block_size=16)
     fitted = cost.fitted  # type: ignore[attr-defined]
     assert fitted["token_scale"] == pytest.approx(1.3, rel=1e-6)
     assert fitted["prefill_attention_scale"] == pytest.approx(0.9, rel=1e-6)
@@ -115,7 +117,7 @@ def test_a_negative_coefficient_is_pinned(tmp_path: Path) -> None:
     for shape in SHAPES:
         truth = _truth(_table_terms(tmp_path, shape), shape.num_seqs)
         steps.append(_step(shape, truth - 2e-4 * shape.num_seqs))
-    cost = make_cost_model(TINY, CPU, profile_path=_profile(tmp_path, steps))
+    cost = make_cost_model(TINY, CPU, profile_path=_profile(tmp_path, steps), block_size=16)
     fitted = cost.fitted  # type: ignore[attr-defined]
     assert fitted["per_seq_overhead_s"] == 0.0
     assert fitted["fixed_overhead_s"] > 0 and fitted["token_scale"] > 0
@@ -125,7 +127,7 @@ def test_version_3_keeps_the_overhead_fit(tmp_path: Path) -> None:
     steps = [_step(s, _truth(_table_terms(tmp_path, s), s.num_seqs)) for s in SHAPES]
     path = _profile(tmp_path, steps, format_version=3)
     assert load_profile(path).step_fit == "overhead"
-    fitted = make_cost_model(TINY, CPU, profile_path=path).fitted  # type: ignore[attr-defined]
+    fitted = make_cost_model(TINY, CPU, profile_path=path, block_size=16).fitted  # type: ignore[attr-defined]
     assert (fitted["token_scale"], fitted["decode_attention_scale"]) == (1.0, 1.0)
 
 
@@ -144,9 +146,11 @@ def test_padding_is_priced_only_where_the_engine_computes_it(tmp_path: Path) -> 
     steps = [_step(s, _truth(_table_terms(tmp_path, s), s.num_seqs)) for s in SHAPES]
     path = _profile(tmp_path, steps)
     for profile in (None, path):
-        default = make_cost_model(TINY, CPU, profile_path=profile)
+        default = make_cost_model(TINY, CPU, profile_path=profile, block_size=16)
         assert default.step_time_s(padded) > default.step_time_s(packed)
         no_padding = CostModelConfig(price_padding=False)
-        engine_like = make_cost_model(TINY, CPU, profile_path=profile, config=no_padding)
+        engine_like = make_cost_model(
+            TINY, CPU, profile_path=profile, config=no_padding, block_size=16
+        )
         assert engine_like.step_time_s(padded) == engine_like.step_time_s(packed)
         assert engine_like.step_time_s(packed) == default.step_time_s(packed)

@@ -11,6 +11,7 @@ import pytest
 
 from core.policies import POLICIES
 from core.request import RequestStatus
+from core.settings import build
 from sim.cli.main import main
 from sim.run import RunConfig, simulate
 from traces.loaders import load_trace
@@ -38,7 +39,7 @@ GOLDEN_CASES = {
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_every_request_is_accounted_for(policy: str, memory: str) -> None:
     trace = load_trace(DATA / "parallel_sampling.csv")
-    config = RunConfig(policy=policy, memory_model=memory, **SMALL)  # type: ignore[arg-type]
+    config = build(RunConfig, policy=policy, memory_model=memory, **SMALL)  # type: ignore[arg-type]
     result = simulate(trace, config)
     assert len(result.requests) == len(trace)
     for request in result.requests:
@@ -66,8 +67,8 @@ def test_same_inputs_give_byte_identical_outputs(tmp_path: Path) -> None:
 
 def test_preemption_happens_and_is_reported_under_memory_pressure() -> None:
     trace = load_trace(DATA / "example.csv")
-    config = RunConfig(
-        policy="continuous", model="Llama-2-7B", hardware="A100-80GB", num_blocks=120
+    config = build(
+        RunConfig, policy="continuous", model="Llama-2-7B", hardware="A100-80GB", num_blocks=120
     )
     result = simulate(trace, config)
     assert result.summary["num_preemptions"] > 0
@@ -111,7 +112,7 @@ def test_cli_rejects_impossible_config_without_traceback(
 
 def _golden_summary(name: str) -> dict[str, object]:
     trace_file, overrides = GOLDEN_CASES[name]
-    config = RunConfig(**{"model": "Llama-2-7B", "hardware": "A100-80GB", **overrides})
+    config = build(RunConfig, **{"model": "Llama-2-7B", "hardware": "A100-80GB", **overrides})
     result = simulate(load_trace(DATA / trace_file), config)
     summary: dict[str, object] = dict(result.summary)
     summary["mean_real_token_share"] = result.mean_real_token_share
@@ -167,13 +168,13 @@ def test_a_simulation_collects_garbage_less_often_and_restores_the_setting(
     try:
         gc.set_threshold(700, 10, 10)
         monkeypatch.setattr(sim.run, "run_deployment", spy)
-        simulate(trace, RunConfig(policy="continuous", **SMALL))  # type: ignore[arg-type]
+        simulate(trace, build(RunConfig, policy="continuous", **SMALL))  # type: ignore[arg-type]
         assert seen[-1] == (sim.run._GC_THRESHOLD, 10, 10)
         assert gc.get_threshold() == (700, 10, 10)
         gc.set_threshold(10 * sim.run._GC_THRESHOLD, 5, 5)  # a higher setting is kept
         monkeypatch.setattr(sim.run, "run_deployment", fail)
         with pytest.raises(RuntimeError, match="boom"):
-            simulate(trace, RunConfig(policy="continuous", **SMALL))  # type: ignore[arg-type]
+            simulate(trace, build(RunConfig, policy="continuous", **SMALL))  # type: ignore[arg-type]
         assert seen[-1] == (10 * sim.run._GC_THRESHOLD, 5, 5)
         assert gc.get_threshold() == (10 * sim.run._GC_THRESHOLD, 5, 5)
     finally:

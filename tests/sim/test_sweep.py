@@ -58,7 +58,18 @@ def test_point_means_what_the_same_run_flags_mean() -> None:
     argv = ["run", "t.csv", "--policy", "continuous", "--max-num-seqs", "32"]
     expected = config_from_args(build_parser().parse_args([*argv, "--prefix-caching", "--tp", "2"]))
     assert point_config(options) == expected
-    assert point_config({**options, "prefix_caching": False}).enable_prefix_caching is False
+    assert point_config({**options, "prefix_caching": False}).cache.enable_prefix_caching is False
+
+
+def test_points_take_the_field_names_and_the_old_flag_spellings() -> None:
+    new = {"max_num_batched_tokens": 512, "enable_prefix_caching": True, "memory_model": "paged"}
+    old = {"max-batch-tokens": 512, "prefix-caching": True, "memory": "paged"}
+    config = point_config(new)
+    assert config == point_config(old)
+    assert config.scheduler.max_num_batched_tokens == 512 and config.cache.enable_prefix_caching
+    swap = {"preemption_mode": "swap"}
+    assert point_config(swap) == point_config({"preemption": "swap"})
+    assert point_config(swap).scheduler.preemption_mode == "swap"
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from core.kv_state import KVState
 from core.policies import POLICIES
 from core.scheduler import Scheduler
+from core.settings import build
 from records.schema import SUMMED_COLUMNS
 from sim.fastforward import FastForward
 from sim.run import RunConfig, RunResult, simulate
@@ -189,7 +190,8 @@ def configs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> RunConfig:
     disagg = policy == "disagg"
     preemption = draw(st.sampled_from(["recompute", "swap"]))
     swap = preemption == "swap"
-    return RunConfig(
+    return build(
+        RunConfig,
         policy=policy,
         pool_policy=pool_policy,
         model="Llama-2-7B",

@@ -32,7 +32,7 @@ def _setup(
 ) -> tuple[Scheduler, list[Request]]:
     """A small scheduler and its requests, in arrival order (``specs``: gap, prompt, output)."""
     scheduler = Scheduler(
-        CacheConfig(num_blocks=num_blocks, block_size=8, max_model_len=512),
+        CacheConfig(num_blocks=num_blocks, block_size=8, max_model_len=512, memory_model="paged"),
         SchedulerConfig(policy=policy, max_num_seqs=6, max_num_batched_tokens=budget),
     )
     requests: list[Request] = []
@@ -153,7 +153,10 @@ def test_continuations_are_offered_under_load() -> None:
 
 
 def test_static_batching_never_continues() -> None:
-    scheduler = Scheduler(CacheConfig(num_blocks=64, block_size=8), SchedulerConfig("static"))
+    scheduler = Scheduler(
+        CacheConfig(num_blocks=64, block_size=8, memory_model="paged", max_model_len=4096),
+        SchedulerConfig("static"),
+    )
     scheduler.add_request(Request("a", 0.0, num_prompt_tokens=10, max_output_tokens=5), 0.0)
     batch = scheduler.schedule(0.0)
     scheduler.update(batch, StepResult(0.1), 0.1)

@@ -13,6 +13,7 @@ from core.config import CacheConfig, SchedulerConfig
 from core.model.presets import load_model_spec
 from core.policies import POLICIES
 from core.scheduler import Scheduler
+from core.settings import build
 from records.schema import SUMMED_COLUMNS, StepRecorder
 from sim import executor
 from sim.costmodel.base import make_cost_model
@@ -44,7 +45,8 @@ CASES = [
 def test_fast_forward_equals_step_by_step(
     policy: str, memory: str, preemption: str, trace: str, blocks: int, prefix: bool
 ) -> None:
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy=policy,
         memory_model=memory,  # type: ignore[arg-type]
         preemption_mode=preemption,  # type: ignore[arg-type]
@@ -67,7 +69,7 @@ def test_fast_forward_equals_step_by_step(
 
 
 def test_fast_forward_skips_most_steps_on_a_decode_heavy_trace() -> None:
-    config = RunConfig(policy="continuous", model="Llama-2-7B", hardware="A100-80GB")
+    config = build(RunConfig, policy="continuous", model="Llama-2-7B", hardware="A100-80GB")
     result = simulate(load_trace(DATA / "example.csv"), config)
     rows = result.steps.to_frame()
     assert rows["num_steps"].sum() > 5 * len(rows)
@@ -78,7 +80,8 @@ def test_chunk_stretches_are_exact(prefix: bool, blocks: int) -> None:
     """A small token budget makes prompts go in budget-sized chunks next to running
     decodes; those steps repeat too (a tight cache keeps requests waiting, so the last,
     shorter chunk repeats as well), and skipping them must change nothing."""
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy="chunked",
         model="Llama-2-7B",
         hardware="A100-80GB",
@@ -101,7 +104,7 @@ def test_chunk_stretches_are_exact(prefix: bool, blocks: int) -> None:
 def test_decode_runs_priced_in_one_vectorized_call_equal_pricing_each_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = RunConfig(policy="chunked", model="Llama-2-7B", hardware="A100-80GB")
+    config = build(RunConfig, policy="chunked", model="Llama-2-7B", hardware="A100-80GB")
     trace = load_trace(DATA / "example.csv")
     calls = []
     vectorized = executor._decode_ends
@@ -122,7 +125,8 @@ def test_steps_built_without_the_policy_are_used_and_change_nothing(
     """After a run of repeats fast-forward builds the next decode (and prompt-chunk) step
     itself (``FastForward.plan_continuation``) instead of asking the policy: it must happen on a
     loaded chunked replica, and turning it off must change no result."""
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy="chunked",
         model="Llama-2-7B",
         hardware="A100-80GB",
@@ -160,15 +164,18 @@ def test_the_replica_lists_a_continuations_requests_only_behind_a_wrapper() -> N
     continuations without listing their requests; behind a wrapper (validation's
     ``RecordingExecutor``, which may read them) it lists them. (Read off the replica, not by
     patching: a compiled build's classes cannot be patched.)"""
-    cost_model = make_cost_model(load_model_spec("Llama-2-7B"), load_hardware("A100-80GB"), 1)
+    cost_model = make_cost_model(
+        load_model_spec("Llama-2-7B"), load_hardware("A100-80GB"), 1, block_size=16
+    )
     scheduler = Scheduler(
-        CacheConfig(num_blocks=64, block_size=16), SchedulerConfig(policy="chunked")
+        CacheConfig(num_blocks=64, block_size=16, memory_model="paged", max_model_len=4096),
+        SchedulerConfig(policy="chunked"),
     )
 
     def replica(costs: executor.StepExecutor) -> Replica:
         return Replica(simpy.Environment(), 0, "colocated", scheduler, costs, StepRecorder())
 
-    costs = executor.CostModelExecutor(cost_model, 16)
+    costs = executor.CostModelExecutor(cost_model)
     assert costs.prices_from_shape
     lean = replica(costs).skipper
     listed = replica(RecordingExecutor(costs)).skipper
@@ -180,7 +187,8 @@ def test_the_replica_lists_a_continuations_requests_only_behind_a_wrapper() -> N
 def test_continuations_with_and_without_their_requests_listed_agree(policy: str) -> None:
     """Both ways of planning a continuation (see the test above) give the same rows, requests
     and summary."""
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy=policy,
         model="Llama-2-7B",
         hardware="A100-80GB",
@@ -206,7 +214,8 @@ def test_a_forked_decode_beside_an_unforked_prompt_chunk_is_exact() -> None:
             TraceRequest("prompt", 0.5, 3000, 8, num_samples=2),
         ),
     )
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy="chunked",
         model="Llama-2-7B",
         hardware="A100-80GB",

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from core.settings import build
 from sim.run import RunConfig
 from tests.sim.fastforward.differential import assert_fast_forward_exact, configs, traces
 from traces.loaders import load_trace
@@ -46,7 +47,8 @@ def _trace(*requests: tuple[int, int, int]) -> Trace:
 def test_finished_samples_blocks_are_cached_as_step_by_step() -> None:
     """The issue's defect, shrunk: a run's bulk path freed the finished samples of an
     ``n = 2`` request before committing the blocks they filled during the run."""
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy="dynamic",
         memory_model="paged",
         num_blocks=40,
@@ -66,21 +68,22 @@ def test_issue_reproduction_parallel_sampling_with_prefix_caching(num_blocks: in
     """``python -m sim run traces/data/parallel_sampling.csv --policy chunked
     --prefix-caching --num-blocks N`` with and without ``--no-fast-forward`` (the sizes whose
     request frames differed)."""
-    config = RunConfig(policy="chunked", enable_prefix_caching=True, num_blocks=num_blocks)
+    config = build(RunConfig, policy="chunked", enable_prefix_caching=True, num_blocks=num_blocks)
     assert assert_fast_forward_exact(load_trace(DATA / "parallel_sampling.csv"), config) > 0
 
 
 def test_disaggregated_decode_side_admits_with_prefix_caching() -> None:
     """Found by the draws (both modes crashed): a transferred request was never looked up in
     the decode side's prefix cache, and admitting it raised KeyError."""
-    config = RunConfig(policy="disagg", num_blocks=64, enable_prefix_caching=True, **SMALL)  # type: ignore[arg-type]
+    config = build(RunConfig, policy="disagg", num_blocks=64, enable_prefix_caching=True, **SMALL)  # type: ignore[arg-type]
     assert_fast_forward_exact(_trace((3, 2, 1), (2, 3, 2)), config)
 
 
 def test_disaggregated_static_pool_hands_held_kv_to_the_link() -> None:
     """Found by the draws (both modes crashed): a prefill pool that holds finished requests
     until the batch ends (dynamic batching) freed their KV before it was sent."""
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy="disagg",
         pool_policy="dynamic",
         num_blocks=8,
@@ -97,7 +100,8 @@ def test_skipped_run_ends_exactly_when_the_steps_would() -> None:
     """Found by the benchmark's draws: SimPy's clock reached a skipped run's end a unit in the
     last place off the summed step times, so a disaggregated prefill's transfer (and the
     run's duration) differed from stepping one step at a time."""
-    config = RunConfig(
+    config = build(
+        RunConfig,
         policy="disagg",
         pool_policy="chunked",
         memory_model="paged",

@@ -26,7 +26,14 @@ def _kv_with(
 ) -> tuple[PagedKVManager, list[RequestGrowth]]:
     """A cache with ``num_cached`` cached-free blocks and one decoding sequence per entry of
     ``held`` (the tokens it holds); ``num_blocks`` usable, besides the null block."""
-    kv = PagedKVManager(CacheConfig(num_blocks=num_blocks + 1, block_size=BLOCK_SIZE))
+    kv = PagedKVManager(
+        CacheConfig(
+            num_blocks=num_blocks + 1,
+            block_size=BLOCK_SIZE,
+            memory_model="paged",
+            max_model_len=4096,
+        )
+    )
     alloc = kv.allocator
     if num_cached:
         alloc.allocate(10_000, num_cached * BLOCK_SIZE)
