@@ -45,7 +45,6 @@ HOT_MODULES = (
     "sim/deployment.py",
     "sim/executor.py",
     "sim/fastforward/__init__.py",
-    "sim/fastforward/bulk_growth.py",
     "sim/fastforward/growth.py",
     "sim/fastforward/memory.py",
     "sim/fastforward/plan.py",
