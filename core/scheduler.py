@@ -15,7 +15,7 @@ from core.kv_state import KVState
 from core.memory import MemorySnapshot
 from core.policies import POLICIES, Policy
 from core.request import Request, RequestStatus, TokenTimeline
-from core.step import Step, StepHost, arrival_order, insert_by_arrival
+from core.step import Step, arrival_order, insert_by_arrival
 
 
 def make_kv_manager(config: CacheConfig) -> KVCacheManager:
@@ -33,7 +33,7 @@ def make_policy(config: SchedulerConfig) -> Policy:
         ) from None
 
 
-class Scheduler(StepHost):
+class Scheduler:
     """Drives one replica's requests through schedule → execute → update.
 
     The scheduler never reads a clock: every entry point takes ``now_s``. ``update`` gets the
@@ -287,7 +287,7 @@ class Scheduler(StepHost):
             ):
                 # A decode continuing its run of steps, not its last: the common case.
                 request.num_output_tokens = outputs + num_steps
-                counts[-1] = counts[-1] + num_steps  # (typed: no generic in-place add)
+                counts[-1] += num_steps
                 tokens.num_emissions += num_steps
             else:
                 self._sample(request, result, step_idx, num_steps)
@@ -353,7 +353,7 @@ class Scheduler(StepHost):
                 self.kv.free(request)
         return released
 
-    # -- steps applied in bulk (engine/core/fastforward) --------------------------------------
+    # -- steps applied in bulk (sim.fastforward) -----------------------------------------------
 
     def record_step_ends(self, step_end_s: Sequence[float]) -> int:
         """End times of steps applied without ``schedule`` and ``update`` (a run skipped

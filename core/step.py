@@ -3,22 +3,22 @@ the mechanism behind ``StepContext.schedule`` (growth, preemption, admission, sw
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Protocol
 
 from core.batch import ScheduledBatch, ScheduledRequest
 from core.block_allocator import BlockPair
 from core.config import CacheConfig
-from core.kv_manager import KVCacheManager, PagedKVManager
-from core.policies import Policy, StepContext
+from core.kv_manager import KVCacheManager
+from core.policies import Policy
 from core.request import Request, RequestStatus
 
 
-class StepHost:
+class StepHost(Protocol):
     """What a step needs from its scheduler (``Scheduler`` is the one implementation; naming
-    it here instead keeps the import one-way). A base class rather than a protocol: a
-    compiled build then reads the scheduler's attributes directly."""
+    it here instead keeps the import one-way)."""
 
     policy: Policy
     cache_config: CacheConfig
@@ -29,11 +29,10 @@ class StepHost:
     arrivals_done: bool
     num_held_samples: int
 
-    def preempt(self, victim: Request, batch: ScheduledBatch) -> None:
-        raise NotImplementedError
+    def preempt(self, victim: Request, batch: ScheduledBatch) -> None: ...
 
 
-# A budget no step can use up (the policy set none); as ``fastforward.UNBOUNDED``, unboxed.
+# A budget no step can use up (the policy set none).
 _UNLIMITED: Final = (1 << 62) - 1
 
 
@@ -51,23 +50,11 @@ def arrival_order(request: Request) -> tuple[float, int]:
 
 
 def insert_by_arrival(running: list[Request], request: Request) -> None:
-    """``bisect.insort(running, request, key=arrival_order)`` written out: a compiled build
-    would call the key function through the interpreter at each comparison."""
-    arrival_s, idx = request.arrival_s, request.internal_idx
-    lo, hi = 0, len(running)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        other = running[mid]
-        if arrival_s < other.arrival_s or (
-            arrival_s == other.arrival_s and idx < other.internal_idx
-        ):
-            hi = mid
-        else:
-            lo = mid + 1
-    running.insert(lo, request)
+    """Insert ``request`` into ``running``, kept in FCFS order (after any equal key)."""
+    bisect.insort(running, request, key=arrival_order)
 
 
-class Step(StepContext):
+class Step:
     """The ``StepContext`` of one ``Scheduler.schedule`` call."""
 
     def __init__(self, scheduler: StepHost, now_s: float, batch: ScheduledBatch) -> None:
@@ -201,8 +188,6 @@ class Step(StepContext):
         others: list[Request] = []
         kv = self.s.kv
         grow_in_place = kv.grow_in_place
-        # Paged memory's allocator, typed as such: a compiled build calls it directly.
-        alloc = kv.allocator if isinstance(kv, PagedKVManager) else None
         scheduled, preempted = self._scheduled, self._preempted
         requests_out = self.batch.requests
         running = RequestStatus.RUNNING
@@ -229,9 +214,7 @@ class Step(StepContext):
                 and request.kv_ready
                 and internal_idx not in scheduled
                 and (not preempted or internal_idx not in preempted)
-                and (
-                    alloc.append_in_place(live[0]) if alloc is not None else grow_in_place(live[0])
-                )
+                and grow_in_place(live[0])
             ):
                 scheduled.add(internal_idx)
                 taken += 1
