@@ -7,17 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
-from core.block_order import Growing, taking_order
+from core.block_order import Growing, SeqRun, taking_order
 from core.cached_blocks import CachedBlocks
 from core.errors import OutOfBlocksError as OutOfBlocksError
 from core.host_pool import HostBlockPool, count_holders
 from core.kv_state import KVState
 
 BlockPair = tuple[int, int]
-# One sequence's growth over a run of identical steps: (seq_id, positions per step, positions
-# left: it stops growing after these, a prompt's last chunk). A plain tuple: fast-forward
-# builds one per growing prompt per run.
-SeqRun = tuple[int, int, int]
 
 
 class BlockAllocator:
@@ -31,10 +27,7 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
         if num_blocks <= 0 or block_size <= 0 or num_cpu_blocks < 0:
-            raise ValueError(
-                f"bad pool: num_blocks={num_blocks}, block_size={block_size}, "
-                f"num_cpu_blocks={num_cpu_blocks}"
-            )
+            raise ValueError(f"bad pool: {num_blocks=}, {block_size=}, {num_cpu_blocks=}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_cpu_blocks = num_cpu_blocks
@@ -215,7 +208,7 @@ class BlockAllocator:
         if partial and left:
             add = min(bs - partial, left)
             tail = table[-1]
-            self._fill[tail] = self._fill[tail] + add  # (typed: no generic in-place add)
+            self._fill[tail] += add
             self.num_filled_slots += add
             left -= add
         if left:
@@ -225,9 +218,8 @@ class BlockAllocator:
             table.extend(blocks)
 
     def _take_blocks(self, count: int) -> list[int]:
-        """``count`` blocks (at most ``num_free_blocks``), each now held once and full (the
-        caller sets the fill of those that are not), in the order that taking them one by one
-        gives: off the free stack, then evicting."""
+        """``count`` blocks (at most ``num_free_blocks``), held once and full (callers fix
+        any partly full), in the order taking them one by one gives: free, then evicted."""
         free = self._free
         if count > len(free):
             blocks = [self._take_block() for _ in range(count)]
@@ -396,18 +388,14 @@ class BlockAllocator:
             fill[table[-1]] = after - (len(table) - 1) * bs
 
     def _undo_tail_growth(
-        self,
-        decodes: Sequence[int],
-        runs: Sequence[SeqRun],
-        growing: list[Growing],
-        num_steps: int,
+        self, decodes: Sequence[int], runs: Sequence[SeqRun], growing: list[Growing], steps: int
     ) -> None:
         """Take back the growth that ``append_steps`` gave inside their tail blocks to the
         ``decodes`` and ``runs`` it went through before it found it could not go on (those
         not ``growing``, which were to take blocks and are untouched yet)."""
         deferred = {order for order, _, _, _, _, _ in growing}
-        grown_by = [num_steps] * len(decodes)
-        grown_by += [min(num_steps * per_step, left) for _, per_step, left in runs]
+        grown_by = [steps] * len(decodes)
+        grown_by += [min(steps * per_step, left) for _, per_step, left in runs]
         seq_ids = [*decodes, *(seq_id for seq_id, _, _ in runs)]
         for order, (seq_id, grown) in enumerate(zip(seq_ids, grown_by, strict=True)):
             table = self._tables[seq_id]
@@ -439,10 +427,8 @@ class BlockAllocator:
                 # The common case: every block held by this sequence alone, none cached. Its
                 # blocks hold exactly its tokens; a free block's fill is never read (it is set
                 # when the block is handed out again), so it is left as it is.
-                ref_objects = cast("list[object]", ref)  # (0 boxed once: see _write)
-                zero: object = 0
                 for block_id in table:
-                    ref_objects[block_id] = zero
+                    ref[block_id] = 0
                 self.num_used_blocks -= len(table)
                 self.num_filled_slots -= self._num_tokens[seq_id]
                 table.reverse()

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# One sequence's growth over a run of identical steps, as ``BlockAllocator.append_steps`` takes
+# it: (seq_id, positions per step, positions left: it stops growing after these, a prompt's last
+# chunk). A plain tuple: fast-forward builds one per growing prompt per run.
+SeqRun = tuple[int, int, int]
+
 # A sequence growing over the run: (its index in the step's order, tokens held, tokens after
 # the run, positions per step, positions left: it stops growing after these, its id). A plain
 # tuple: the allocator builds one per sequence that needs a block, per run.
