@@ -58,8 +58,17 @@ def count(root: Path, core: str, policy: str, n: int, keep: Path | None = None) 
             policy,
             str(n),
         ]
-        # A fixed hash seed: string hashes decide set and dict layouts, and so a few branches.
-        env = {**os.environ, "SERVESIM_CORE": core, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
+        env = {
+            **os.environ,
+            "SERVESIM_CORE": core,
+            "PYTHONPATH": str(root),
+            # A fixed hash seed: string hashes decide set and dict layouts, and so branches.
+            "PYTHONHASHSEED": "0",
+            # One BLAS thread: numpy's idle BLAS threads spin, as many instructions as the
+            # machine's other tenants leave them time for (callgrind counts every thread).
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+        }
         log = Path(tmp) / "stderr"
         with log.open("w") as stderr:
             child = subprocess.Popen(

@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
-from core.block_order import Growing, SeqRun, taking_order
+from core.block_order import SeqRun, add_chunk_starts, deal_blocks
 from core.cached_blocks import CachedBlocks
 from core.errors import OutOfBlocksError as OutOfBlocksError
 from core.host_pool import HostBlockPool, count_holders
 from core.kv_state import KVState
 
 BlockPair = tuple[int, int]
+_Grow = tuple[int, list[int], int, int]  # a sequence taking blocks: id, table, tokens now, after
 
 
 class BlockAllocator:
@@ -127,14 +128,6 @@ class BlockAllocator:
             return need
         revived = sum(1 for b in cached_blocks if self._ref[b] == 0)
         return need - len(cached_blocks) + revived
-
-    def num_blocks_to_append(self, seq_id: int, num_new_tokens: int) -> int:
-        """Free-pool blocks appending ``num_new_tokens`` would consume (copy-on-write included)."""
-        table = self._table(seq_id)
-        num_tokens = self._num_tokens[seq_id]
-        shared_tail = num_tokens % self.block_size and self._ref[table[-1]] > 1
-        cow = 1 if shared_tail and num_new_tokens else 0
-        return cow + self._blocks_for(num_tokens + num_new_tokens) - len(table)
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -317,26 +310,31 @@ class BlockAllocator:
         run within a step (the common case, on a shorter path). No tail may need a
         copy-on-write (ValueError); nothing changes if the pool runs out (OutOfBlocksError).
 
-        Long because it is the simulator's hottest path when it skips steps: one pass over
-        the sequences, with no call per sequence, grows those that stay inside their tail
-        block and collects the others, which then take their blocks in ``taking_order``."""
+        Long because it is the simulator's hottest path when it skips steps: one pass over the
+        sequences, with no call and no object per sequence that stays in its tail block, grows
+        those and notes where the others' new blocks start; one sort then deals the blocks."""
         bs = self.block_size
         tables, tokens, ref, fill = self._tables, self._num_tokens, self._ref, self._fill
         shared = self.num_shared_refs  # 0: no block is shared, so no tail needs a look
         num_decodes = len(decodes)
-        # Sequences that stay inside their tail block grow at once (most decodes in a short
-        # run; undone if the pool runs out); the others are collected here (``Growing``) and
-        # take blocks below, once there are enough.
-        growing: list[Growing] = []
-        order_tables: list[list[int]] = []  # each sequence's table by its order
+        num_seqs = num_decodes + len(runs)
+        # Where blocks start, each as step * num_seqs + the sequence's index (decodes, then
+        # runs): sorted, the order of the steps. A key starting more than one block (a prompt
+        # chunk) gives its count in ``many``.
+        starts: list[int] = []
+        many: dict[int, int] = {}
         num_new = 0
+        # Sequences that stay inside their tail block grow at once (most decodes in a short
+        # run; undone if the pool runs out). The rest take blocks below.
+        grows: list[_Grow] = []
+        order_tables: list[list[int]] = []  # each sequence's table by its order
         added = num_decodes * num_steps
         for order, seq_id in enumerate(decodes):
             table = tables[seq_id]
             held = tokens[seq_id]
             partial = held % bs
             if table is None or (partial and shared and ref[table[-1]] != 1):
-                self._undo_tail_growth(decodes[:order], (), growing, num_steps)
+                self._undo_tail_growth(decodes[:order], (), grows, num_steps)
                 raise ValueError(f"sequence {seq_id} has no table or shares its tail block")
             order_tables.append(table)
             if partial and partial + num_steps <= bs:
@@ -344,9 +342,14 @@ class BlockAllocator:
                 tail = table[-1]
                 fill[tail] = fill[tail] + num_steps  # (typed: no generic in-place add)
                 continue
-            after = held + num_steps
-            growing.append((order, held, after, 1, after, seq_id))
-            num_new += (after + bs - 1) // bs - len(table)
+            new_blocks = (held + num_steps + bs - 1) // bs - len(table)
+            grows.append((seq_id, table, held, held + num_steps))
+            num_new += new_blocks
+            # A block every bs steps, from step -held % bs on (most often one, in short runs).
+            key = -held % bs * num_seqs + order
+            for _ in range(new_blocks):
+                starts.append(key)
+                key += bs * num_seqs
         for idx, (seq_id, per_step, left) in enumerate(runs):
             grown = num_steps * per_step
             if grown > left:
@@ -358,7 +361,7 @@ class BlockAllocator:
             held = tokens[seq_id]
             partial = held % bs
             if table is None or (partial and shared and ref[table[-1]] != 1):
-                self._undo_tail_growth(decodes, runs[:idx], growing, num_steps)
+                self._undo_tail_growth(decodes, runs[:idx], grows, num_steps)
                 raise ValueError(f"sequence {seq_id} has no table or shares its tail block")
             order_tables.append(table)
             added += grown
@@ -368,38 +371,43 @@ class BlockAllocator:
                 fill[tail] = fill[tail] + grown
                 continue
             after = held + grown
-            growing.append((num_decodes + idx, held, after, per_step, left, seq_id))
-            num_new += (after + bs - 1) // bs - len(table)
+            new_blocks = (after + bs - 1) // bs - len(table)
+            grows.append((seq_id, table, held, after))
+            num_new += new_blocks
+            order = num_decodes + idx
+            if per_step == 1:  # as a decode
+                key = -held % bs * num_seqs + order
+                for _ in range(new_blocks):
+                    starts.append(key)
+                    key += bs * num_seqs
+                continue
+            add_chunk_starts(starts, many, order, held, per_step, left, num_steps, bs, num_seqs)
         if num_new > len(self._free) + len(self._cached.evictable):
-            self._undo_tail_growth(decodes, runs, growing, num_steps)
+            self._undo_tail_growth(decodes, runs, grows, num_steps)
             raise OutOfBlocksError(f"need {num_new} blocks, {self.num_free_blocks} free")
         self.num_filled_slots += added
         if not num_new:
             return
-        taken = self._take_blocks(num_new)  # (full: each sequence's last is set below)
-        takers = taking_order(growing, num_steps, bs, len(order_tables))
-        for idx in range(num_new):
-            order_tables[takers[idx]].append(taken[idx])
-        for order, held, after, _, _, seq_id in growing:
-            table = order_tables[order]
+        # (full: each sequence's last block is set below)
+        deal_blocks(starts, many, self._take_blocks(num_new), order_tables)
+        for seq_id, table, held, after in grows:
             tokens[seq_id] = after
             if held % bs:
                 fill[table[held // bs]] = bs
             fill[table[-1]] = after - (len(table) - 1) * bs
 
     def _undo_tail_growth(
-        self, decodes: Sequence[int], runs: Sequence[SeqRun], growing: list[Growing], steps: int
+        self, decodes: Sequence[int], runs: Sequence[SeqRun], grows: list[_Grow], steps: int
     ) -> None:
         """Take back the growth that ``append_steps`` gave inside their tail blocks to the
         ``decodes`` and ``runs`` it went through before it found it could not go on (those
-        not ``growing``, which were to take blocks and are untouched yet)."""
-        deferred = {order for order, _, _, _, _, _ in growing}
-        grown_by = [steps] * len(decodes)
-        grown_by += [min(steps * per_step, left) for _, per_step, left in runs]
-        seq_ids = [*decodes, *(seq_id for seq_id, _, _ in runs)]
-        for order, (seq_id, grown) in enumerate(zip(seq_ids, grown_by, strict=True)):
+        not in ``grows``, which were to take blocks and are untouched yet)."""
+        deferred = {seq_id for seq_id, _, _, _ in grows}
+        grown_by = [(seq_id, steps) for seq_id in decodes]
+        grown_by += [(seq_id, min(steps * per_step, left)) for seq_id, per_step, left in runs]
+        for seq_id, grown in grown_by:
             table = self._tables[seq_id]
-            if grown > 0 and order not in deferred and table is not None:
+            if grown > 0 and seq_id not in deferred and table is not None:
                 self._num_tokens[seq_id] -= grown
                 self._fill[table[-1]] -= grown
 
@@ -461,21 +469,13 @@ class BlockAllocator:
         Blocks shared among ``seq_ids`` stay shared on the CPU side; blocks also held by other
         sequences keep their GPU copy for those.
         """
-        host = self._host
-        counts = count_holders(self._table(s) for s in seq_ids)
-        if len(counts) > host.num_free:
-            raise OutOfBlocksError(f"need {len(counts)} CPU blocks, {host.num_free} free")
-        mapping = {
-            gpu_id: host.take(count, self._fill[gpu_id], self.block_key(gpu_id))
-            for gpu_id, count in counts.items()
-        }
-        for seq_id in seq_ids:
-            table = self._table(seq_id)
+        tables = [self._table(s) for s in seq_ids]
+        mapping = self._host.store(seq_ids, tables, self._fill, self._cached.block_key)
+        for seq_id, table in zip(seq_ids, tables, strict=True):
             self._tables[seq_id] = None  # (its token count stays, for swapping in)
-            host.tables[seq_id] = [mapping[b] for b in table]
             for block_id in reversed(table):
                 self._release(block_id)
-        return list(mapping.items())
+        return mapping
 
     def swap_in(self, seq_ids: Sequence[int]) -> list[BlockPair]:
         """Bring swapped sequences back to fresh GPU blocks; returns ``(cpu_block, gpu_block)``."""

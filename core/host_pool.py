@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from core.errors import OutOfBlocksError
+
 
 def count_holders(tables: Iterable[Sequence[int]]) -> dict[int, int]:
     """How many of ``tables`` hold each block, by block id in first-seen order."""
@@ -32,13 +34,29 @@ class HostBlockPool:
     def num_free(self) -> int:
         return len(self._free)
 
-    def take(self, ref_count: int, fill: int, key: int | None) -> int:
-        """A free block, now held ``ref_count`` times and holding ``fill`` slots of ``key``."""
-        block_id = self._free.pop()
-        self.ref[block_id] = ref_count
-        self.fill[block_id] = fill
-        self.key[block_id] = key
-        return block_id
+    def store(
+        self,
+        seq_ids: Sequence[int],
+        tables: Sequence[Sequence[int]],
+        fill: Sequence[int],
+        key: Sequence[int | None],
+    ) -> list[tuple[int, int]]:
+        """Copy the GPU ``tables`` of ``seq_ids`` (each block's ``fill`` and ``key`` given by
+        GPU block id) into host blocks: a block shared among them stays shared. Returns the
+        ``(gpu_block, host_block)`` copies; OutOfBlocksError, changing nothing, if too few
+        blocks are free."""
+        counts = count_holders(tables)
+        if len(counts) > len(self._free):
+            raise OutOfBlocksError(f"need {len(counts)} CPU blocks, {len(self._free)} free")
+        mapping: dict[int, int] = {}
+        for gpu_id, count in counts.items():
+            block_id = mapping[gpu_id] = self._free.pop()
+            self.ref[block_id] = count
+            self.fill[block_id] = fill[gpu_id]
+            self.key[block_id] = key[gpu_id]
+        for seq_id, table in zip(seq_ids, tables, strict=True):
+            self.tables[seq_id] = [mapping[b] for b in table]
+        return list(mapping.items())
 
     def release_table(self, seq_id: int) -> list[int]:
         """Drop ``seq_id``'s table (swapped in or freed) and its hold on each block; returns
