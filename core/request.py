@@ -105,7 +105,7 @@ def _no_output_ids() -> Mapping[int, list[int]]:
     return _NO_OUTPUT_IDS
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class Request:
     """One inference request and everything the scheduler tracks about it.
 
@@ -114,9 +114,6 @@ class Request:
     cache. A step gives the request ``num_new_tokens`` more. With ``n > 1`` samples the prompt
     is computed once; at the end of the prompt the request forks into ``n`` sequences, and each
     position after that costs one token per live sample.
-
-    Only the request's description is passed in; the rest is the core's state, starting as
-    the defaults below say.
     """
 
     request_id: str
@@ -128,43 +125,89 @@ class Request:
     prefix_hash_ids: tuple[int, ...] | None = None
     hash_block_tokens: int = 512
 
-    status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
-    reject_reason: str | None = field(default=None, init=False)
+    status: RequestStatus = RequestStatus.WAITING
+    reject_reason: str | None = None
     # Output tokens sampled so far by each live sample (all live samples move in lockstep).
-    num_output_tokens: int = field(default=0, init=False)
-    num_computed_tokens: int = field(default=0, init=False)
+    num_output_tokens: int = 0
+    num_computed_tokens: int = 0
     # One sequence id per sample; finished samples leave ``live_seq_ids``. Until ``forked``
     # only ``live_seq_ids[0]`` holds blocks: the prompt is computed once, then shared.
-    seq_ids: list[int] = field(default_factory=list, init=False)
-    live_seq_ids: list[int] = field(default_factory=list, init=False)
-    forked: bool = field(default=False, init=False)
+    seq_ids: list[int] = field(default_factory=list)
+    live_seq_ids: list[int] = field(default_factory=list)
+    forked: bool = False
     # Sampled token ids by sequence (the engine's; the simulator samples no ids). Until the
     # first, one shared empty map: most requests in a simulation never need a dict of their own.
-    output_token_ids: Mapping[int, list[int]] = field(default_factory=_no_output_ids, init=False)
+    output_token_ids: Mapping[int, list[int]] = field(default_factory=_no_output_ids)
     # Set by the scheduler: a unique int used to name blocks whose content is unknown.
-    internal_idx: int = field(default=-1, init=False)
+    internal_idx: int = -1
     # Disaggregated serving. Prefill side: keep the KV after finishing, until it has been
     # sent (``Scheduler.release_kv``). Decode side: the prompt's KV comes over a link, and
     # the request cannot run until it is there (``Scheduler.kv_arrived``).
-    hold_kv_on_finish: bool = field(default=False, init=False)
-    kv_ready: bool = field(default=True, init=False)
+    hold_kv_on_finish: bool = False
+    kv_ready: bool = True
 
-    first_scheduled_s: float | None = field(default=None, init=False)
-    first_token_s: float | None = field(default=None, init=False)
-    finish_s: float | None = field(default=None, init=False)
-    tokens: TokenTimeline = field(default_factory=TokenTimeline, init=False)
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    tokens: TokenTimeline = field(default_factory=TokenTimeline)
 
-    num_preemptions: int = field(default=0, init=False)
-    num_recomputed_tokens: int = field(default=0, init=False)
-    num_blocks_swapped_out: int = field(default=0, init=False)
-    num_blocks_swapped_in: int = field(default=0, init=False)
-    num_prefix_hit_tokens: int = field(default=0, init=False)
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
+    num_blocks_swapped_out: int = 0
+    num_blocks_swapped_in: int = 0
+    num_prefix_hit_tokens: int = 0
     # Known tokens looked up in the prefix cache, summed over every admission (a request
     # recomputed after preemption looks its tokens up again): the hit rate's denominator.
-    num_prefix_lookup_tokens: int = field(default=0, init=False)
-    num_cow_copies: int = field(default=0, init=False)
+    num_prefix_lookup_tokens: int = 0
+    num_cow_copies: int = 0
 
-    def __post_init__(self) -> None:
+    # Only the request's description is passed in; the rest is the core's state and starts as
+    # the defaults above say. Written out, as ``ScheduledRequest``'s: generated, it cost 2% of a
+    # compiled run's instructions (docs/compiled_core.md).
+    def __init__(
+        self,
+        request_id: str,
+        arrival_s: float,
+        num_prompt_tokens: int,
+        max_output_tokens: int,
+        n: int = 1,
+        prompt_token_ids: tuple[int, ...] | None = None,
+        prefix_hash_ids: tuple[int, ...] | None = None,
+        hash_block_tokens: int = 512,
+    ) -> None:
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_output_tokens = max_output_tokens
+        self.n = n
+        self.prompt_token_ids = prompt_token_ids
+        self.prefix_hash_ids = prefix_hash_ids
+        self.hash_block_tokens = hash_block_tokens
+        self.status = RequestStatus.WAITING
+        self.reject_reason = None
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.seq_ids = []
+        self.live_seq_ids = []
+        self.forked = False
+        self.output_token_ids = _NO_OUTPUT_IDS
+        self.internal_idx = -1
+        self.hold_kv_on_finish = False
+        self.kv_ready = True
+        self.first_scheduled_s = None
+        self.first_token_s = None
+        self.finish_s = None
+        self.tokens = TokenTimeline()
+        self.num_preemptions = 0
+        self.num_recomputed_tokens = 0
+        self.num_blocks_swapped_out = 0
+        self.num_blocks_swapped_in = 0
+        self.num_prefix_hit_tokens = 0
+        self.num_prefix_lookup_tokens = 0
+        self.num_cow_copies = 0
+        self._check()
+
+    def _check(self) -> None:
         if self.num_prompt_tokens < 1:
             raise ValueError(f"num_prompt_tokens must be >= 1, got {self.num_prompt_tokens!r}")
         if self.max_output_tokens < 1:
