@@ -15,7 +15,7 @@ from core.kv_state import KVState
 from core.memory import MemorySnapshot
 from core.policies import POLICIES, Policy
 from core.request import Request, RequestStatus, TokenTimeline
-from core.step import Step, arrival_order, insert_by_arrival
+from core.step import Step, StepHost, arrival_order, insert_by_arrival
 
 
 def make_kv_manager(config: CacheConfig) -> KVCacheManager:
@@ -33,7 +33,7 @@ def make_policy(config: SchedulerConfig) -> Policy:
         ) from None
 
 
-class Scheduler:
+class Scheduler(StepHost):
     """Drives one replica's requests through schedule → execute → update.
 
     The scheduler never reads a clock: every entry point takes ``now_s``. ``update`` gets the

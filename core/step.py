@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Final, Protocol
+from typing import Final
 
 from core.batch import ScheduledBatch, ScheduledRequest
 from core.block_allocator import BlockPair
@@ -15,9 +15,12 @@ from core.policies import Policy
 from core.request import Request, RequestStatus
 
 
-class StepHost(Protocol):
+class StepHost:
     """What a step needs from its scheduler (``Scheduler`` is the one implementation; naming
-    it here instead keeps the import one-way)."""
+    it here instead keeps the import one-way). A base class, where ``KVCacheManager`` and
+    ``StepContext`` are protocols: a step reads these in its hot loop, and the compiled build
+    reads a protocol's attributes generically (0.6-0.9% of its instructions;
+    docs/compiled_core.md)."""
 
     policy: Policy
     cache_config: CacheConfig
@@ -28,7 +31,8 @@ class StepHost(Protocol):
     arrivals_done: bool
     num_held_samples: int
 
-    def preempt(self, victim: Request, batch: ScheduledBatch) -> None: ...
+    def preempt(self, victim: Request, batch: ScheduledBatch) -> None:
+        raise NotImplementedError
 
 
 # A budget no step can use up (the policy set none).
