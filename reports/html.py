@@ -129,8 +129,8 @@ def _source_doc(obj: object) -> str | None:
 def definitions_html() -> str:
     """How every number is computed, from the docstrings of the code that computes it."""
     parts = [
-        ("Latency, throughput and goodput (sim/metrics.py)", _doc(metrics)),
-        ("KV memory slots (engine/core/memory.py, MemorySnapshot)", _doc(MemorySnapshot)),
+        ("Latency, throughput and goodput (records/metrics.py)", _doc(metrics)),
+        ("KV memory slots (core/memory.py, MemorySnapshot)", _doc(MemorySnapshot)),
         ("KV in use (this report)", _doc(memory.kv_utilisation)),
         ("Time-averaged breakdown (this report)", _doc(memory.kv_breakdown)),
         (
