@@ -7,8 +7,10 @@ Each configuration runs in a fresh subprocess so its peak memory (max RSS) is it
 wall time varies by 20% or more), so it prints the median wall time with the fastest and
 slowest, and the median CPU time of the simulation (less disturbed by other tenants).
 Run: python benchmarks/bench_vidur.py [--sizes 1000,10000,100000] [--repeat 3]
-[--cores python,compiled] (``compiled``: the core built by ``python -m sim compile-core``, run
+[--cores python,compiled] (``compiled``: the build made by ``python -m sim compile-core``, run
 with ``SERVESIM_CORE=compiled``; every mode must give the same results to the last digit)
+[--baseline DIR] (another checkout of servesim, e.g. the tree before a change: each of its runs
+alternates with this tree's, with the same interpreter, so that both see the same machine)
 (results committed in benchmarks/results/vidur.txt)
 
 ``--cost-as-45813dd`` prices steps as the cost model did before async scheduling and the rotary
@@ -41,6 +43,7 @@ COST_AS_45813DD_HARDWARE = str(Path(__file__).with_name("a100_80gb_45813dd.toml"
 # 293.7 and 304.6 s (sarathi), the machine faster in the later runs; the means below. The
 # ``x Vidur`` column holds only roughly, on such a machine: a ratio worth quoting times both in
 # the same minutes (vidur_measured.txt).
+ROOT = Path(__file__).resolve().parents[1]
 VIDUR_REQ_PER_S = {"continuous": 100_000 / 299.7, "chunked": 100_000 / 327.5}
 
 
@@ -48,6 +51,9 @@ def run_one(
     policy: str, num_requests: int, fast_forward: bool, cost_as_45813dd: bool = False
 ) -> dict[str, float]:
     """Generate the workload and simulate it; called in the child process."""
+    from sim.compiled import switch
+
+    switch.select(os.environ)  # as ``python -m sim``'s main(): before the hot path is imported
     from core.settings import build
     from sim.run import RunConfig, simulate
     from traces.distributions import FixedLengths, PoissonArrivals
@@ -102,6 +108,12 @@ def main() -> None:
         help="core builds to time, comma-separated: python (the sources), compiled "
         "(SERVESIM_CORE=compiled; build it first with python -m sim compile-core)",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="another servesim checkout to time against, run for run (its own compiled build "
+        "made there first)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("POLICY", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -118,37 +130,57 @@ def main() -> None:
     for core in cores:
         if core not in ("python", "compiled"):
             parser.error(f"--cores: unknown core {core!r} (python, compiled)")
+    trees = {"this": ROOT}
+    if args.baseline:
+        trees["baseline"] = Path(args.baseline).resolve()
+        if not (trees["baseline"] / "benchmarks" / "bench_vidur.py").is_file():
+            parser.error(f"--baseline: no benchmarks/bench_vidur.py under {args.baseline}")
+        print(f"# baseline: {trees['baseline']}")
     print(
-        f"{'policy':<11}{'core':>9}{'requests':>9}{'wall s':>8}{'(min-max)':>14}{'cpu s':>8}"
-        f"{'req/wall-s':>11}{'x Vidur':>8}{'peak MiB':>9}{'rows':>9}{'steps':>11}"
+        f"{'policy':<11}{'core':>9}{'tree':>9}{'requests':>9}{'wall s':>8}{'(min-max)':>14}"
+        f"{'cpu s':>8}{'req/wall-s':>11}{'x Vidur':>8}{'peak MiB':>9}{'rows':>9}{'steps':>11}"
         f"{'TTFT s':>9}{'TPOT ms':>8}"
     )
+    flags = [
+        *(["--no-fast-forward"] if args.no_fast_forward else []),
+        *(["--cost-as-45813dd"] if args.cost_as_45813dd else []),
+    ]
     for policy in CONFIGS:
         for n in (int(x) for x in args.sizes.split(",")):
-            cmd = [sys.executable, __file__, "--child", policy, str(n)]
-            if args.no_fast_forward:
-                cmd.append("--no-fast-forward")
-            if args.cost_as_45813dd:
-                cmd.append("--cost-as-45813dd")
-            by_core: dict[str, list[dict[str, float]]] = {core: [] for core in cores}
-            for _ in range(max(1, args.repeat)):  # the cores alternate, so drift hits both
+            runs = {(core, tree): [] for core in cores for tree in trees}
+            # The cores and trees alternate, so that the machine's drift hits them all.
+            for _ in range(max(1, args.repeat)):
                 for core in cores:
-                    env = {**os.environ, "SERVESIM_CORE": core}
-                    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                    if done.returncode != 0:
-                        sys.exit(f"{policy} {n} ({core} core) failed:\n{done.stderr[-2000:]}")
-                    run = json.loads(done.stdout)
-                    assert run["compiled"] == float(core == "compiled"), f"not the {core} core"
-                    by_core[core].append(run)
+                    for tree, root in trees.items():
+                        runs[core, tree].append(run_child(root, core, policy, n, flags))
             # Every run simulates the same thing: its results must agree to the last digit.
-            every = [r for runs in by_core.values() for r in runs]
+            every = [r for rs in runs.values() for r in rs]
             for key in ("completed", "steps", "simulated_steps", "mean_ttft_ms", "mean_tpot_ms"):
                 assert len({r[key] for r in every}) == 1, f"runs disagree on {key}"
-            for core, runs in by_core.items():
-                print_row(policy, core, n, runs)
+            for (core, tree), rs in runs.items():
+                print_row(policy, core, tree, n, rs)
+            if len(trees) > 1:
+                for core in cores:
+                    ratio = statistics.median(
+                        a["cpu_s"] / b["cpu_s"]
+                        for a, b in zip(runs[core, "this"], runs[core, "baseline"], strict=True)
+                    )
+                    print(f"#   {policy} {core} {n}: cpu this / baseline, median pair {ratio:.3f}")
 
 
-def print_row(policy: str, core: str, n: int, runs: list[dict[str, float]]) -> None:
+def run_child(root: Path, core: str, policy: str, n: int, flags: list[str]) -> dict[str, float]:
+    """One run in a fresh process of the checkout at ``root`` (its sources first on the path)."""
+    cmd = [sys.executable, str(root / "benchmarks" / "bench_vidur.py"), "--child", policy, str(n)]
+    env = {**os.environ, "SERVESIM_CORE": core, "PYTHONPATH": str(root)}
+    done = subprocess.run(cmd + flags, capture_output=True, text=True, env=env, cwd=root)
+    if done.returncode != 0:
+        sys.exit(f"{policy} {n} ({core} core, {root}) failed:\n{done.stderr[-2000:]}")
+    run: dict[str, float] = json.loads(done.stdout)
+    assert run["compiled"] == float(core == "compiled"), f"not the {core} core in {root}"
+    return run
+
+
+def print_row(policy: str, core: str, tree: str, n: int, runs: list[dict[str, float]]) -> None:
     r = runs[0]
     walls = sorted(x["wall_s"] for x in runs)
     wall_s = statistics.median(walls)
@@ -157,7 +189,7 @@ def print_row(policy: str, core: str, n: int, runs: list[dict[str, float]]) -> N
     rate = r["completed"] / wall_s
     spread = f"({walls[0]:.2f}-{walls[-1]:.2f})"
     print(
-        f"{policy:<11}{core:>9}{n:>9}{wall_s:>8.2f}{spread:>14}{cpu_s:>8.2f}{rate:>11,.0f}"
+        f"{policy:<11}{core:>9}{tree:>9}{n:>9}{wall_s:>8.2f}{spread:>14}{cpu_s:>8.2f}{rate:>11,.0f}"
         f"{rate / VIDUR_REQ_PER_S[policy]:>8.1f}{peak:>9.0f}{r['steps']:>9,.0f}"
         f"{r['simulated_steps']:>11,.0f}{r['mean_ttft_ms'] / 1000:>9,.1f}"
         f"{r['mean_tpot_ms']:>8.2f}",

@@ -1,16 +1,20 @@
-"""Paged KV block allocator: ref-counted blocks, block tables, fork and copy-on-write,
-a prefix cache of full blocks with LRU eviction, and a CPU pool for swapping."""
+"""Paged KV block allocator: ref-counted blocks, block tables, fork and copy-on-write, growth
+over many steps at once, a prefix cache of full blocks with LRU eviction (its index in
+``core.cached_blocks``), and swapping to a CPU pool (``core.host_pool``)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import cast
 
+from core.block_order import SeqRun, add_chunk_starts, deal_blocks
+from core.cached_blocks import CachedBlocks
 from core.errors import OutOfBlocksError as OutOfBlocksError
+from core.host_pool import HostBlockPool, count_holders
 from core.kv_state import KVState
 
 BlockPair = tuple[int, int]
+_Grow = tuple[int, list[int], int, int]  # a sequence taking blocks: id, table, tokens now, after
 
 
 class BlockAllocator:
@@ -24,34 +28,20 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
         if num_blocks <= 0 or block_size <= 0 or num_cpu_blocks < 0:
-            raise ValueError(
-                f"bad pool: num_blocks={num_blocks}, block_size={block_size}, "
-                f"num_cpu_blocks={num_cpu_blocks}"
-            )
+            raise ValueError(f"bad pool: {num_blocks=}, {block_size=}, {num_cpu_blocks=}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_cpu_blocks = num_cpu_blocks
         self._ref = [0] * num_blocks
         self._fill = [0] * num_blocks  # token slots written in each block
-        self._key: list[int | None] = [None] * num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
-        self._evictable: OrderedDict[int, None] = OrderedDict()
-        self._key_to_block: dict[int, int] = {}
-        # Further blocks caching a key that another block caches already (computed twice),
-        # oldest first: as vLLM's BlockPool they stay cached, and one takes over the key when
-        # the block holding it is evicted.
-        self._duplicates: dict[int, list[int]] = {}
+        self._cached = CachedBlocks(num_blocks)
         # By sequence id (ids are small non-negative ints, handed out in order): a list
-        # indexes faster than a dict, above all once compiled (no boxed key, no hash). None:
-        # the sequence holds no GPU table (never had one, freed or swapped out).
+        # indexes faster than a dict (no hash). None: the sequence holds no GPU table (never
+        # had one, freed or swapped out).
         self._tables: list[list[int] | None] = []
         self._num_tokens: list[int] = []
-
-        self._cpu_ref = [0] * num_cpu_blocks
-        self._cpu_fill = [0] * num_cpu_blocks
-        self._cpu_key: list[int | None] = [None] * num_cpu_blocks
-        self._cpu_free = list(range(num_cpu_blocks - 1, -1, -1))
-        self._cpu_tables: dict[int, list[int]] = {}
+        self._host = HostBlockPool(num_cpu_blocks)
 
         self.num_used_blocks = 0
         self.num_filled_slots = 0  # written slots over used blocks (shared blocks once)
@@ -63,31 +53,31 @@ class BlockAllocator:
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation may take: free plus cached-free (evictable)."""
-        return len(self._free) + len(self._evictable)
+        return len(self._free) + len(self._cached.evictable)
 
     @property
     def num_cached_free_blocks(self) -> int:
-        return len(self._evictable)
+        return len(self._cached.evictable)
 
     @property
     def num_free_cpu_blocks(self) -> int:
-        return len(self._cpu_free)
+        return self._host.num_free
 
     def has_table(self, seq_id: int) -> bool:
         return 0 <= seq_id < len(self._tables) and self._tables[seq_id] is not None
 
     def is_swapped(self, seq_id: int) -> bool:
-        return seq_id in self._cpu_tables
+        return seq_id in self._host.tables
 
     def block_table(self, seq_id: int) -> Sequence[int]:
         return self._table(seq_id)
 
     def cpu_block_table(self, seq_id: int) -> Sequence[int]:
-        return self._cpu_tables[seq_id]
+        return self._host.tables[seq_id]
 
     def num_tokens(self, seq_id: int) -> int:
         """Tokens ``seq_id`` holds, in its GPU table or swapped out."""
-        if not self.has_table(seq_id) and seq_id not in self._cpu_tables:
+        if not self.has_table(seq_id) and seq_id not in self._host.tables:
             raise ValueError(f"sequence {seq_id} has no block table")
         return self._num_tokens[seq_id]
 
@@ -95,21 +85,22 @@ class BlockAllocator:
         return self._ref[block_id]
 
     def block_key(self, block_id: int) -> int | None:
-        return self._key[block_id]
+        return self._cached.block_key[block_id]
 
     def block_fill(self, block_id: int) -> int:
         return self._fill[block_id]
 
     def cached_block(self, key: int) -> int | None:
-        return self._key_to_block.get(key)
+        return self._cached.by_key.get(key)
 
     def prefix_cache(self) -> dict[int, int]:
         """A copy of the prefix cache: content key -> block id."""
-        return dict(self._key_to_block)
+        return dict(self._cached.by_key)
 
     def state(self) -> KVState:
         """A read-only copy of every block's state (no ``committed_blocks``: the manager
         above knows those)."""
+        host = self._host
         return KVState(
             num_free_blocks=self.num_free_blocks,
             ref_counts=tuple(self._ref),
@@ -117,24 +108,18 @@ class BlockAllocator:
             num_tokens=tuple(
                 (s, n)
                 for s, n in enumerate(self._num_tokens)
-                if self._tables[s] is not None or s in self._cpu_tables
+                if self._tables[s] is not None or s in host.tables
             ),
-            prefix_cache=frozenset(self._key_to_block.items()),
-            eviction_order=tuple(self._evictable),
-            swapped_tables=tuple((s, tuple(t)) for s, t in sorted(self._cpu_tables.items())),
-            cpu_ref_counts=tuple(self._cpu_ref),
-            num_free_cpu_blocks=len(self._cpu_free),
+            prefix_cache=frozenset(self._cached.by_key.items()),
+            eviction_order=tuple(self._cached.evictable),
+            swapped_tables=tuple((s, tuple(t)) for s, t in sorted(host.tables.items())),
+            cpu_ref_counts=tuple(host.ref),
+            num_free_cpu_blocks=host.num_free,
         )
 
-    def match_prefix(self, keys: Iterable[int]) -> list[int]:
+    def match_prefix(self, keys: Sequence[int]) -> list[int]:
         """Blocks holding the longest cached run of ``keys`` (read-only)."""
-        hits: list[int] = []
-        for key in keys:
-            block_id = self._key_to_block.get(key)
-            if block_id is None:
-                break
-            hits.append(block_id)
-        return hits
+        return self._cached.match(keys)
 
     def num_blocks_to_allocate(self, num_tokens: int, cached_blocks: Sequence[int] = ()) -> int:
         """Free-pool blocks a new table of ``num_tokens`` would consume (hits included)."""
@@ -143,14 +128,6 @@ class BlockAllocator:
             return need
         revived = sum(1 for b in cached_blocks if self._ref[b] == 0)
         return need - len(cached_blocks) + revived
-
-    def num_blocks_to_append(self, seq_id: int, num_new_tokens: int) -> int:
-        """Free-pool blocks appending ``num_new_tokens`` would consume (copy-on-write included)."""
-        table = self._table(seq_id)
-        num_tokens = self._num_tokens[seq_id]
-        shared_tail = num_tokens % self.block_size and self._ref[table[-1]] > 1
-        cow = 1 if shared_tail and num_new_tokens else 0
-        return cow + self._blocks_for(num_tokens + num_new_tokens) - len(table)
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -177,7 +154,7 @@ class BlockAllocator:
         """Whether ``seq_id`` holds no table, GPU or CPU (ValueError for a negative id)."""
         if seq_id < 0:
             raise ValueError(f"sequence ids are non-negative, got {seq_id}")
-        return not self.has_table(seq_id) and seq_id not in self._cpu_tables
+        return not self.has_table(seq_id) and seq_id not in self._host.tables
 
     # -- block life cycle ----------------------------------------------------------------
 
@@ -185,34 +162,16 @@ class BlockAllocator:
         if self._free:
             block_id = self._free.pop()
         else:
-            block_id, _ = self._evictable.popitem(last=False)
-            key = self._key[block_id]
-            assert key is not None
-            self._uncache(block_id, key)
-            self._key[block_id] = None
+            block_id = self._cached.evict()
             self._fill[block_id] = 0
             self.num_evictions += 1
         self._ref[block_id] = 1
         self.num_used_blocks += 1
         return block_id
 
-    def _uncache(self, block_id: int, key: int) -> None:
-        """Drop ``block_id`` from the prefix cache (evicted); a duplicate takes over its key."""
-        duplicates = self._duplicates.get(key)
-        if self._key_to_block[key] == block_id:
-            if duplicates:
-                self._key_to_block[key] = duplicates.pop(0)
-            else:
-                del self._key_to_block[key]
-        else:
-            assert duplicates is not None
-            duplicates.remove(block_id)
-        if duplicates is not None and not duplicates:
-            del self._duplicates[key]
-
     def _share(self, block_id: int) -> None:
         if self._ref[block_id] == 0:
-            del self._evictable[block_id]
+            del self._cached.evictable[block_id]  # a hit on a cached-free block revives it
             self.num_used_blocks += 1
             self.num_filled_slots += self._fill[block_id]
         else:
@@ -228,8 +187,8 @@ class BlockAllocator:
             return
         self.num_used_blocks -= 1
         self.num_filled_slots -= self._fill[block_id]
-        if self._key[block_id] is not None:
-            self._evictable[block_id] = None
+        if self._cached.block_key[block_id] is not None:
+            self._cached.evictable[block_id] = None
         else:
             self._fill[block_id] = 0
             self._free.append(block_id)
@@ -242,38 +201,36 @@ class BlockAllocator:
         if partial and left:
             add = min(bs - partial, left)
             tail = table[-1]
-            self._fill[tail] = self._fill[tail] + add  # (typed: no generic in-place add)
+            self._fill[tail] += add
             self.num_filled_slots += add
             left -= add
-        if left and self._free:
-            # Bulk path: whole blocks straight off the free stack, in the order pops give.
-            take = min(-(-left // bs), len(self._free))
-            blocks = self._free[-take:]
-            del self._free[-take:]
-            blocks.reverse()
-            # (through the lists typed as holding objects, with 1 and bs boxed once: a
-            # compiled build would box both again for every block)
-            ref_objects = cast("list[object]", self._ref)
-            fill_objects = cast("list[object]", self._fill)
-            one: object = 1
-            full: object = bs
-            for block_id in blocks:
-                ref_objects[block_id] = one
-                fill_objects[block_id] = full
-            fill = self._fill
-            added = min(left, take * bs)
-            fill[blocks[-1]] = added - (take - 1) * bs  # the last block may be partly filled
-            left -= added
-            self.num_used_blocks += take
-            self.num_filled_slots += added
+        if left:
+            blocks = self._take_blocks(-(-left // bs))
+            self._fill[blocks[-1]] = left - (len(blocks) - 1) * bs  # the last may be partly full
+            self.num_filled_slots += left
             table.extend(blocks)
-        while left:
-            block_id = self._take_block()
-            add = min(bs, left)
-            self._fill[block_id] = add
-            self.num_filled_slots += add
-            table.append(block_id)
-            left -= add
+
+    def _take_blocks(self, count: int) -> list[int]:
+        """``count`` blocks (at most ``num_free_blocks``), held once and full (callers fix
+        any partly full), in the order taking them one by one gives: free, then evicted."""
+        free = self._free
+        if count > len(free):
+            blocks = [self._take_block() for _ in range(count)]
+        else:
+            blocks = free[-count:]
+            del free[-count:]
+            blocks.reverse()
+            self.num_used_blocks += count
+        # (through the lists typed as holding objects, with 1 and the block size boxed once: a
+        # compiled build would box both again for every block, a prompt chunk's dozens a step)
+        ref_objects = cast("list[object]", self._ref)
+        fill_objects = cast("list[object]", self._fill)
+        one: object = 1
+        full: object = self.block_size
+        for block_id in blocks:
+            ref_objects[block_id] = one
+            fill_objects[block_id] = full
+        return blocks
 
     # -- sequence operations -------------------------------------------------------------
 
@@ -288,7 +245,7 @@ class BlockAllocator:
             raise OutOfBlocksError(f"need {need} blocks, {self.num_free_blocks} free")
         table: list[int] = []
         for block_id in cached_blocks:
-            assert self._fill[block_id] == self.block_size and self._key[block_id] is not None
+            assert self._fill[block_id] == self.block_size and self.block_key(block_id) is not None
             self._share(block_id)
             table.append(block_id)
         hit_tokens = len(cached_blocks) * self.block_size
@@ -313,7 +270,7 @@ class BlockAllocator:
             return []
         cow = partial and num_new_tokens and self._ref[table[-1]] > 1
         need = (1 if cow else 0) + self._blocks_for(num_tokens + num_new_tokens) - len(table)
-        if need > len(self._free) + len(self._evictable):
+        if need > len(self._free) + len(self._cached.evictable):
             raise OutOfBlocksError(f"need {need} blocks, {self.num_free_blocks} free")
         copies: list[BlockPair] = []
         if cow:
@@ -343,6 +300,117 @@ class BlockAllocator:
         self._num_tokens[seq_id] = num_tokens + 1
         return True
 
+    def append_steps(
+        self, runs: Sequence[SeqRun], num_steps: int, decodes: Sequence[int] = ()
+    ) -> None:
+        """Grow every sequence of ``runs`` for ``num_steps`` steps at once, taking blocks in
+        the order that appending step by step (each step, sequence after sequence) would, so
+        the block tables come out the same: what fast-forward applies for a run of identical
+        steps. ``decodes`` grow one position every step, without end, and come before every
+        run within a step (the common case, on a shorter path). No tail may need a
+        copy-on-write (ValueError); nothing changes if the pool runs out (OutOfBlocksError).
+
+        Long because it is the simulator's hottest path when it skips steps: one pass over the
+        sequences, with no call and no object per sequence that stays in its tail block, grows
+        those and notes where the others' new blocks start; one sort then deals the blocks."""
+        bs = self.block_size
+        tables, tokens, ref, fill = self._tables, self._num_tokens, self._ref, self._fill
+        shared = self.num_shared_refs  # 0: no block is shared, so no tail needs a look
+        num_decodes = len(decodes)
+        num_seqs = num_decodes + len(runs)
+        # Where blocks start, each as step * num_seqs + the sequence's index (decodes, then
+        # runs): sorted, the order of the steps. A key starting more than one block (a prompt
+        # chunk) gives its count in ``many``.
+        starts: list[int] = []
+        many: dict[int, int] = {}
+        num_new = 0
+        # Sequences that stay inside their tail block grow at once (most decodes in a short
+        # run; undone if the pool runs out). The rest take blocks below.
+        grows: list[_Grow] = []
+        order_tables: list[list[int]] = []  # each sequence's table by its order
+        added = num_decodes * num_steps
+        for order, seq_id in enumerate(decodes):
+            table = tables[seq_id]
+            held = tokens[seq_id]
+            partial = held % bs
+            if table is None or (partial and shared and ref[table[-1]] != 1):
+                self._undo_tail_growth(decodes[:order], (), grows, num_steps)
+                raise ValueError(f"sequence {seq_id} has no table or shares its tail block")
+            order_tables.append(table)
+            if partial and partial + num_steps <= bs:
+                tokens[seq_id] = held + num_steps
+                tail = table[-1]
+                fill[tail] = fill[tail] + num_steps  # (typed: no generic in-place add)
+                continue
+            new_blocks = (held + num_steps + bs - 1) // bs - len(table)
+            grows.append((seq_id, table, held, held + num_steps))
+            num_new += new_blocks
+            # A block every bs steps, from step -held % bs on (most often one, in short runs).
+            key = -held % bs * num_seqs + order
+            for _ in range(new_blocks):
+                starts.append(key)
+                key += bs * num_seqs
+        for idx, (seq_id, per_step, left) in enumerate(runs):
+            grown = num_steps * per_step
+            if grown > left:
+                grown = left
+            if grown <= 0:
+                order_tables.append([])  # (takes no block)
+                continue
+            table = tables[seq_id]
+            held = tokens[seq_id]
+            partial = held % bs
+            if table is None or (partial and shared and ref[table[-1]] != 1):
+                self._undo_tail_growth(decodes, runs[:idx], grows, num_steps)
+                raise ValueError(f"sequence {seq_id} has no table or shares its tail block")
+            order_tables.append(table)
+            added += grown
+            if partial and partial + grown <= bs:
+                tokens[seq_id] = held + grown
+                tail = table[-1]
+                fill[tail] = fill[tail] + grown
+                continue
+            after = held + grown
+            new_blocks = (after + bs - 1) // bs - len(table)
+            grows.append((seq_id, table, held, after))
+            num_new += new_blocks
+            order = num_decodes + idx
+            if per_step == 1:  # as a decode
+                key = -held % bs * num_seqs + order
+                for _ in range(new_blocks):
+                    starts.append(key)
+                    key += bs * num_seqs
+                continue
+            add_chunk_starts(starts, many, order, held, per_step, left, num_steps, bs, num_seqs)
+        if num_new > len(self._free) + len(self._cached.evictable):
+            self._undo_tail_growth(decodes, runs, grows, num_steps)
+            raise OutOfBlocksError(f"need {num_new} blocks, {self.num_free_blocks} free")
+        self.num_filled_slots += added
+        if not num_new:
+            return
+        # (full: each sequence's last block is set below)
+        deal_blocks(starts, many, self._take_blocks(num_new), order_tables)
+        for seq_id, table, held, after in grows:
+            tokens[seq_id] = after
+            if held % bs:
+                fill[table[held // bs]] = bs
+            fill[table[-1]] = after - (len(table) - 1) * bs
+
+    def _undo_tail_growth(
+        self, decodes: Sequence[int], runs: Sequence[SeqRun], grows: list[_Grow], steps: int
+    ) -> None:
+        """Take back the growth that ``append_steps`` gave inside their tail blocks to the
+        ``decodes`` and ``runs`` it went through before it found it could not go on (those
+        not in ``grows``, which were to take blocks and are untouched yet)."""
+        deferred = {seq_id for seq_id, _, _, _ in grows}
+        grown_by = [(seq_id, steps) for seq_id in decodes]
+        grown_by += [(seq_id, min(steps * per_step, left)) for seq_id, per_step, left in runs]
+        for seq_id, grown in grown_by:
+            table = self._tables[seq_id]
+            if grown > 0 and seq_id not in deferred and table is not None:
+                self._num_tokens[seq_id] -= grown
+                self._fill[table[-1]] -= grown
+
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
         """Give ``child_seq_id`` all of the parent's blocks, shared (ref_count + 1 each)."""
         if not self._no_table(child_seq_id):
@@ -354,24 +422,21 @@ class BlockAllocator:
 
     def free(self, seq_id: int) -> None:
         """Release every block of ``seq_id`` (GPU or CPU side); tail blocks evict first."""
-        if seq_id in self._cpu_tables:
-            for cpu_id in self._cpu_tables.pop(seq_id):
-                self._release_cpu(cpu_id)
+        if seq_id in self._host.tables:
+            self._host.release_table(seq_id)
         else:
             table = self._table(seq_id)
             self._tables[seq_id] = None
             ref = self._ref
-            if not self._key_to_block and (
+            if not self._cached.by_key and (
                 # (no block is shared anywhere: every used block's count is 1, no need to look)
                 not self.num_shared_refs or list(map(ref.__getitem__, table)).count(1) == len(table)
             ):
                 # The common case: every block held by this sequence alone, none cached. Its
                 # blocks hold exactly its tokens; a free block's fill is never read (it is set
                 # when the block is handed out again), so it is left as it is.
-                ref_objects = cast("list[object]", ref)  # (0 boxed once: see _write)
-                zero: object = 0
                 for block_id in table:
-                    ref_objects[block_id] = zero
+                    ref[block_id] = 0
                 self.num_used_blocks -= len(table)
                 self.num_filled_slots -= self._num_tokens[seq_id]
                 table.reverse()
@@ -390,34 +455,13 @@ class BlockAllocator:
         block_id = self._table(seq_id)[block_idx]
         if self._fill[block_id] != self.block_size:
             raise ValueError(f"block {block_id} is not full and cannot be cached")
-        current = self._key[block_id]
-        if current is not None:
-            if current != key:
-                raise ValueError(f"block {block_id} already caches key {current}, not {key}")
-            return True
-        self._key[block_id] = key
-        if key in self._key_to_block:
-            self._duplicates.setdefault(key, []).append(block_id)
-            return False
-        self._key_to_block[key] = block_id
-        return True
+        return self._cached.add(block_id, key)
 
     # -- swapping ------------------------------------------------------------------------
 
-    def _distinct(self, tables: Iterable[Sequence[int]]) -> dict[int, int]:
-        counts: dict[int, int] = {}
-        for table in tables:
-            for block_id in table:
-                counts[block_id] = counts.get(block_id, 0) + 1
-        return counts
-
     def can_swap_out(self, seq_ids: Sequence[int]) -> bool:
-        blocks = self._distinct(self._table(s) for s in seq_ids)
-        return len(blocks) <= len(self._cpu_free)
-
-    def can_swap_in(self, seq_ids: Sequence[int]) -> bool:
-        blocks = self._distinct(self._cpu_tables[s] for s in seq_ids)
-        return len(blocks) <= self.num_free_blocks
+        blocks = count_holders(self._table(s) for s in seq_ids)
+        return len(blocks) <= self._host.num_free
 
     def swap_out(self, seq_ids: Sequence[int]) -> list[BlockPair]:
         """Move the sequences' blocks to the CPU pool; returns ``(gpu_block, cpu_block)`` pairs.
@@ -425,27 +469,18 @@ class BlockAllocator:
         Blocks shared among ``seq_ids`` stay shared on the CPU side; blocks also held by other
         sequences keep their GPU copy for those.
         """
-        counts = self._distinct(self._table(s) for s in seq_ids)
-        if len(counts) > len(self._cpu_free):
-            raise OutOfBlocksError(f"need {len(counts)} CPU blocks, {len(self._cpu_free)} free")
-        mapping: dict[int, int] = {}
-        for gpu_id, count in counts.items():
-            cpu_id = self._cpu_free.pop()
-            self._cpu_ref[cpu_id] = count
-            self._cpu_fill[cpu_id] = self._fill[gpu_id]
-            self._cpu_key[cpu_id] = self._key[gpu_id]
-            mapping[gpu_id] = cpu_id
-        for seq_id in seq_ids:
-            table = self._table(seq_id)
+        tables = [self._table(s) for s in seq_ids]
+        mapping = self._host.store(seq_ids, tables, self._fill, self._cached.block_key)
+        for seq_id, table in zip(seq_ids, tables, strict=True):
             self._tables[seq_id] = None  # (its token count stays, for swapping in)
-            self._cpu_tables[seq_id] = [mapping[b] for b in table]
             for block_id in reversed(table):
                 self._release(block_id)
-        return list(mapping.items())
+        return mapping
 
     def swap_in(self, seq_ids: Sequence[int]) -> list[BlockPair]:
         """Bring swapped sequences back to fresh GPU blocks; returns ``(cpu_block, gpu_block)``."""
-        counts = self._distinct(self._cpu_tables[s] for s in seq_ids)
+        host = self._host
+        counts = count_holders(host.tables[s] for s in seq_ids)
         if len(counts) > self.num_free_blocks:
             raise OutOfBlocksError(f"need {len(counts)} blocks, {self.num_free_blocks} free")
         mapping: dict[int, int] = {}
@@ -453,23 +488,12 @@ class BlockAllocator:
             gpu_id = self._take_block()
             self._ref[gpu_id] = count
             self.num_shared_refs += count - 1
-            self._fill[gpu_id] = self._cpu_fill[cpu_id]
-            self.num_filled_slots += self._fill[gpu_id]
-            key = self._cpu_key[cpu_id]
-            if key is not None and key not in self._key_to_block:
-                self._key[gpu_id] = key
-                self._key_to_block[key] = gpu_id
+            self._fill[gpu_id] = host.fill[cpu_id]
+            self.num_filled_slots += host.fill[cpu_id]
+            key = host.key[cpu_id]
+            if key is not None:
+                self._cached.restore(gpu_id, key)
             mapping[cpu_id] = gpu_id
         for seq_id in seq_ids:
-            cpu_table = self._cpu_tables.pop(seq_id)
-            self._tables[seq_id] = [mapping[c] for c in cpu_table]
-            for cpu_id in cpu_table:
-                self._release_cpu(cpu_id)
+            self._tables[seq_id] = [mapping[c] for c in host.release_table(seq_id)]
         return list(mapping.items())
-
-    def _release_cpu(self, cpu_id: int) -> None:
-        self._cpu_ref[cpu_id] -= 1
-        if self._cpu_ref[cpu_id] == 0:
-            self._cpu_fill[cpu_id] = 0
-            self._cpu_key[cpu_id] = None
-            self._cpu_free.append(cpu_id)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from core.block_allocator import BlockPair, OutOfBlocksError
 from core.config import CacheConfig, ReservationRule
-from core.kv_manager import KVCacheManager, RangeCopy
+from core.kv_manager import RangeCopy
 from core.kv_state import KVState
 from core.memory import MemorySnapshot
 from core.request import Request
@@ -97,7 +97,7 @@ class ContiguousAllocator:
             self._hole_sizes.insert(i, size)
 
 
-class ContiguousKVManager(KVCacheManager):
+class ContiguousKVManager:
     """Contiguous reservations: one range per sample, reserved whole at admission.
 
     A reservation covers the sequence's final length, so growth never fails and nothing is

@@ -1,5 +1,4 @@
-"""The core's exceptions. Kept apart so that a compiled build of the core (which cannot compile
-a subclass of a built-in exception) leaves them as Python."""
+"""The core's exceptions."""
 
 
 class OutOfBlocksError(RuntimeError):

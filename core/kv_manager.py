@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Protocol
 
 from core.block_allocator import BlockAllocator, BlockPair, OutOfBlocksError
 from core.config import CacheConfig
@@ -16,95 +17,75 @@ from core.request import Request
 RangeCopy = tuple[int, int, int]  # (src_slot, dst_slot, num_slots)
 
 
-class KVCacheManager:
+class KVCacheManager(Protocol):
     """What the scheduler needs from a memory model (``PagedKVManager``,
-    ``ContiguousKVManager``). ``positions`` count per sequence.
-
-    A base class rather than a protocol: a compiled build (docs/compiled_core.md) then calls
-    the memory model's methods directly, where a protocol-typed receiver is called through the
-    interpreter."""
+    ``ContiguousKVManager``). ``positions`` count per sequence."""
 
     block_size: int
 
-    def rejection_reason(self, request: Request) -> str | None:
-        raise NotImplementedError
+    def rejection_reason(self, request: Request) -> str | None: ...
 
-    def prefix_hit_blocks(self, request: Request) -> Sequence[int]:
-        raise NotImplementedError
+    def prefix_hit_blocks(self, request: Request) -> Sequence[int]: ...
 
-    def cached_prefix_tokens(self, request: Request) -> int:
-        raise NotImplementedError
+    def cached_prefix_tokens(self, request: Request) -> int: ...
 
     def can_admit(
         self, request: Request, num_positions: int, hits: Sequence[int], watermark: bool = True
     ) -> bool:
         """Room for ``num_positions`` after ``hits``; ``watermark``: keep the watermark free
         too (vLLM keeps it only while some request runs)."""
-        raise NotImplementedError
+        ...
 
-    def admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> None:
-        raise NotImplementedError
+    def admit(self, request: Request, num_positions: int, hits: Sequence[int]) -> None: ...
 
-    def can_grow(self, request: Request, num_positions: int) -> bool:
-        raise NotImplementedError
+    def can_grow(self, request: Request, num_positions: int) -> bool: ...
 
     def grow_in_place(self, seq_id: int) -> bool:
         """Add one token to ``seq_id`` if that needs no new block and no copy (else change
         nothing and return False)."""
-        raise NotImplementedError
+        ...
 
     def try_grow(self, request: Request, num_positions: int) -> list[BlockPair] | None:
         """Grow like ``grow`` if there is room, else change nothing and return None."""
-        raise NotImplementedError
+        ...
 
-    def grow(self, request: Request, num_positions: int) -> list[BlockPair]:
-        raise NotImplementedError
+    def grow(self, request: Request, num_positions: int) -> list[BlockPair]: ...
 
-    def take_range_copies(self, request: Request) -> list[RangeCopy]:
-        raise NotImplementedError
+    def take_range_copies(self, request: Request) -> list[RangeCopy]: ...
 
-    def fork(self, request: Request) -> None:
-        raise NotImplementedError
+    def fork(self, request: Request) -> None: ...
 
-    def free_sequence(self, request: Request, seq_id: int) -> None:
-        raise NotImplementedError
+    def free_sequence(self, request: Request, seq_id: int) -> None: ...
 
-    def free(self, request: Request) -> None:
-        raise NotImplementedError
+    def free(self, request: Request) -> None: ...
 
-    def can_swap_out(self, request: Request) -> bool:
-        raise NotImplementedError
+    def can_swap_out(self, request: Request) -> bool: ...
 
-    def swap_out(self, request: Request) -> list[BlockPair]:
-        raise NotImplementedError
+    def swap_out(self, request: Request) -> list[BlockPair]: ...
 
-    def can_swap_in(self, request: Request, num_positions: int, watermark: bool = True) -> bool:
-        raise NotImplementedError
+    def can_swap_in(self, request: Request, num_positions: int, watermark: bool = True) -> bool: ...
 
-    def swap_in(self, request: Request) -> list[BlockPair]:
-        raise NotImplementedError
+    def swap_in(self, request: Request) -> list[BlockPair]: ...
 
     def commit(self, request: Request, num_tokens: int) -> None:
         """Register the full blocks among the first ``num_tokens`` tokens of each of the
         request's sequences in the prefix cache (their content must be known)."""
-        raise NotImplementedError
+        ...
 
-    def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:
-        raise NotImplementedError
+    def block_tables(self, request: Request) -> tuple[Sequence[int], ...]: ...
 
-    def snapshot(self, next_waiting: Request | None) -> MemorySnapshot:
-        raise NotImplementedError
+    def snapshot(self, next_waiting: Request | None) -> MemorySnapshot: ...
 
     def state(self) -> KVState:
         """A read-only copy of the whole memory state (for comparing runs)."""
-        raise NotImplementedError
+        ...
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-class PagedKVManager(KVCacheManager):
+class PagedKVManager:
     """Paged memory (PagedAttention): one block table per live sequence of a request."""
 
     def __init__(self, config: CacheConfig) -> None:
@@ -120,7 +101,6 @@ class PagedKVManager(KVCacheManager):
         self._lookup_keys: dict[int, SequenceKeys] = {}  # internal_idx -> lookup keys
 
     def grow_in_place(self, seq_id: int) -> bool:
-        # (hot callers holding a ``PagedKVManager`` call its allocator's method directly)
         return self.allocator.append_in_place(seq_id)
 
     def max_blocks_needed(self, request: Request) -> int:

@@ -73,7 +73,7 @@ class TokenTimeline:
         """Emissions at the ends of steps ``step_idx .. step_idx + count - 1``."""
         starts, counts = self.run_starts, self.run_counts
         if counts and starts[-1] + counts[-1] == step_idx:
-            counts[-1] = counts[-1] + count  # (typed: no generic in-place add)
+            counts[-1] += count
         elif not counts:
             # The first run, usually the only one: lists of exactly one item (an append
             # would reserve four), 48 bytes less a request over a whole trace.
@@ -161,10 +161,9 @@ class Request:
     num_prefix_lookup_tokens: int = 0
     num_cow_copies: int = 0
 
-    # Written out (as ``ScheduledBatch``'s): a compiled build (docs/compiled_core.md) runs the
-    # ``__init__`` that ``dataclass`` generates as Python, a tenth of a simulated request's
-    # admission. Only the request's description is passed in; the rest is the core's state
-    # and starts as the defaults above say.
+    # Only the request's description is passed in; the rest is the core's state and starts as
+    # the defaults above say. Written out, as ``ScheduledRequest``'s: generated, it cost 2% of a
+    # compiled run's instructions (docs/compiled_core.md).
     def __init__(
         self,
         request_id: str,

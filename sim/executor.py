@@ -120,7 +120,10 @@ class CostModelExecutor:
         one chunk further (the last one shorter if the prompt ends). ``shape`` is the same
         repeat in aggregate (the scheduler's ``repeat_shape``), which saves a pass over the
         batch (for a batch with padding or memory moves it is not used), and says whether a
-        step also admits the waiting head with its first chunk."""
+        step also admits the waiting head with its first chunk.
+
+        Long because it prices every skipped step: the aggregate path, the per-request path
+        and their shared end-time loop stay in one frame, each state kept in locals."""
         bs = self.block_size
         # The step (if any) that also computes an admitted head's first chunk, after the rest.
         admit_step = shape.admit_step if shape is not None else -1

@@ -4,58 +4,50 @@ scheduler's ``StepContext`` carries the decision out (allocation, preemption, sw
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from core.config import MemoryModel, SchedulerConfig
 from core.request import Request
 
 
-class StepContext:
+class StepContext(Protocol):
     """A policy's read-only view of one step, and its one way to act: ``schedule``. The
-    scheduler's ``Step`` implements it. A base class rather than a protocol: a compiled build
-    (docs/compiled_core.md) then calls a step's methods from a policy directly."""
+    scheduler's ``Step`` implements it."""
 
     @property
-    def now_s(self) -> float:
-        raise NotImplementedError
+    def now_s(self) -> float: ...
 
     @property
-    def running(self) -> Sequence[Request]:
-        raise NotImplementedError
+    def running(self) -> Sequence[Request]: ...
 
     @property
     def waiting(self) -> Sequence[Request]:
         """The live waiting queue (FCFS); admitting a request removes it from here."""
-        raise NotImplementedError
+        ...
 
     @property
-    def swapped(self) -> Sequence[Request]:
-        raise NotImplementedError
+    def swapped(self) -> Sequence[Request]: ...
 
     @property
-    def arrivals_done(self) -> bool:
-        raise NotImplementedError
+    def arrivals_done(self) -> bool: ...
 
     @property
-    def token_budget_left(self) -> int:
-        raise NotImplementedError
+    def token_budget_left(self) -> int: ...
 
     @property
-    def preempted_any(self) -> bool:
-        raise NotImplementedError
+    def preempted_any(self) -> bool: ...
 
     @property
-    def num_held_samples(self) -> int:
-        raise NotImplementedError
+    def num_held_samples(self) -> int: ...
 
     def pending_positions(self, request: Request) -> int:
         """Positions the request could compute now (after prefix-cache hits, if waiting)."""
-        raise NotImplementedError
+        ...
 
     def schedule(self, request: Request, num_positions: int) -> bool:
         """Give ``request`` ``num_positions`` positions this step; False if it cannot run
         (budget, memory, or it was preempted). May preempt later-arrived running requests."""
-        raise NotImplementedError
+        ...
 
     def schedule_decodes(
         self, requests: Sequence[Request], in_order: bool = False
@@ -64,14 +56,13 @@ class StepContext:
         requests that are not decoding (prompts, recomputes), in order. With ``in_order``
         it stops at the first request that is not decoding and returns it and all after it
         (unscheduled), so a policy that keeps the running order can go on from there."""
-        raise NotImplementedError
+        ...
 
-    def add_padding(self, num_tokens: int) -> None:
-        raise NotImplementedError
+    def add_padding(self, num_tokens: int) -> None: ...
 
     def wake_at(self, when_s: float) -> None:
         """Ask to be scheduled again at ``when_s`` even if nothing arrives."""
-        raise NotImplementedError
+        ...
 
 
 class Policy:

@@ -16,9 +16,11 @@ def add_compile_command(commands: Any) -> None:
     parser = commands.add_parser(
         "compile-core",
         help="build the shared core with mypyc, for SERVESIM_CORE=compiled",
-        description="Compile engine/core (the scheduler, allocators, policies and fast-forward) "
-        "to C extensions with mypyc, into a cache directory keyed by the sources' hash. Then "
-        "SERVESIM_CORE=compiled makes every command use that build: the same results, faster. "
+        description="Compile the simulation's hot path (the core: scheduler, allocators, "
+        "policies; fast-forward, the step loop, the executor and the roofline) to C extensions "
+        "with mypyc, into a cache directory keyed by the sources' hash. Then "
+        "SERVESIM_CORE=compiled makes every python -m sim command use that build: the same "
+        "results, faster (docs/compiled_core.md). "
         "Needs mypy (which ships mypyc) and a C compiler; an existing build of the same sources "
         "is reused.",
     )

@@ -45,7 +45,6 @@ HOT_MODULES = (
     "sim/deployment.py",
     "sim/executor.py",
     "sim/fastforward/__init__.py",
-    "sim/fastforward/bulk_growth.py",
     "sim/fastforward/growth.py",
     "sim/fastforward/memory.py",
     "sim/fastforward/plan.py",
@@ -121,12 +120,8 @@ def compile_core(cache: Path | None = None, root: Path = ROOT) -> tuple[Path, fl
     scratch = target.with_name(f"{target.name}.tmp{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.so", "data", "templates")
-    shutil.copytree(root / "engine" / "core", scratch / "engine" / "core", ignore=ignore)
     for package in CHECKED_PACKAGES:
         shutil.copytree(root / package, scratch / package, ignore=ignore)
-    # A stub for the engine's own __init__ (whose names pull torch in on use), so that mypyc
-    # names the core's modules core.* without reading the engine's torch side.
-    (scratch / "engine" / "__init__.py").write_text("")
     # mypyc type-checks what it compiles; pandas, simpy and the like ship no stubs (the
     # project's own `mypy` run is where types are checked strictly).
     (scratch / "mypyc.ini").write_text("[mypy]\nignore_missing_imports = True\n")

@@ -21,7 +21,8 @@ from sim.compiled.build import BUILT_MARKER, CACHE_ENV_VAR, ENV_VAR, MODES, buil
 class _BuildFinder(importlib.abc.MetaPathFinder):
     """Finds the modules of one build by their dotted names."""
 
-    def __init__(self, modules: dict[str, Path]) -> None:
+    def __init__(self, where: Path, modules: dict[str, Path]) -> None:
+        self.where = where
         self.modules = modules
 
     def find_spec(
@@ -59,6 +60,9 @@ def use_build(cache: Path | None = None) -> Path:
     Must run before any module it holds is imported: one already imported stays the source's.
     A missing build is an ImportError that says how to make one.
     """
+    for finder in sys.meta_path:
+        if isinstance(finder, _BuildFinder):
+            return finder.where  # selected already (a second ``main()`` in one process)
     where = build_dir(cache=cache)
     if not (where / BUILT_MARKER).is_file():
         raise ImportError(
@@ -69,8 +73,7 @@ def use_build(cache: Path | None = None) -> Path:
     loaded = sorted(name for name in modules if name in sys.modules and "." in name)
     if loaded:
         raise ImportError(f"{ENV_VAR}=compiled: already imported from the sources: {loaded}")
-    if not any(isinstance(f, _BuildFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _BuildFinder(modules))
+    sys.meta_path.insert(0, _BuildFinder(where, modules))
     return where
 
 

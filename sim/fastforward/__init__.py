@@ -31,7 +31,6 @@ from core.memory import MemorySnapshot
 from core.request import Request
 from core.scheduler import Scheduler
 from core.step import commit_scheduled
-from sim.fastforward.bulk_growth import append_steps
 from sim.fastforward.growth import UNBOUNDED, RepeatShape, RequestGrowth, StepTokens
 from sim.fastforward.memory import RunMemory, run_memory
 from sim.fastforward.plan import RunPlan, plan_continuation, plan_repeat
@@ -109,7 +108,7 @@ class FastForward:
             # The decodes on the allocator's shorter path; a prompt chunk, if any, is last.
             request, per_step, left = growth[-1]
             chunk = [] if left == UNBOUNDED else [(request.live_seq_ids[0], per_step, left)]
-            append_steps(kv.allocator, chunk, count, plan.decode_seq_ids)
+            kv.allocator.append_steps(chunk, count, plan.decode_seq_ids)
         else:
             _grow(kv, growth, count)
         last_idx = first_idx + count - 1
@@ -170,7 +169,7 @@ def _grow(kv: KVCacheManager, growth: Sequence[RequestGrowth], num_steps: int) -
                 # (before the fork only the first sample holds blocks)
                 for seq_id in (request.live_seq_ids if request.forked else request.live_seq_ids[:1])
             ]
-        append_steps(kv.allocator, runs, num_steps)
+        kv.allocator.append_steps(runs, num_steps)
         return
     for request, per_step, left in growth:  # contiguous: inside reservations, order is free
         kv.grow(request, min(num_steps * per_step, left))

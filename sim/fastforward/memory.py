@@ -16,8 +16,8 @@ from sim.fastforward.growth import UNBOUNDED, ChunkRun, RepeatShape, RequestGrow
 
 class RunMemory:
     """A memory manager seen by fast-forward: read-only sums over a planned run
-    (``PagedRunMemory``, ``ContiguousRunMemory``). A base class rather than a protocol, as
-    ``KVCacheManager``: a compiled build calls its methods directly."""
+    (``PagedRunMemory``, ``ContiguousRunMemory``). A base class rather than a protocol: a
+    compiled build (docs/compiled_core.md) calls its methods directly."""
 
     def growth_capacity(
         self, growth: Sequence[RequestGrowth], limit: int, shape: RepeatShape | None = None

@@ -70,6 +70,10 @@ def plan_repeat(s: Scheduler, memory: RunMemory, batch: ScheduledBatch) -> RunPl
     step again until a request finishes, the prompt reaches its last chunk or the cache runs
     out of blocks for growth. The run may end with the prompt's last chunk, alone or with the
     waiting head admitted in the budget it leaves (``RepeatShape.admit_step``).
+
+    Long because it runs after every simulated step: its checks and the one pass that gathers
+    the run's shape (decode phases, the chunk, sequence ids) stay in one frame, without a call
+    per request.
     """
     if s.changed_since_schedule:
         return None
@@ -164,7 +168,10 @@ def plan_continuation(s: Scheduler, memory: RunMemory, itemized: bool = True) ->
     its chunk, and nothing else, and when it repeats; else None (the policy must schedule
     the next step). The plan's batch stands for that step as if it had just run; without
     ``itemized`` its ``requests`` stay empty (the plan's ``growth`` and ``shape`` say the
-    same), for a caller that needs only those: one ``ScheduledRequest`` fewer a request."""
+    same), for a caller that needs only those: one ``ScheduledRequest`` fewer a request.
+
+    Long for the reason ``plan_repeat`` is: asked before every policy run, it decides in one
+    pass over the running requests, without a call per request."""
     policy = s.policy
     if (
         not policy.continues_decodes

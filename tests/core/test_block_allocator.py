@@ -23,7 +23,6 @@ from hypothesis.stateful import (
 )
 
 from core.block_allocator import BlockAllocator, OutOfBlocksError
-from sim.fastforward.bulk_growth import SeqRun, append_steps
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 24
@@ -132,6 +131,46 @@ class BlockAllocatorMachine(RuleBasedStateMachine):
         new = [next(self.fresh) for _ in range(n)]
         self._write(seq, num_tokens, new)
         self.tokens[seq].extend(new)
+
+    @rule(data=st.data(), num_steps=st.integers(1, 9))
+    def append_steps(self, data: st.DataObject, num_steps: int) -> None:
+        """Several sequences grown over ``num_steps`` steps at once: the first decoding (one
+        position a step), the rest as runs (positions per step, positions left). A shared
+        partial tail is refused (it needs a copy) and a pool too small raises; both change
+        nothing, although the sequences before the bad one were already grown."""
+        on_gpu = self._on_gpu()
+        if not on_gpu:
+            return
+        group = data.draw(st.lists(st.sampled_from(on_gpu), min_size=1, max_size=4, unique=True))
+        num_decodes = data.draw(st.integers(0, len(group)))
+        decodes = group[:num_decodes]
+        runs = [(s, data.draw(st.integers(1, 6)), data.draw(st.integers(1, 20))) for s in group]
+        runs = runs[num_decodes:]
+        grown = {seq: num_steps for seq in decodes}
+        grown |= {seq: min(num_steps * per_step, left) for seq, per_step, left in runs}
+        tables = {seq: self.alloc.block_table(seq) for seq in group}
+        shared_tail = any(
+            len(self.tokens[seq]) % BLOCK_SIZE and self.alloc.ref_count(tables[seq][-1]) > 1
+            for seq in group
+        )
+        need = sum(
+            ceil_div(len(self.tokens[seq]) + n, BLOCK_SIZE) - len(tables[seq])
+            for seq, n in grown.items()
+        )
+        if shared_tail or need > self.alloc.num_free_blocks:
+            before = (self.alloc.state(), self.alloc.num_filled_slots, self.alloc.num_used_blocks)
+            with pytest.raises(ValueError if shared_tail else OutOfBlocksError):
+                self.alloc.append_steps(runs, num_steps, decodes)
+            after = (self.alloc.state(), self.alloc.num_filled_slots, self.alloc.num_used_blocks)
+            assert after == before, "a refused append_steps changes nothing"
+            return
+        free_before = self.alloc.num_free_blocks
+        self.alloc.append_steps(runs, num_steps, decodes)
+        assert free_before - self.alloc.num_free_blocks == need
+        for seq, n in grown.items():
+            new = [next(self.fresh) for _ in range(n)]
+            self._write(seq, len(self.tokens[seq]), new)
+            self.tokens[seq].extend(new)
 
     @rule(target=seqs, parent=seqs)
     def fork(self, parent: int) -> int:
@@ -318,23 +357,21 @@ def test_append_steps_takes_blocks_as_appending_step_by_step(
     bulk = _allocator_with(held, num_blocks, num_cached)
     stepwise = _allocator_with(held, num_blocks, num_cached)
     seq_runs = [
-        SeqRun(seq_id, 1, 1 << 62) if seq_id < num_decodes else SeqRun(seq_id, per_step, left)
+        (seq_id, 1, 1 << 62) if seq_id < num_decodes else (seq_id, per_step, left)
         for seq_id, (_, per_step, left) in enumerate(runs)
     ]
-    decodes = [run.seq_id for run in seq_runs[:num_decodes]]
+    decodes = [seq_id for seq_id, _, _ in seq_runs[:num_decodes]]
     before = bulk.state()
     try:
-        append_steps(bulk, seq_runs[len(decodes) :], num_steps, decodes)
+        bulk.append_steps(seq_runs[len(decodes) :], num_steps, decodes)
     except OutOfBlocksError:
         assert bulk.state() == before
         return
     for step in range(num_steps):
-        for run in seq_runs:
-            positions = min(
-                run.positions_per_step, run.positions_left - step * run.positions_per_step
-            )
+        for seq_id, per_step, left in seq_runs:
+            positions = min(per_step, left - step * per_step)
             if positions > 0:
-                stepwise.append_slots(run.seq_id, positions)
+                stepwise.append_slots(seq_id, positions)
     assert bulk.state() == stepwise.state()
     assert bulk.num_filled_slots == stepwise.num_filled_slots
     assert bulk.num_used_blocks == stepwise.num_used_blocks

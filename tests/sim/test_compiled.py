@@ -4,6 +4,7 @@ byte-identical to the sources'."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import shutil
 import subprocess
@@ -131,3 +132,23 @@ def test_compiled_core_simulates_byte_identically(tmp_path: Path) -> None:
         assert errors == str(ROOT / "sim" / "errors.py")  # never in a build
         outputs[mode] = [(out / name).read_bytes() for name in ("requests.csv", "steps.csv")]
     assert outputs["compiled"] == outputs["python"]
+
+
+def test_selecting_again_keeps_the_build_already_selected(tmp_path: Path) -> None:
+    """A second ``main()`` in one process (a benchmark's runs) finds the build in front of the
+    sources already: it neither hashes the sources again nor refuses the modules it loaded."""
+    where = compiled.build_dir(cache=tmp_path)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    (where / "core").mkdir(parents=True)
+    (where / "core" / f"scheduler{suffix}").write_bytes(b"")  # never loaded here
+    (where / compiled.BUILT_MARKER).write_text("test\n")
+    code = (
+        "import os, sys; from sim.compiled import switch, build\n"
+        "first = switch.select(os.environ)\n"
+        "sys.modules['core.scheduler'] = sys  # as if the build's module had been imported\n"
+        "build.build_key = None  # a second select must not compute the key again\n"
+        "print(first == switch.select(os.environ), first)\n"
+    )
+    result = _python(code, {"SERVESIM_CORE": "compiled", "SERVESIM_CORE_CACHE": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", str(where)]
