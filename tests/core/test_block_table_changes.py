@@ -106,7 +106,9 @@ def test_a_batch_names_nothing_unless_the_scheduler_records() -> None:
     requests = make_workload(seed=1, num_requests=5)
     cache = CacheConfig(num_blocks=64, block_size=4, max_model_len=512)
     batches: list[ScheduledBatch] = []
-    replay(requests, cache, SchedulerConfig(policy="chunked"), on_step=lambda s, b: batches.append(b))
+    replay(
+        requests, cache, SchedulerConfig(policy="chunked"), on_step=lambda s, b: batches.append(b)
+    )
     assert batches and all(b.block_tables is None for b in batches)
 
 
