@@ -11,6 +11,7 @@ Every step runs (no fast-forward: that is the simulator's privilege).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -22,10 +23,13 @@ from core.config import CacheConfig, SchedulerConfig
 from core.model.spec import ModelSpec
 from core.request import Request
 from core.scheduler import Scheduler
+from engine.cuda_graphs import DecodeGraphs, GraphStats, graph_batch_sizes
+from engine.input_batch import BlockTables, StepBuffers
 from engine.kv_cache import KVCache
 from engine.model.weights import load_model
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
+from kernels.contracts import resolve_backend
 
 GIB = 1 << 30
 POLICIES = ("static", "dynamic", "continuous", "chunked")
@@ -42,7 +46,9 @@ WARMUP_OUTPUT_TOKENS = 3
 class EngineConfig:
     """Everything that builds an engine. ``num_gpu_blocks`` None sizes the cache from memory:
     on CUDA as vLLM does (a profiling pass of the largest step, then ``gpu_memory_utilization``
-    of total memory less its peak), on CPU from ``cpu_kv_cache_gib``."""
+    of total memory less its peak and less the CUDA graphs), on CPU from ``cpu_kv_cache_gib``.
+    On CUDA with the Triton kernels, decode-only steps run on CUDA graphs captured at start-up
+    unless ``enforce_eager`` (as vLLM's flag)."""
 
     model: str = "tiny-llama"
     device: str = "cpu"
@@ -68,6 +74,7 @@ class EngineConfig:
     # torch's own default.
     cpu_threads: int = 1
     clock: str = "wall"
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -177,7 +184,7 @@ class LLMEngine:
             model_config.head_dim,
             self.dtype,
         )
-        num_blocks = config.num_gpu_blocks or self._blocks_from_memory(block_bytes)
+        num_blocks = config.num_gpu_blocks or self._blocks_from_memory(block_bytes, max_len)
         num_cpu_blocks = int(config.swap_space_gib * GIB // block_bytes)
         self.cache_config = CacheConfig(
             num_blocks=num_blocks,
@@ -194,22 +201,72 @@ class LLMEngine:
             batch_size=config.batch_size,
             max_wait_s=config.max_wait_s,
         )
-        self.scheduler = Scheduler(self.cache_config, self.scheduler_config)
+        self.scheduler = self._new_scheduler(self.cache_config, self.scheduler_config)
         self.eos_token_ids = _eos_ids(model_config)
-        layers = self.model.make_kv_caches(num_blocks, config.block_size)
-        self.kv_cache = KVCache(layers, self.cache_config.num_cpu_blocks, config.backend)
+        self.kv_cache = KVCache.allocate(
+            model_config.num_layers,
+            num_blocks,
+            config.block_size,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+            self.dtype,
+            self.device,
+            self.cache_config.num_cpu_blocks,
+            config.backend,
+        )
         self.runner = ModelRunner(
             self.model,
             self.kv_cache,
-            # Through the engine, so that ``warm_up`` can run on a scratch scheduler.
-            lambda request: self.scheduler.block_tables(request),
             self._params_of,
+            max_len,
             eos_token_ids=self.eos_token_ids,
             backend=config.backend,
         )
+        self.graph_stats: GraphStats | None = None
+        if self._uses_graphs():
+            self.graph_stats = self._capture_graphs(max_len)
         self.clock = clock
         self._sampling: dict[str, _Sampling] = {}
         self._num_added = 0
+
+    @staticmethod
+    def _new_scheduler(cache: CacheConfig, config: SchedulerConfig) -> Scheduler:
+        # The runner keeps the block tables between steps, from the changes each batch names.
+        return Scheduler(cache, config, record_block_tables=True)
+
+    def _uses_graphs(self) -> bool:
+        """Decode on CUDA graphs: on CUDA, with the Triton kernels, unless ``enforce_eager``."""
+        config = self.config
+        return (
+            self.device.type == "cuda"
+            and not config.enforce_eager
+            and resolve_backend(self.device, config.backend) == "triton"
+        )
+
+    def _decode_graphs(self, kv_cache: KVCache, buffers: StepBuffers, max_len: int) -> DecodeGraphs:
+        return DecodeGraphs(
+            self.model,
+            kv_cache,
+            buffers,
+            graph_batch_sizes(self.config.max_num_seqs),
+            max_len,
+            "triton",
+            replay=True,
+        )
+
+    def _capture_graphs(self, max_len: int) -> GraphStats:
+        """Capture the decode graphs on the engine's cache; print what they cost, once."""
+        graphs = self._decode_graphs(self.kv_cache, self.runner.buffers, max_len)
+        stats = graphs.capture()
+        self.runner.graphs = graphs
+        sizes = graphs.sizes
+        print(
+            f"engine: captured {stats.num_graphs} CUDA graphs for decode batches of "
+            f"{sizes[0]}..{sizes[-1]} in {stats.capture_s:.1f} s, "
+            f"{stats.memory_bytes / GIB:.2f} GiB (enforce_eager turns them off)",
+            file=sys.stderr,
+        )
+        return stats
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -278,6 +335,7 @@ class LLMEngine:
             record.wall_s, record.cpu_s = wall_2 - wall_0, cpu_2 - cpu_0
         for request in finished:
             self._sampling.pop(request.request_id, None)
+            self.runner.forget(request.seq_ids)
         return StepOutput(batch, finished, record)
 
     def warm_up(self) -> int:
@@ -295,7 +353,9 @@ class LLMEngine:
         scratch_cache = replace(self.cache_config, num_cpu_blocks=0, enable_prefix_caching=False)
         scratch_config = replace(self.scheduler_config, policy="continuous")
         real = self.scheduler
-        self.scheduler = Scheduler(scratch_cache, scratch_config)
+        self.scheduler = self._new_scheduler(scratch_cache, scratch_config)
+        # The scratch scheduler numbers its sequences from 0 again: its own tables.
+        real_tables = self.runner.swap_tables(BlockTables(self.runner.tables.max_blocks_per_seq))
         try:
             vocab = self.model.config.vocab_size
             ids = [(7 * i + 1) % vocab for i in range(prompt)]
@@ -310,19 +370,37 @@ class LLMEngine:
                 num_steps += 1
         finally:
             self.scheduler = real
+            self.runner.swap_tables(real_tables)
             self._sampling.pop("__warm_up__", None)
         return num_steps
 
     # -- sizing ------------------------------------------------------------------------------
 
-    def _blocks_from_memory(self, block_bytes: int) -> int:
+    def _blocks_from_memory(self, block_bytes: int, max_len: int) -> int:
         if self.device.type != "cuda":
             return max(1, int(self.config.cpu_kv_cache_gib * GIB // block_bytes))
-        return self._profile_gpu_blocks(block_bytes)
+        graph_bytes = self._graph_memory(max_len) if self._uses_graphs() else 0
+        return self._profile_gpu_blocks(block_bytes, graph_bytes)
 
-    def _profile_gpu_blocks(self, block_bytes: int) -> int:
+    def _graph_memory(self, max_len: int) -> int:
+        """The device memory the decode graphs take, measured before the KV cache is sized by
+        capturing them once on a one-block scratch cache (every captured row is padding, so
+        no block is read) and releasing them."""
+        cfg = self.model.config
+        scratch = KVCache.allocate(
+            cfg.num_layers, 1, self.config.block_size, cfg.num_kv_heads, cfg.head_dim,
+            self.dtype, self.device, backend=self.config.backend,
+        )  # fmt: skip
+        buffers = StepBuffers(-(-max_len // self.config.block_size), self.device)
+        graph_bytes = self._decode_graphs(scratch, buffers, max_len).capture().memory_bytes
+        del scratch, buffers
+        torch.cuda.empty_cache()
+        return graph_bytes
+
+    def _profile_gpu_blocks(self, block_bytes: int, reserved_bytes: int = 0) -> int:
         """vLLM's rule: run the largest step once, then give the KV cache
-        ``gpu_memory_utilization`` of total memory less the peak the pass reached."""
+        ``gpu_memory_utilization`` of total memory less the peak the pass reached and less
+        ``reserved_bytes`` (the CUDA graphs)."""
         from engine.attention import build_metadata
 
         config = self.config
@@ -351,11 +429,12 @@ class LLMEngine:
         del layers
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).total_memory
-        free_for_kv = total * config.gpu_memory_utilization - peak
+        free_for_kv = total * config.gpu_memory_utilization - peak - reserved_bytes
         num_blocks = int(free_for_kv // block_bytes)
         if num_blocks < 1:
             raise ValueError(
-                f"no room for a KV cache: peak {peak / GIB:.1f} GiB of {total / GIB:.1f} GiB at "
+                f"no room for a KV cache: peak {peak / GIB:.1f} GiB and CUDA graphs "
+                f"{reserved_bytes / GIB:.1f} GiB of {total / GIB:.1f} GiB at "
                 f"gpu_memory_utilization {config.gpu_memory_utilization}"
             )
         return num_blocks

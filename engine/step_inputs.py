@@ -1,0 +1,202 @@
+"""One step's inputs from its batch: which rows it computes (decodes first, then prefill
+chunks), their tokens, positions and slots, the attention metadata and who samples, written
+into the runner's persistent host buffers with numpy.
+
+A sequence *samples* when the step brings its computed tokens up to its known tokens; before
+the fork of an ``n > 1`` request the prompt is one sequence, and its last row gives the first
+token of every sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.batch import ScheduledBatch
+from core.request import Request
+from engine.attention import HostMetadata
+from engine.input_batch import BlockTables, StepBuffers
+from engine.sampling import SampleSpec, SamplingParams
+
+ParamsOf = Callable[[Request], tuple[SamplingParams, int]]
+
+
+@dataclass(slots=True)
+class ScheduledRows:
+    """A batch read once, in plain lists: each decode row's table row, position and token;
+    each chunk's table row, first position and length (its tokens flattened in
+    ``chunk_tokens``); and every sample drawn, as ``(chunk index or -1, decode index,
+    spec with row -1, owner sequence)``."""
+
+    decode_rows: list[int] = field(default_factory=list)
+    decode_positions: list[int] = field(default_factory=list)
+    decode_tokens: list[int] = field(default_factory=list)
+    chunk_rows: list[int] = field(default_factory=list)
+    chunk_starts: list[int] = field(default_factory=list)
+    chunk_lens: list[int] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    samples: list[tuple[int, int, SampleSpec, int]] = field(default_factory=list)
+
+    @property
+    def num_decodes(self) -> int:
+        return len(self.decode_rows)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decode_rows) + len(self.chunk_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class HostStep:
+    """One step's inputs on the host: views of the step buffers, and its samples with
+    ``row`` the token row whose logits they read."""
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    meta: HostMetadata
+    specs: list[SampleSpec]
+    owners: list[int]
+
+
+def collect_rows(batch: ScheduledBatch, tables: BlockTables, params_of: ParamsOf) -> ScheduledRows:
+    """Read the batch: a loop over its requests, O(1) work per decode row."""
+    rows = ScheduledRows()
+    for scheduled in batch.requests:
+        request = scheduled.request
+        start = scheduled.num_computed_tokens
+        end = start + scheduled.num_positions
+        samples = end == request.num_tokens
+        if scheduled.num_positions == 1:
+            for seq_id in scheduled.seq_ids:
+                rows.decode_rows.append(tables.row(seq_id))
+                rows.decode_positions.append(start)
+                rows.decode_tokens.append(_token_at(request, seq_id, start))
+                if samples:
+                    _add_samples(rows, request, seq_id, -1, rows.num_decodes - 1, params_of)
+            continue
+        for seq_id in scheduled.seq_ids:
+            rows.chunk_rows.append(tables.row(seq_id))
+            rows.chunk_starts.append(start)
+            rows.chunk_lens.append(scheduled.num_positions)
+            rows.chunk_tokens.extend(_known_tokens(request, seq_id, start, end))
+            if samples:
+                _add_samples(rows, request, seq_id, len(rows.chunk_rows) - 1, -1, params_of)
+    return rows
+
+
+def fill_host_step(
+    rows: ScheduledRows,
+    tables: BlockTables,
+    buffers: StepBuffers,
+    block_size: int,
+    num_padded_decodes: int = 0,
+) -> HostStep:
+    """Write the step's inputs into the host buffers, vectorised. ``num_padded_decodes``
+    extra decode rows (a CUDA graph's bucket; decode-only steps) get token 0 at position 0,
+    slot -1 and length 0: they read and write nothing."""
+    num_decodes = rows.num_decodes
+    if num_padded_decodes and rows.chunk_rows:
+        raise ValueError("only a decode-only step is padded")
+    padded = num_decodes + num_padded_decodes
+    num_chunks = len(rows.chunk_rows)
+    lens = np.array(rows.chunk_lens, dtype=np.int64)
+    starts = np.array(rows.chunk_starts, dtype=np.int64)
+    # Rows: decodes, then chunk tokens or (decode-only steps) padding, never both.
+    num_real = num_decodes + len(rows.chunk_tokens)
+    ids = buffers.host("input_ids", num_real + num_padded_decodes)
+    positions = buffers.host("positions", num_real + num_padded_decodes)
+    slots = buffers.host("slot_mapping", num_real + num_padded_decodes)
+    table_rows = np.empty(num_real, dtype=np.int64)
+    table_rows[:num_decodes] = rows.decode_rows
+    real_positions = positions[:num_real]
+    real_positions[:num_decodes] = rows.decode_positions
+    if num_chunks:
+        # Each chunk's positions run on from its start.
+        offsets = np.cumsum(lens) - lens
+        chunk_positions = np.arange(len(rows.chunk_tokens)) + np.repeat(starts - offsets, lens)
+        real_positions[num_decodes:] = chunk_positions
+        table_rows[num_decodes:] = np.repeat(np.array(rows.chunk_rows, dtype=np.int64), lens)
+    ids[:num_decodes] = rows.decode_tokens
+    ids[num_decodes:num_real] = rows.chunk_tokens
+    blocks = tables.array[table_rows, real_positions // block_size].astype(np.int64)
+    slots[:num_real] = blocks * block_size + real_positions % block_size
+    ids[num_real:] = 0
+    positions[num_real:] = 0
+    slots[num_real:] = -1
+    seq_lens = buffers.host("decode_seq_lens", padded)
+    seq_lens[:num_decodes] = real_positions[:num_decodes] + 1
+    seq_lens[num_decodes:] = 0
+    decode_tables = buffers.host("decode_block_tables", padded)
+    np.take(tables.array, table_rows[:num_decodes], axis=0, out=decode_tables[:num_decodes])
+    prefill_tables = buffers.host("prefill_block_tables", num_chunks)
+    np.take(tables.array, np.array(rows.chunk_rows, dtype=np.int64), axis=0, out=prefill_tables)
+    query_start_loc = buffers.host("prefill_query_start_loc", num_chunks + 1)
+    query_start_loc[0] = 0
+    query_start_loc[1:] = np.cumsum(lens)
+    seq_lens_p = buffers.host("prefill_seq_lens", num_chunks)
+    seq_lens_p[:] = starts + lens
+    context_lens = buffers.host("prefill_context_lens", num_chunks)
+    context_lens[:] = starts
+    meta = HostMetadata(
+        slots, seq_lens, decode_tables, prefill_tables, query_start_loc, seq_lens_p,
+        context_lens, num_padding_tokens=num_padded_decodes,
+    )  # fmt: skip
+    specs, owners = _place_samples(rows, padded, lens)
+    return HostStep(ids, positions, meta, specs, owners)
+
+
+def _place_samples(
+    rows: ScheduledRows, num_decode_rows: int, chunk_lens: np.ndarray
+) -> tuple[list[SampleSpec], list[int]]:
+    """Each sample's token row: a decode's own row, a chunk's last row."""
+    chunk_last = (num_decode_rows + np.cumsum(chunk_lens) - 1).tolist()
+    specs: list[SampleSpec] = []
+    owners: list[int] = []
+    for chunk_idx, decode_idx, spec, owner in rows.samples:
+        row = decode_idx if chunk_idx < 0 else chunk_last[chunk_idx]
+        specs.append(SampleSpec(row, spec.params, spec.seed, spec.sample_idx, spec.position))
+        owners.append(owner)
+    return specs, owners
+
+
+def _add_samples(
+    rows: ScheduledRows,
+    request: Request,
+    seq_id: int,
+    chunk_idx: int,
+    decode_idx: int,
+    params_of: ParamsOf,
+) -> None:
+    params, seed = params_of(request)
+    position = request.num_output_tokens
+    # Before the fork, the one computed sequence samples the first token of every sample.
+    sampling = request.live_seq_ids if request.n > 1 and not request.forked else [seq_id]
+    for sample_seq in sampling:
+        spec = SampleSpec(-1, params, seed, request.seq_ids.index(sample_seq), position)
+        rows.samples.append((chunk_idx, decode_idx, spec, sample_seq))
+
+
+def _token_at(request: Request, seq_id: int, pos: int) -> int:
+    """Token ``pos`` of sequence ``seq_id``: its prompt, then its outputs."""
+    prompt = request.prompt_token_ids
+    if prompt is None:
+        raise ValueError(f"request {request.request_id!r} has no prompt token ids")
+    num_prompt = len(prompt)
+    if pos < num_prompt:
+        return prompt[pos]
+    return request.output_token_ids[seq_id][pos - num_prompt]
+
+
+def _known_tokens(request: Request, seq_id: int, start: int, end: int) -> list[int]:
+    """Tokens ``start .. end - 1`` of sequence ``seq_id``: its prompt, then its outputs."""
+    prompt = request.prompt_token_ids
+    if prompt is None:
+        raise ValueError(f"request {request.request_id!r} has no prompt token ids")
+    num_prompt = len(prompt)
+    out = list(prompt[start : min(end, num_prompt)])
+    if end > num_prompt:
+        outputs = request.output_token_ids.get(seq_id, ())
+        out.extend(outputs[max(start, num_prompt) - num_prompt : end - num_prompt])
+    return out
