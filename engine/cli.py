@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "triton", "torch"],
         help="kernels: Triton on CUDA (auto), or the torch references",
     )
+    run.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step eagerly: no CUDA graphs for decode (as vLLM's flag; CPU never "
+        "uses them)",
+    )
     add_scheduling_arguments(run, DEFAULTS, PREEMPTION_MODES, _SCHEDULING_HELP)
     run.add_argument(
         "--time-scale",
@@ -143,6 +149,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         backend=args.backend,
         cpu_threads=args.cpu_threads,
         clock=args.clock,
+        enforce_eager=args.enforce_eager,
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -291,7 +292,10 @@ class LLMEngine:
             n=params.n,
             prompt_token_ids=tuple(prompt_token_ids),
         )
-        seed = params.seed if params.seed is not None else hash((self.config.seed, request_id))
+        seed = params.seed
+        if seed is None:
+            # crc32, not hash(): a str's hash changes from process to process.
+            seed = hash((self.config.seed, zlib.crc32(request_id.encode())))
         self._sampling[request_id] = _Sampling(params, seed)
         self._num_added += 1
         if not self.scheduler.add_request(request, arrival_s if now_s is None else now_s):

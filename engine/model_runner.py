@@ -121,8 +121,12 @@ class ModelRunner:
         """An eager step's device inputs (one copy per buffer), and its samples re-rowed to
         the logits of the distinct rows that sample."""
         buffers = self.buffers
-        rows = np.array([s.row for s in host.specs], dtype=np.int64)
-        logit_rows, where = np.unique(rows, return_inverse=True)
+        rows = np.fromiter((s.row for s in host.specs), np.int64, len(host.specs))
+        if len(rows) < 2 or bool((rows[1:] > rows[:-1]).all()):
+            logit_rows, where = rows, np.arange(len(rows))  # (each row once, in order)
+        else:
+            # Before an n > 1 request forks, its last prompt row samples several times.
+            logit_rows, where = np.unique(rows, return_inverse=True)
         indices = buffers.host("logits_indices", len(logit_rows))
         indices[:] = logit_rows
         meta = device_metadata(host.meta, buffers.upload, self.block_size, self.backend)
@@ -133,7 +137,7 @@ class ModelRunner:
             meta,
             buffers.upload("logits_indices", indices),
         )
-        if np.array_equal(rows, np.arange(len(rows))):
+        if np.array_equal(rows, where):
             return inputs, host.specs  # (the first rows sample, each once: already indices)
         specs = [
             SampleSpec(int(row), s.params, s.seed, s.sample_idx, s.position)

@@ -20,7 +20,7 @@ class SamplingParams:
     ``temperature`` 0 is greedy. ``top_k`` -1 and ``top_p`` 1.0 keep every token. ``n`` samples
     share the prompt's KV and fork with copy-on-write. Generation stops at ``max_tokens`` or, unless
     ``ignore_eos``, at the model's end-of-sequence token. ``seed`` None takes the engine's seed and
-    the request's index.
+    the request's id (the same in every process).
     """
 
     max_tokens: int = 16

@@ -99,59 +99,76 @@ def fill_host_step(
     num_decodes = rows.num_decodes
     if num_padded_decodes and rows.chunk_rows:
         raise ValueError("only a decode-only step is padded")
-    padded = num_decodes + num_padded_decodes
-    num_chunks = len(rows.chunk_rows)
-    lens = np.array(rows.chunk_lens, dtype=np.int64)
-    starts = np.array(rows.chunk_starts, dtype=np.int64)
     # Rows: decodes, then chunk tokens or (decode-only steps) padding, never both.
     num_real = num_decodes + len(rows.chunk_tokens)
-    ids = buffers.host("input_ids", num_real + num_padded_decodes)
-    positions = buffers.host("positions", num_real + num_padded_decodes)
-    slots = buffers.host("slot_mapping", num_real + num_padded_decodes)
-    table_rows = np.empty(num_real, dtype=np.int64)
-    table_rows[:num_decodes] = rows.decode_rows
+    num_rows = num_real + num_padded_decodes
+    ids = buffers.host("input_ids", num_rows)
+    positions = buffers.host("positions", num_rows)
+    slots = buffers.host("slot_mapping", num_rows)
+    ids[:num_decodes] = rows.decode_tokens
+    decode_rows = np.array(rows.decode_rows, dtype=np.int64)
     real_positions = positions[:num_real]
     real_positions[:num_decodes] = rows.decode_positions
-    if num_chunks:
+    if rows.chunk_rows:
+        ids[num_decodes:num_real] = rows.chunk_tokens
+        lens = np.array(rows.chunk_lens, dtype=np.int64)
+        starts = np.array(rows.chunk_starts, dtype=np.int64)
         # Each chunk's positions run on from its start.
         offsets = np.cumsum(lens) - lens
-        chunk_positions = np.arange(len(rows.chunk_tokens)) + np.repeat(starts - offsets, lens)
-        real_positions[num_decodes:] = chunk_positions
-        table_rows[num_decodes:] = np.repeat(np.array(rows.chunk_rows, dtype=np.int64), lens)
-    ids[:num_decodes] = rows.decode_tokens
-    ids[num_decodes:num_real] = rows.chunk_tokens
+        real_positions[num_decodes:] = np.arange(num_real - num_decodes) + np.repeat(
+            starts - offsets, lens
+        )
+        chunk_rows = np.array(rows.chunk_rows, dtype=np.int64)
+        table_rows = np.concatenate((decode_rows, np.repeat(chunk_rows, lens)))
+    else:
+        lens = starts = chunk_rows = np.zeros(0, dtype=np.int64)
+        table_rows = decode_rows
     blocks = tables.array[table_rows, real_positions // block_size].astype(np.int64)
     slots[:num_real] = blocks * block_size + real_positions % block_size
-    ids[num_real:] = 0
-    positions[num_real:] = 0
-    slots[num_real:] = -1
-    seq_lens = buffers.host("decode_seq_lens", padded)
+    if num_padded_decodes:
+        ids[num_real:] = 0
+        positions[num_real:] = 0
+        slots[num_real:] = -1
+    seq_lens = buffers.host("decode_seq_lens", num_decodes + num_padded_decodes)
     seq_lens[:num_decodes] = real_positions[:num_decodes] + 1
     seq_lens[num_decodes:] = 0
-    decode_tables = buffers.host("decode_block_tables", padded)
-    np.take(tables.array, table_rows[:num_decodes], axis=0, out=decode_tables[:num_decodes])
-    prefill_tables = buffers.host("prefill_block_tables", num_chunks)
-    np.take(tables.array, np.array(rows.chunk_rows, dtype=np.int64), axis=0, out=prefill_tables)
-    query_start_loc = buffers.host("prefill_query_start_loc", num_chunks + 1)
-    query_start_loc[0] = 0
-    query_start_loc[1:] = np.cumsum(lens)
-    seq_lens_p = buffers.host("prefill_seq_lens", num_chunks)
-    seq_lens_p[:] = starts + lens
-    context_lens = buffers.host("prefill_context_lens", num_chunks)
-    context_lens[:] = starts
+    decode_tables = buffers.host("decode_block_tables", num_decodes + num_padded_decodes)
+    np.take(tables.array, decode_rows, axis=0, out=decode_tables[:num_decodes])
     meta = HostMetadata(
-        slots, seq_lens, decode_tables, prefill_tables, query_start_loc, seq_lens_p,
-        context_lens, num_padding_tokens=num_padded_decodes,
+        slots, seq_lens, decode_tables, *_chunk_metadata(tables, buffers, chunk_rows, starts, lens),
+        num_padding_tokens=num_padded_decodes,
     )  # fmt: skip
-    specs, owners = _place_samples(rows, padded, lens)
+    specs, owners = _place_samples(rows, num_decodes + num_padded_decodes, lens)
     return HostStep(ids, positions, meta, specs, owners)
+
+
+def _chunk_metadata(
+    tables: BlockTables,
+    buffers: StepBuffers,
+    chunk_rows: np.ndarray,
+    starts: np.ndarray,
+    lens: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The prefill chunks' block tables, query start offsets, lengths after and before."""
+    num_chunks = len(chunk_rows)
+    block_tables = buffers.host("prefill_block_tables", num_chunks)
+    query_start_loc = buffers.host("prefill_query_start_loc", num_chunks + 1)
+    seq_lens = buffers.host("prefill_seq_lens", num_chunks)
+    context_lens = buffers.host("prefill_context_lens", num_chunks)
+    query_start_loc[0] = 0
+    if num_chunks:
+        np.take(tables.array, chunk_rows, axis=0, out=block_tables)
+        np.cumsum(lens, out=query_start_loc[1:])
+        seq_lens[:] = starts + lens
+        context_lens[:] = starts
+    return block_tables, query_start_loc, seq_lens, context_lens
 
 
 def _place_samples(
     rows: ScheduledRows, num_decode_rows: int, chunk_lens: np.ndarray
 ) -> tuple[list[SampleSpec], list[int]]:
     """Each sample's token row: a decode's own row, a chunk's last row."""
-    chunk_last = (num_decode_rows + np.cumsum(chunk_lens) - 1).tolist()
+    chunk_last = (num_decode_rows + np.cumsum(chunk_lens) - 1).tolist() if len(chunk_lens) else []
     specs: list[SampleSpec] = []
     owners: list[int] = []
     for chunk_idx, decode_idx, spec, owner in rows.samples:
