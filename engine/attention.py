@@ -230,10 +230,12 @@ def _attend_torch(
     assert meta.torch_plan is not None
     decode_plan, chunks = meta.torch_plan
     # Padding rows (slot -1) are the last ones: a flat index_copy_ of the others stores the K/V.
-    num_stored = meta.num_tokens - meta.num_padding_tokens
-    slots = meta.slot_mapping[:num_stored]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k[:num_stored])
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v[:num_stored])
+    slots = meta.slot_mapping
+    if meta.num_padding_tokens:
+        num_stored = meta.num_tokens - meta.num_padding_tokens
+        slots, k, v = slots[:num_stored], k[:num_stored], v[:num_stored]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
     num_decode = meta.num_decode_tokens
     decoded = paged_decode_attention_torch(q[:num_decode], k_cache, v_cache, decode_plan, scale)
     if not chunks:

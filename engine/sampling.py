@@ -93,8 +93,12 @@ def sample(logits: torch.Tensor, specs: list[SampleSpec]) -> list[int]:
     if not specs:
         return []
     device = logits.device
-    rows = torch.tensor([s.row for s in specs], dtype=torch.int64, pin_memory=_pin(device))
-    picked = logits.index_select(0, rows.to(device, non_blocking=True))
+    rows = [s.row for s in specs]
+    if rows == list(range(len(logits))):
+        picked = logits  # (each row once, in order: the common case needs no gather)
+    else:
+        index = torch.tensor(rows, dtype=torch.int64, pin_memory=_pin(device))
+        picked = logits.index_select(0, index.to(device, non_blocking=True))
     tokens = torch.argmax(picked, dim=-1)
     random = [i for i, s in enumerate(specs) if not s.params.greedy]
     if random:
@@ -128,7 +132,13 @@ def _batched_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
         return host.to(device, non_blocking=True)
 
     vocab = logits.shape[-1]
-    scaled = logits.float() / column([p.temperature for p in params], torch.float32)[:, None]
+    temperatures = column([p.temperature for p in params], torch.float32)[:, None]
+    if device.type == "cuda":
+        # The reference divides by a Python float, which CUDA computes as a multiply by its
+        # fp32 reciprocal (torch's div kernel for a CPU scalar divisor): the same bits here.
+        scaled = logits.float() * temperatures.reciprocal()
+    else:
+        scaled = logits.float() / temperatures
     top_k = [i for i, p in enumerate(params) if p.top_k != -1 and p.top_k < vocab]
     if top_k:
         where = column(top_k, torch.int64)

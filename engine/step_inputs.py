@@ -27,8 +27,8 @@ ParamsOf = Callable[[Request], tuple[SamplingParams, int]]
 class ScheduledRows:
     """A batch read once, in plain lists: each decode row's table row, position and token;
     each chunk's table row, first position and length (its tokens flattened in
-    ``chunk_tokens``); and every sample drawn, as ``(chunk index or -1, decode index,
-    spec with row -1, owner sequence)``."""
+    ``chunk_tokens``); and every sample drawn, as ``(where, params, seed, sample_idx,
+    position, owner sequence)`` with ``where`` the decode's index, or ``-1 - chunk index``."""
 
     decode_rows: list[int] = field(default_factory=list)
     decode_positions: list[int] = field(default_factory=list)
@@ -37,7 +37,7 @@ class ScheduledRows:
     chunk_starts: list[int] = field(default_factory=list)
     chunk_lens: list[int] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
-    samples: list[tuple[int, int, SampleSpec, int]] = field(default_factory=list)
+    samples: list[tuple[int, SamplingParams, int, int, int, int]] = field(default_factory=list)
 
     @property
     def num_decodes(self) -> int:
@@ -61,28 +61,40 @@ class HostStep:
 
 
 def collect_rows(batch: ScheduledBatch, tables: BlockTables, params_of: ParamsOf) -> ScheduledRows:
-    """Read the batch: a loop over its requests, O(1) work per decode row."""
+    """Read the batch: one loop over its requests, a few list appends per decode row (the
+    loop that runs at every step for every sequence, kept lean)."""
     rows = ScheduledRows()
+    row_of = tables.row
+    decode_rows, decode_positions = rows.decode_rows, rows.decode_positions
+    decode_tokens = rows.decode_tokens
     for scheduled in batch.requests:
         request = scheduled.request
         start = scheduled.num_computed_tokens
-        end = start + scheduled.num_positions
-        samples = end == request.num_tokens
-        if scheduled.num_positions == 1:
+        num_positions = scheduled.num_positions
+        samples = start + num_positions == request.num_tokens
+        if num_positions != 1:
             for seq_id in scheduled.seq_ids:
-                rows.decode_rows.append(tables.row(seq_id))
-                rows.decode_positions.append(start)
-                rows.decode_tokens.append(_token_at(request, seq_id, start))
+                end = start + num_positions
+                rows.chunk_rows.append(row_of(seq_id))
+                rows.chunk_starts.append(start)
+                rows.chunk_lens.append(num_positions)
+                rows.chunk_tokens.extend(_known_tokens(request, seq_id, start, end))
                 if samples:
-                    _add_samples(rows, request, seq_id, -1, rows.num_decodes - 1, params_of)
+                    _add_samples(rows, request, seq_id, -len(rows.chunk_rows), params_of)
             continue
+        prompt = request.prompt_token_ids
+        if prompt is None:
+            raise ValueError(f"request {request.request_id!r} has no prompt token ids")
+        num_prompt = len(prompt)
         for seq_id in scheduled.seq_ids:
-            rows.chunk_rows.append(tables.row(seq_id))
-            rows.chunk_starts.append(start)
-            rows.chunk_lens.append(scheduled.num_positions)
-            rows.chunk_tokens.extend(_known_tokens(request, seq_id, start, end))
+            decode_rows.append(row_of(seq_id))
+            decode_positions.append(start)
+            if start < num_prompt:
+                decode_tokens.append(prompt[start])
+            else:
+                decode_tokens.append(request.output_token_ids[seq_id][start - num_prompt])
             if samples:
-                _add_samples(rows, request, seq_id, len(rows.chunk_rows) - 1, -1, params_of)
+                _add_samples(rows, request, seq_id, len(decode_rows) - 1, params_of)
     return rows
 
 
@@ -171,39 +183,27 @@ def _place_samples(
     chunk_last = (num_decode_rows + np.cumsum(chunk_lens) - 1).tolist() if len(chunk_lens) else []
     specs: list[SampleSpec] = []
     owners: list[int] = []
-    for chunk_idx, decode_idx, spec, owner in rows.samples:
-        row = decode_idx if chunk_idx < 0 else chunk_last[chunk_idx]
-        specs.append(SampleSpec(row, spec.params, spec.seed, spec.sample_idx, spec.position))
+    for where, params, seed, sample_idx, position, owner in rows.samples:
+        row = where if where >= 0 else chunk_last[-1 - where]
+        specs.append(SampleSpec(row, params, seed, sample_idx, position))
         owners.append(owner)
     return specs, owners
 
 
 def _add_samples(
-    rows: ScheduledRows,
-    request: Request,
-    seq_id: int,
-    chunk_idx: int,
-    decode_idx: int,
-    params_of: ParamsOf,
+    rows: ScheduledRows, request: Request, seq_id: int, where: int, params_of: ParamsOf
 ) -> None:
+    """The samples of ``seq_id``'s last row (``where``: see ``ScheduledRows``)."""
     params, seed = params_of(request)
     position = request.num_output_tokens
+    if request.n == 1:
+        rows.samples.append((where, params, seed, 0, position, seq_id))
+        return
     # Before the fork, the one computed sequence samples the first token of every sample.
-    sampling = request.live_seq_ids if request.n > 1 and not request.forked else [seq_id]
+    sampling = request.live_seq_ids if not request.forked else [seq_id]
     for sample_seq in sampling:
-        spec = SampleSpec(-1, params, seed, request.seq_ids.index(sample_seq), position)
-        rows.samples.append((chunk_idx, decode_idx, spec, sample_seq))
-
-
-def _token_at(request: Request, seq_id: int, pos: int) -> int:
-    """Token ``pos`` of sequence ``seq_id``: its prompt, then its outputs."""
-    prompt = request.prompt_token_ids
-    if prompt is None:
-        raise ValueError(f"request {request.request_id!r} has no prompt token ids")
-    num_prompt = len(prompt)
-    if pos < num_prompt:
-        return prompt[pos]
-    return request.output_token_ids[seq_id][pos - num_prompt]
+        sample_idx = request.seq_ids.index(sample_seq)
+        rows.samples.append((where, params, seed, sample_idx, position, sample_seq))
 
 
 def _known_tokens(request: Request, seq_id: int, start: int, end: int) -> list[int]:

@@ -46,12 +46,11 @@ def random_params(rng: random.Random) -> SamplingParams:
     )
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_batched_sampling_equals_the_per_row_reference(seed: int) -> None:
+def _check_batched_sampling(seed: int, device: str) -> None:
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     num_rows, vocab = 12, 300
-    logits = torch.randn(num_rows, vocab, generator=gen) * rng.choice([1.0, 4.0])
+    logits = (torch.randn(num_rows, vocab, generator=gen) * rng.choice([1.0, 4.0])).to(device)
     specs = [
         SampleSpec(
             rng.randrange(num_rows), random_params(rng), rng.randrange(99), s, rng.randrange(9)
@@ -66,6 +65,18 @@ def test_batched_sampling_equals_the_per_row_reference(seed: int) -> None:
     shuffled = sample(logits, [specs[i] for i in order])
     assert [shuffled[order.index(i)] for i in range(len(specs))] == sample(logits, specs)
     assert [sample(logits, [s])[0] for s in specs[:5]] == sample(logits, specs)[:5]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_sampling_equals_the_per_row_reference(seed: int) -> None:
+    _check_batched_sampling(seed, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_sampling_equals_the_per_row_reference_on_gpu(seed: int) -> None:
+    _check_batched_sampling(seed, "cuda")
 
 
 def test_sampling_nothing_returns_nothing() -> None:
