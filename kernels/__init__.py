@@ -12,8 +12,12 @@ Modules (each wrapper checks shapes, dtypes, strides and devices, then launches)
 - ``paged_attention.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)``
 - ``prefill_attention.paged_prefill_attention(q, k_cache, v_cache, block_tables,
   query_start_loc, seq_lens, context_lens, scale)``
-- ``cache_ops.store_kv(k, v, k_cache, v_cache, slot_mapping)`` and
-  ``cache_ops.copy_blocks(k_cache, v_cache, pairs)``
+- ``cache_ops.store_kv(k, v, k_cache, v_cache, slot_mapping)``,
+  ``cache_ops.copy_blocks(k_cache, v_cache, pairs)`` and ``copy_blocks_all_layers`` (every
+  layer of a stacked cache in one launch)
+- ``plan_store_kv``/``run_store_kv``, ``plan_paged_decode``/``run_paged_decode``,
+  ``plan_paged_prefill``/``run_paged_prefill``: the same kernels checked and planned once per
+  step (split plan and scratch included), then launched per layer without checks
 - ``reference``: the torch references ``<name>_ref`` (slow, the tests' oracle);
   ``contracts``: ``resolve_backend(device, backend)`` and the shape checks.
 - ``torch_attention``: the vectorised torch attention that ``backend="torch"`` runs, with
