@@ -17,7 +17,10 @@ from engine.kv_cache import KVCache  # noqa: E402
 
 
 def _cache(num_layers: int = 3, num_cpu_blocks: int = 4) -> KVCache:
-    cache = KVCache.allocate(num_layers, 10, 4, 2, 16, torch.float32, "cpu", num_cpu_blocks)
+    # (the torch path: under TRITON_INTERPRET=1 "auto" would count the interpreter's own ops)
+    cache = KVCache.allocate(
+        num_layers, 10, 4, 2, 16, torch.float32, "cpu", num_cpu_blocks, backend="torch"
+    )
     cache.kv.copy_(torch.randn(cache.kv.shape, generator=torch.Generator().manual_seed(0)))
     return cache
 
