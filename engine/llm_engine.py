@@ -11,11 +11,15 @@ Every step runs (no fast-forward: that is the simulator's privilege).
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
+import weakref
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 
@@ -27,6 +31,7 @@ from core.scheduler import Scheduler
 from engine.cuda_graphs import DecodeGraphs, GraphStats, graph_batch_sizes
 from engine.input_batch import BlockTables, StepBuffers
 from engine.kv_cache import KVCache
+from engine.memory import check_memory, profile_batch, run_profiling_pass
 from engine.model.weights import load_model
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
@@ -41,6 +46,7 @@ CLOCKS = ("wall", "cpu")
 loaded machine; CPU device with one torch thread only)."""
 WARMUP_PROMPT_TOKENS = 32
 WARMUP_OUTPUT_TOKENS = 3
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +166,7 @@ class LLMEngine:
         self.config = config
         if config.cpu_threads and torch.device(config.device).type == "cpu":
             torch.set_num_threads(config.cpu_threads)
+        check_memory(config)  # refuse what cannot fit before allocating any of it
         dtype = getattr(torch, config.dtype) if config.dtype else None
         self.model = load_model(
             config.model,
@@ -218,7 +225,8 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.model,
             self.kv_cache,
-            self._params_of,
+            # Held weakly, so that no cycle keeps a dropped engine (and its cache) alive.
+            _weak_method(self._params_of),
             max_len,
             eos_token_ids=self.eos_token_ids,
             backend=config.backend,
@@ -342,6 +350,24 @@ class LLMEngine:
             self.runner.forget(request.seq_ids)
         return StepOutput(batch, finished, record)
 
+    @contextmanager
+    def scheduled_by(
+        self, cache_config: CacheConfig, scheduler_config: SchedulerConfig
+    ) -> Iterator[Scheduler]:
+        """The block runs under a fresh scheduler of these configurations, on this engine's
+        model and cache (calibration's workloads, the warm-up); the engine's own scheduler
+        comes back after, and the runner's block tables with it (the fresh scheduler numbers
+        its sequences from 0 again). Every request added inside must have finished by the
+        end of the block."""
+        own = self.scheduler
+        self.scheduler = self._new_scheduler(cache_config, scheduler_config)
+        own_tables = self.runner.swap_tables(BlockTables(self.runner.tables.max_blocks_per_seq))
+        try:
+            yield self.scheduler
+        finally:
+            self.scheduler = own
+            self.runner.swap_tables(own_tables)
+
     def warm_up(self) -> int:
         """Run one short request (a prefill, then decodes) on a scratch scheduler, so that
         one-off lazy initialisation (allocator pools, kernel selection, first-call caches) is
@@ -356,25 +382,20 @@ class LLMEngine:
             return 0  # a cache too small for the warm-up request: nothing to warm with
         scratch_cache = replace(self.cache_config, num_cpu_blocks=0, enable_prefix_caching=False)
         scratch_config = replace(self.scheduler_config, policy="continuous")
-        real = self.scheduler
-        self.scheduler = self._new_scheduler(scratch_cache, scratch_config)
-        # The scratch scheduler numbers its sequences from 0 again: its own tables.
-        real_tables = self.runner.swap_tables(BlockTables(self.runner.tables.max_blocks_per_seq))
         try:
-            vocab = self.model.config.vocab_size
-            ids = [(7 * i + 1) % vocab for i in range(prompt)]
-            params = SamplingParams(max_tokens=outputs, ignore_eos=True)
-            self.add_request("__warm_up__", ids, params, arrival_s=0.0, now_s=0.0)
-            self._num_added -= 1
-            self.scheduler.mark_arrivals_done()
-            num_steps = 0
-            # Bounded: a request the scratch scheduler cannot serve must not hang the engine.
-            while self.scheduler.has_unfinished() and num_steps < 4 * (prompt + outputs):
-                self.step(now_s=0.0)
-                num_steps += 1
+            with self.scheduled_by(scratch_cache, scratch_config) as scheduler:
+                vocab = self.model.config.vocab_size
+                ids = [(7 * i + 1) % vocab for i in range(prompt)]
+                params = SamplingParams(max_tokens=outputs, ignore_eos=True)
+                self.add_request("__warm_up__", ids, params, arrival_s=0.0, now_s=0.0)
+                self._num_added -= 1
+                scheduler.mark_arrivals_done()
+                num_steps = 0
+                # Bounded: a request the scratch scheduler cannot serve must not hang it.
+                while scheduler.has_unfinished() and num_steps < 4 * (prompt + outputs):
+                    self.step(now_s=0.0)
+                    num_steps += 1
         finally:
-            self.scheduler = real
-            self.runner.swap_tables(real_tables)
             self._sampling.pop("__warm_up__", None)
         return num_steps
 
@@ -405,32 +426,17 @@ class LLMEngine:
         """vLLM's rule: run the largest step once, then give the KV cache
         ``gpu_memory_utilization`` of total memory less the peak the pass reached and less
         ``reserved_bytes`` (the CUDA graphs)."""
-        from engine.attention import build_metadata
-
         config = self.config
+        # An engine its caller dropped may still hold its cache through a reference cycle:
+        # collected now, it is not counted in this engine's peak.
+        gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        num_tokens = config.max_num_batched_tokens
-        block_size = config.block_size
-        blocks = -(-num_tokens // block_size)
-        layers = self.model.make_kv_caches(blocks, block_size)
-        meta = build_metadata(
-            [],
-            [],
-            [(0, num_tokens)],
-            [list(range(blocks))],
-            block_size,
-            self.device,
-            config.backend,
-        )
-        ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
-        positions = torch.arange(num_tokens, dtype=torch.int64, device=self.device)
-        last = torch.tensor([num_tokens - 1], dtype=torch.int64, device=self.device)
-        with torch.inference_mode():
-            self.model(ids, positions, layers, meta, last)
+        max_len = config.max_model_len or self.model.config.max_model_len
+        lens = profile_batch(config.max_num_batched_tokens, config.max_num_seqs, max_len)
+        run_profiling_pass(self.model, lens, config.block_size, config.backend)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
-        del layers
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).total_memory
         free_for_kv = total * config.gpu_memory_utilization - peak - reserved_bytes
@@ -442,6 +448,18 @@ class LLMEngine:
                 f"gpu_memory_utilization {config.gpu_memory_utilization}"
             )
         return num_blocks
+
+
+def _weak_method(method: Callable[[Request], _T]) -> Callable[[Request], _T]:
+    """``method`` as a callable that does not keep its object alive."""
+    ref = weakref.WeakMethod(method)
+
+    def call(request: Request) -> _T:
+        bound = ref()
+        assert bound is not None, "the engine was freed while its runner still ran"
+        return bound(request)
+
+    return call
 
 
 def _eos_ids(model_config: ModelSpec) -> frozenset[int]:
