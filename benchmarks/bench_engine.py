@@ -192,7 +192,10 @@ class Bench:
             "command": " ".join(["python", "benchmarks/bench_engine.py", *(argv or sys.argv[1:])]),
             "timer": "CUDA events" if self.device.type == "cuda" else "process CPU time, 1 thread",
             "load_average": [round(x, 2) for x in os.getloadavg()],
-            "cuda_graphs": self.has_graphs and not args.enforce_eager,
+            # (graphs run on CUDA only: a CPU engine never captures them)
+            "cuda_graphs": self.has_graphs
+            and not args.enforce_eager
+            and self.device.type == "cuda",
         }
         self.say(json.dumps(self.env))
 

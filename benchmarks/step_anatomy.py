@@ -4,7 +4,8 @@ for the same shapes, timed in the same process right after.
 
 The engine (tiny-llama, CPU, one torch thread) decodes ``--seqs`` sequences at about
 ``--context`` tokens. Every part of the step is wrapped with a thread-CPU timer: the
-scheduler's schedule and update, the runner's input preparation (lists, metadata, tensors),
+scheduler's schedule and update, the runner's input preparation (reading the batch, the
+persistent buffers, metadata),
 the KV cache's memory moves, each decoder layer's linear layers, norms, rotary, attention
 (store + attend) and MLP activation, the embedding/final norm/LM head, and sampling. What the
 wrappers do not cover is the glue between them (module calls, slicing, views, adds).
@@ -28,7 +29,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import engine.llm_engine as llm_engine  # noqa: E402
@@ -76,8 +76,9 @@ def instrument(engine: llm_engine.LLMEngine) -> None:
     """Wrap every part of the step that a calibrated term stands for."""
     _wrap(engine.scheduler, "schedule", "schedule")
     _wrap(engine.scheduler, "update", "update")
-    _wrap(engine.runner, "_prepare", "prepare")
-    _wrap(model_runner, "build_metadata", "prepare")
+    _wrap(model_runner, "collect_rows", "prepare")
+    _wrap(model_runner, "fill_host_step", "prepare")
+    _wrap(engine.runner, "_upload", "prepare")
     _wrap(engine.kv_cache, "apply", "kv_apply")
     _wrap(model_runner, "sample", "sample")
     _wrap(llama, "apply_rope", "elementwise")
@@ -104,17 +105,7 @@ def instrument(engine: llm_engine.LLMEngine) -> None:
 def _run_step(engine: llm_engine.LLMEngine) -> tuple[float, dict[str, float]]:
     SPENT.clear()
     CALLS[0] = 0
-    real_tensor = torch.tensor
-
-    def tensor(*args: Any, **kwargs: Any) -> Any:
-        with _timed("prepare"):
-            return real_tensor(*args, **kwargs)
-
-    model_runner.torch.tensor = tensor  # type: ignore[assignment]
-    try:
-        output = engine.step()
-    finally:
-        model_runner.torch.tensor = real_tensor  # type: ignore[assignment]
+    output = engine.step()
     assert output.record is not None
     return output.record.cpu_s, dict(SPENT, calls=CALLS[0])
 

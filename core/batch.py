@@ -61,6 +61,12 @@ class ScheduledBatch:
     are ``(gpu_block, cpu_block)`` and ``swap_in`` pairs ``(cpu_block, gpu_block)``. All must
     happen before the step's model execution. ``num_padding_tokens`` are tokens a static batch
     computes for nothing (prompt padding, finished sequences kept in the batch).
+
+    ``block_tables`` is None unless the scheduler records block tables (the real engine:
+    ``Scheduler(record_block_tables=True)``). Then it maps every sequence whose block table
+    changed since the last step to its whole table now: sequences admitted, grown by a block,
+    copied on write, swapped in or forked. A scheduled sequence it does not name kept its
+    table (it grew inside its last block), so an executor can keep the tables between steps.
     """
 
     step_idx: int
@@ -82,6 +88,7 @@ class ScheduledBatch:
     memory: MemorySnapshot | None = None
     # When the policy wants to be asked again although nothing arrives (dynamic batching).
     next_wakeup_s: float | None = None
+    block_tables: dict[int, tuple[int, ...]] | None = None
 
     def __init__(
         self,
@@ -118,6 +125,7 @@ class ScheduledBatch:
         self.num_swapped = num_swapped
         self.memory = memory
         self.next_wakeup_s = next_wakeup_s
+        self.block_tables = None
 
     @property
     def is_empty(self) -> bool:

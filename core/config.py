@@ -86,13 +86,13 @@ class CacheConfig:
         executor's for its policy); ``max_model_len`` if given, else the model's (``model`` is
         its name and length limit, which a given length may not exceed); and the CPU blocks of
         ``block_bytes`` that ``swap_space_gib`` holds when preemption swaps (0 otherwise)."""
-        num_blocks = self.num_blocks or size_blocks()
         model_name, model_max_len = model
         if self.max_model_len is not None and self.max_model_len > model_max_len:
             raise ValueError(
                 f"max_model_len {self.max_model_len} exceeds {model_name}'s context of "
                 f"{model_max_len} tokens (--max-model-len, or a --model with a longer one)"
             )
+        num_blocks = self.num_blocks or size_blocks()  # after the checks: sizing may profile
         num_cpu_blocks = 0
         if scheduler.preemption_mode == "swap":
             num_cpu_blocks = int(self.swap_space_gib * GIB // block_bytes)

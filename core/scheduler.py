@@ -33,7 +33,9 @@ class Scheduler(StepHost):
     """Drives one replica's requests through schedule → execute → update.
 
     The scheduler never reads a clock: every entry point takes ``now_s``. ``update`` gets the
-    time the step *ended*.
+    time the step *ended*. With ``record_block_tables`` (paged memory only) each batch names
+    the block tables that changed (``ScheduledBatch.block_tables``), for an executor that
+    keeps them between steps.
     """
 
     def __init__(
@@ -41,8 +43,13 @@ class Scheduler(StepHost):
         cache_config: CacheConfig,
         scheduler_config: SchedulerConfig,
         policy: Policy | None = None,
+        record_block_tables: bool = False,
     ) -> None:
         cache_config.check_resolved()
+        if record_block_tables and cache_config.memory_model != "paged":
+            raise ValueError(
+                f"record_block_tables needs paged memory, got {cache_config.memory_model!r}"
+            )
         self.cache_config = cache_config
         self.config = scheduler_config
         self.policy = policy if policy is not None else make_policy(scheduler_config)
@@ -63,6 +70,9 @@ class Scheduler(StepHost):
         self._changed_since_schedule = False  # an arrival or abort the last schedule missed
         self._next_seq_id = 0
         self._next_internal_idx = 0
+        self.record_block_tables = record_block_tables
+        # Requests whose tables changed outside a step (forks, KV transfers), for the next batch.
+        self._changed_tables: list[Request] = []
 
     # -- arrivals and removal --------------------------------------------------------------
 
@@ -160,6 +170,8 @@ class Scheduler(StepHost):
                 request.forked = True
             insert_by_arrival(self.running, request)
             batch.transfers.append(request)
+            if self.record_block_tables:
+                self._changed_tables.append(request)
 
     def mark_arrivals_done(self) -> None:
         """No more requests will arrive (static batching then runs a partial last batch)."""
@@ -202,6 +214,8 @@ class Scheduler(StepHost):
         them, so drivers call ``update`` for every batch, empty ones included.
         """
         batch = ScheduledBatch(step_idx=self.step_idx, now_s=now_s)
+        if self.record_block_tables:
+            batch.block_tables = {}
         self._changed_since_schedule = False
         for request_id in self._to_release:
             self.kv.free(self.kv_held.pop(request_id))
@@ -223,8 +237,24 @@ class Scheduler(StepHost):
         batch.num_waiting = len(self.waiting)
         batch.num_swapped = len(self.swapped)
         batch.memory = self.memory_snapshot()
+        if self._changed_tables:
+            self._take_changed_tables(batch)
         self.step_idx += 1
         return batch
+
+    def _take_changed_tables(self, batch: ScheduledBatch) -> None:
+        """Name the tables that changed since the last batch outside a step (forks, KV
+        transfers) in ``batch.block_tables``; a request preempted since will send its tables
+        again when it is scheduled."""
+        tables = batch.block_tables
+        assert tables is not None
+        for request in self._changed_tables:
+            if request.status is RequestStatus.RUNNING:
+                for seq_id, table in zip(
+                    request.active_seq_ids, self.kv.block_tables(request), strict=True
+                ):
+                    tables[seq_id] = tuple(table)
+        self._changed_tables.clear()
 
     def update(self, batch: ScheduledBatch, result: StepResult, now_s: float) -> list[Request]:
         """Apply a finished step at ``now_s`` (its end); returns requests that finished."""
@@ -272,6 +302,8 @@ class Scheduler(StepHost):
         if computed == prompt and request.n > 1 and not request.forked:
             self.kv.fork(request)
             request.forked = True
+            if self.record_block_tables:
+                self._changed_tables.append(request)
         outputs = request.num_output_tokens
         if computed + 1 == prompt + outputs + num_steps:
             tokens = request.tokens

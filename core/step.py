@@ -191,6 +191,13 @@ class Step:
             copies = self.s.kv.grow(request, num_positions)
         else:
             return False
+        tables = self.batch.block_tables
+        if tables is not None:
+            # Admitted, grown, copied or swapped in: the executor gets the tables whole.
+            for seq_id, table in zip(
+                request.active_seq_ids, self.s.kv.block_tables(request), strict=True
+            ):
+                tables[seq_id] = tuple(table)
         self._record(request, num_positions, copies, width, seqs)
         return True
 

@@ -4,17 +4,21 @@ The model runner builds one ``AttentionMetadata`` per step and passes it to ever
 is module-global. A step's token rows are ordered *decodes first* (one row per decoding
 sequence), then the prefill chunks, packed. ``attend`` writes the step's K/V into the paged
 cache by slot mapping and then runs paged decode attention on the decode rows and paged prefill
-attention on the rest. On the torch backend the gather plans (block ids, masks) are built here,
-once per step, and every layer reuses them.
+attention on the rest. The plans are made once per step: the torch backend's gather plans when
+the metadata is built, the Triton kernels' checks, split plan and scratch by the first layer's
+``attend`` (``KernelLaunches``); every later layer only launches.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
-from kernels.contracts import resolve_backend
+from kernels.contracts import check_queries, resolve_backend
 from kernels.torch_attention import (
     DecodePlan,
     PrefillChunk,
@@ -25,8 +29,22 @@ from kernels.torch_attention import (
     plan_prefill,
 )
 
+if TYPE_CHECKING:
+    from kernels.cache_ops import StoreLaunch
+    from kernels.paged_attention import DecodeLaunch
+    from kernels.prefill_attention import PrefillLaunch
+
 
 @dataclass(frozen=True, slots=True)
+class KernelLaunches:
+    """The Triton kernels of one step, checked and planned by its first layer."""
+
+    store: StoreLaunch
+    decode: DecodeLaunch | None
+    prefill: PrefillLaunch | None
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     """What one step's attention needs to know, built once and shared by all layers.
 
@@ -36,8 +54,11 @@ class AttentionMetadata:
     The remaining rows are prefill chunks: chunk ``j`` is rows
     ``num_decode_tokens + prefill_query_start_loc[j] ..`` ``+ prefill_query_start_loc[j + 1]``,
     with ``prefill_context_lens[j]`` tokens already cached before it and
-    ``prefill_seq_lens[j]`` after it. ``torch_plan`` holds the torch backend's gather plans
-    (None on Triton).
+    ``prefill_seq_lens[j]`` after it. The last ``num_padding_tokens`` decode rows are padding
+    (a CUDA graph's bucket): slot -1 and length 0, so they store nothing, read nothing and
+    come back zero. ``backend`` is resolved ("triton" or "torch"); ``torch_plan`` holds the
+    torch backend's gather plans; ``decode_num_splits`` fixes the decode split count (CUDA
+    graphs; None lets the kernel plan choose); ``launches`` is filled by the first ``attend``.
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64
@@ -50,8 +71,11 @@ class AttentionMetadata:
     prefill_seq_lens: torch.Tensor  # [num_prefills] int32
     prefill_context_lens: torch.Tensor  # [num_prefills] int32
     max_prefill_query_len: int
-    backend: str = "auto"
+    backend: str = "torch"
     torch_plan: tuple[DecodePlan | RowDecodePlan, list[PrefillChunk]] | None = None
+    num_padding_tokens: int = 0
+    decode_num_splits: int | None = None
+    launches: KernelLaunches | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -60,6 +84,71 @@ class AttentionMetadata:
     @property
     def num_prefills(self) -> int:
         return int(self.prefill_seq_lens.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class HostMetadata:
+    """One step's metadata as host arrays (numpy), before it goes to the device."""
+
+    slot_mapping: np.ndarray  # [num_tokens] int64
+    decode_seq_lens: np.ndarray  # [num_decodes] int32
+    decode_block_tables: np.ndarray  # [num_decodes, width] int32
+    prefill_block_tables: np.ndarray  # [num_prefills, width] int32
+    prefill_query_start_loc: np.ndarray  # [num_prefills + 1] int32
+    prefill_seq_lens: np.ndarray  # [num_prefills] int32
+    prefill_context_lens: np.ndarray  # [num_prefills] int32
+    num_padding_tokens: int = 0
+
+
+# Moves one named host array to the device (a persistent buffer's view, or a fresh tensor).
+Upload = Callable[[str, np.ndarray], torch.Tensor]
+
+
+def device_metadata(
+    host: HostMetadata,
+    upload: Upload,
+    block_size: int,
+    backend: str,
+    decode_num_splits: int | None = None,
+    max_decode_seq_len: int | None = None,
+) -> AttentionMetadata:
+    """The step's ``AttentionMetadata`` from its host arrays, each uploaded once; the torch
+    backend's gather plans are made here (``backend`` must be resolved)."""
+    num_decodes = len(host.decode_seq_lens)
+    if max_decode_seq_len is None:
+        max_decode_seq_len = int(host.decode_seq_lens.max()) if num_decodes else 0
+    starts = host.prefill_query_start_loc
+    query_lens = starts[1:] - starts[:-1]
+    decode_tables = upload("decode_block_tables", host.decode_block_tables)
+    prefill_tables = upload("prefill_block_tables", host.prefill_block_tables)
+    torch_plan = None
+    if backend == "torch":
+        torch_plan = (
+            plan_decode(decode_tables, host.decode_seq_lens.tolist(), block_size),
+            plan_prefill(
+                prefill_tables,
+                starts.tolist(),
+                host.prefill_seq_lens.tolist(),
+                host.prefill_context_lens.tolist(),
+                block_size,
+            ),
+        )
+    return AttentionMetadata(
+        slot_mapping=upload("slot_mapping", host.slot_mapping),
+        num_decode_tokens=num_decodes,
+        decode_block_tables=decode_tables,
+        decode_seq_lens=upload("decode_seq_lens", host.decode_seq_lens),
+        max_decode_seq_len=max_decode_seq_len,
+        prefill_block_tables=prefill_tables,
+        prefill_query_start_loc=upload("prefill_query_start_loc", starts),
+        prefill_seq_lens=upload("prefill_seq_lens", host.prefill_seq_lens),
+        prefill_context_lens=upload("prefill_context_lens", host.prefill_context_lens),
+        max_prefill_query_len=int(query_lens.max()) if len(query_lens) else 0,
+        backend=backend,
+        torch_plan=torch_plan,
+        num_padding_tokens=host.num_padding_tokens,
+        decode_num_splits=decode_num_splits,
+    )
 
 
 def attend(
@@ -74,20 +163,57 @@ def attend(
     """Store the step's k, v [T, kv_heads, D], then attend with q [T, q_heads, D]."""
     if meta.torch_plan is not None:
         return _attend_torch(q, k, v, k_cache, v_cache, meta, scale)
+    launches = meta.launches
+    if launches is None:
+        launches = meta.launches = _plan_launches(q, k_cache, v_cache, meta, scale)
     # The Triton wrappers are imported where they are first called: importing one imports
     # triton, whose @jit reads TRITON_INTERPRET as the module loads (tests set it late).
-    from kernels.cache_ops import store_kv
+    from kernels.cache_ops import run_store_kv
+    from kernels.paged_attention import run_paged_decode
+    from kernels.prefill_attention import run_paged_prefill
 
-    store_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
+    run_store_kv(launches.store, k, v, k_cache, v_cache)
     num_decode = meta.num_decode_tokens
-    if meta.num_prefills == 0:
-        return _decode(q, k_cache, v_cache, meta, scale)
-    if num_decode == 0:
-        return _prefill(q, k_cache, v_cache, meta, scale)
+    if launches.prefill is None:
+        assert launches.decode is not None
+        return run_paged_decode(launches.decode, q, k_cache, v_cache)
+    if launches.decode is None:
+        return run_paged_prefill(launches.prefill, q, k_cache, v_cache)
     out = torch.empty_like(q)
-    out[:num_decode] = _decode(q[:num_decode], k_cache, v_cache, meta, scale)
-    out[num_decode:] = _prefill(q[num_decode:], k_cache, v_cache, meta, scale)
+    run_paged_decode(launches.decode, q[:num_decode], k_cache, v_cache, out[:num_decode])
+    run_paged_prefill(launches.prefill, q[num_decode:], k_cache, v_cache, out[num_decode:])
     return out
+
+
+def _plan_launches(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> KernelLaunches:
+    """The first layer's checks and plans, which every later layer of the step reuses."""
+    from kernels.cache_ops import plan_store_kv
+    from kernels.paged_attention import plan_paged_decode
+    from kernels.prefill_attention import plan_paged_prefill
+
+    store = plan_store_kv(k_cache, v_cache, meta.slot_mapping, backend=meta.backend)
+    check_queries(q, store.cache, k_cache.device, k_cache.dtype)
+    if q.shape[0] != meta.num_tokens:
+        raise ValueError(f"q has {q.shape[0]} rows but the step {meta.num_tokens}")
+    decode = prefill = None
+    if meta.num_decode_tokens or not meta.num_prefills:
+        decode = plan_paged_decode(
+            k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, q.shape[1], scale,
+            max_seq_len=meta.max_decode_seq_len, num_splits=meta.decode_num_splits,
+        )  # fmt: skip
+    if meta.num_prefills:
+        prefill = plan_paged_prefill(
+            k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
+            meta.prefill_seq_lens, meta.prefill_context_lens, q.shape[1], scale,
+            max_query_len=meta.max_prefill_query_len,
+        )  # fmt: skip
+    return KernelLaunches(store, decode, prefill)
 
 
 def _attend_torch(
@@ -103,9 +229,13 @@ def _attend_torch(
     metadata was checked when it was built)."""
     assert meta.torch_plan is not None
     decode_plan, chunks = meta.torch_plan
-    # The slot mapping of a step has no -1 padding, so a flat index_copy_ stores the K/V.
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, meta.slot_mapping, v)
+    # Padding rows (slot -1) are the last ones: a flat index_copy_ of the others stores the K/V.
+    slots = meta.slot_mapping
+    if meta.num_padding_tokens:
+        num_stored = meta.num_tokens - meta.num_padding_tokens
+        slots, k, v = slots[:num_stored], k[:num_stored], v[:num_stored]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
     num_decode = meta.num_decode_tokens
     decoded = paged_decode_attention_torch(q[:num_decode], k_cache, v_cache, decode_plan, scale)
     if not chunks:
@@ -114,50 +244,41 @@ def _attend_torch(
     return torch.cat((decoded, prefilled)) if num_decode else prefilled
 
 
-def _decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-) -> torch.Tensor:
-    from kernels.paged_attention import paged_decode_attention
+def host_metadata(
+    decode_seq_lens: list[int],
+    decode_block_tables: list[list[int]],
+    prefill_chunks: list[tuple[int, int]],
+    prefill_block_tables: list[list[int]],
+    block_size: int,
+) -> HostMetadata:
+    """``HostMetadata`` from plain lists: each decode row's ``seq_len`` (new token included)
+    and each prefill chunk's ``(num_context_tokens, num_new_tokens)``, with their block tables.
+    Slots follow from positions: a decode row writes position ``seq_len - 1``, a chunk writes
+    positions ``context .. context + new - 1``."""
+    slots: list[int] = []
+    for seq_len, table in zip(decode_seq_lens, decode_block_tables, strict=True):
+        pos = seq_len - 1
+        slots.append(table[pos // block_size] * block_size + pos % block_size)
+    starts = [0]
+    for (context, new), table in zip(prefill_chunks, prefill_block_tables, strict=True):
+        for pos in range(context, context + new):
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+        starts.append(starts[-1] + new)
 
-    out: torch.Tensor = paged_decode_attention(
-        q,
-        k_cache,
-        v_cache,
-        meta.decode_block_tables,
-        meta.decode_seq_lens,
-        scale,
-        backend=meta.backend,
-        max_seq_len=meta.max_decode_seq_len,
+    def table_array(tables: list[list[int]]) -> np.ndarray:
+        width = max((len(t) for t in tables), default=0)
+        rows = [t + [0] * (width - len(t)) for t in tables]
+        return np.array(rows, dtype=np.int32).reshape(len(tables), width)
+
+    return HostMetadata(
+        slot_mapping=np.array(slots, dtype=np.int64),
+        decode_seq_lens=np.array(decode_seq_lens, dtype=np.int32),
+        decode_block_tables=table_array(decode_block_tables),
+        prefill_block_tables=table_array(prefill_block_tables),
+        prefill_query_start_loc=np.array(starts, dtype=np.int32),
+        prefill_seq_lens=np.array([c + n for c, n in prefill_chunks], dtype=np.int32),
+        prefill_context_lens=np.array([c for c, _ in prefill_chunks], dtype=np.int32),
     )
-    return out
-
-
-def _prefill(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-) -> torch.Tensor:
-    from kernels.prefill_attention import paged_prefill_attention
-
-    out: torch.Tensor = paged_prefill_attention(
-        q,
-        k_cache,
-        v_cache,
-        meta.prefill_block_tables,
-        meta.prefill_query_start_loc,
-        meta.prefill_seq_lens,
-        meta.prefill_context_lens,
-        scale,
-        backend=meta.backend,
-        max_query_len=meta.max_prefill_query_len,
-    )
-    return out
 
 
 def build_metadata(
@@ -169,53 +290,13 @@ def build_metadata(
     device: torch.device | str,
     backend: str = "auto",
 ) -> AttentionMetadata:
-    """Metadata from plain lists: each decode row's ``seq_len`` (new token included) and each
-    prefill chunk's ``(num_context_tokens, num_new_tokens)``, with their block tables.
-
-    Slots follow from positions: a decode row writes position ``seq_len - 1``, a chunk writes
-    positions ``context .. context + new - 1``.
-    """
-    slots: list[int] = []
-    for seq_len, table in zip(decode_seq_lens, decode_block_tables, strict=True):
-        pos = seq_len - 1
-        slots.append(table[pos // block_size] * block_size + pos % block_size)
-    starts = [0]
-    for (context, new), table in zip(prefill_chunks, prefill_block_tables, strict=True):
-        for pos in range(context, context + new):
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
-        starts.append(starts[-1] + new)
-
-    def table_tensor(tables: list[list[int]]) -> torch.Tensor:
-        width = max((len(t) for t in tables), default=0)
-        rows = [t + [0] * (width - len(t)) for t in tables]
-        return torch.tensor(rows, dtype=torch.int32, device=device).reshape(len(tables), width)
-
-    def ints(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32, device=device)
-
-    decode_tables = table_tensor(decode_block_tables)
-    prefill_tables = table_tensor(prefill_block_tables)
-    prefill_seq_lens = [c + n for c, n in prefill_chunks]
-    prefill_context_lens = [c for c, _ in prefill_chunks]
-    torch_plan = None
-    if resolve_backend(device, backend) == "torch":
-        torch_plan = (
-            plan_decode(decode_tables, decode_seq_lens, block_size),
-            plan_prefill(
-                prefill_tables, starts, prefill_seq_lens, prefill_context_lens, block_size
-            ),
-        )
-    return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        num_decode_tokens=len(decode_seq_lens),
-        decode_block_tables=decode_tables,
-        decode_seq_lens=ints(decode_seq_lens),
-        max_decode_seq_len=max(decode_seq_lens, default=0),
-        prefill_block_tables=prefill_tables,
-        prefill_query_start_loc=ints(starts),
-        prefill_seq_lens=ints(prefill_seq_lens),
-        prefill_context_lens=ints(prefill_context_lens),
-        max_prefill_query_len=max((n for _, n in prefill_chunks), default=0),
-        backend=backend,
-        torch_plan=torch_plan,
+    """Metadata from plain lists (see ``host_metadata``) on fresh device tensors: for tests,
+    benchmarks and one-off passes; the model runner keeps persistent buffers instead."""
+    host = host_metadata(
+        decode_seq_lens, decode_block_tables, prefill_chunks, prefill_block_tables, block_size
     )
+
+    def upload(_: str, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(device)
+
+    return device_metadata(host, upload, block_size, resolve_backend(device, backend))

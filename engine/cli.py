@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="kernels: Triton on CUDA (auto), or the torch references",
     )
     run.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step eagerly: no CUDA graphs for decode (as vLLM's flag; CPU never "
+        "uses them)",
+    )
+    run.add_argument(
         "--time-scale",
         type=non_negative_float,
         default=1.0,
@@ -166,6 +172,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
             "backend": args.backend,
             "cpu_threads": args.cpu_threads,
             "clock": args.clock,
+            "enforce_eager": args.enforce_eager,
         },
     )
 

@@ -12,9 +12,11 @@ Every step runs (no fast-forward: that is the simulator's privilege).
 from __future__ import annotations
 
 import gc
+import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
@@ -27,11 +29,14 @@ from core.model.spec import ModelSpec
 from core.policies import check_policy
 from core.request import Request
 from core.scheduler import Scheduler
+from engine.cuda_graphs import DecodeGraphs, GraphStats, graph_batch_sizes
+from engine.input_batch import BlockTables, StepBuffers
 from engine.kv_cache import KVCache
 from engine.memory import check_memory, profile_batch, run_profiling_pass
 from engine.model.weights import load_model
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
+from kernels.contracts import resolve_backend
 
 CLOCKS = ("wall", "cpu")
 """How a step's duration is measured: ``wall`` (the clock on the wall: what a user waits) or
@@ -47,8 +52,10 @@ class EngineConfig:
     """Everything that builds an engine: the core's KV cache and scheduler settings (``cache``,
     ``scheduler``) and the engine's own fields. ``cache.num_blocks`` None sizes the cache from
     memory: on CUDA as vLLM does (a profiling pass of the largest step, then
-    ``gpu_memory_utilization`` of total memory less its peak), on CPU from
-    ``cpu_kv_cache_gib``. The engine runs paged memory only."""
+    ``gpu_memory_utilization`` of total memory less its peak and less the CUDA graphs), on CPU
+    from ``cpu_kv_cache_gib``. The engine runs paged memory only. On CUDA with the Triton
+    kernels, decode-only steps run on CUDA graphs captured at start-up unless ``enforce_eager``
+    (as vLLM's flag)."""
 
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -64,6 +71,7 @@ class EngineConfig:
     # torch's own default.
     cpu_threads: int = 1
     clock: str = "wall"
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         check_policy(self.scheduler.policy)
@@ -161,31 +169,82 @@ class LLMEngine:
             self.dtype,
         )
         # The model's limit: its positions, or a sliding window it does not apply.
+        max_len = config.cache.max_model_len or model_config.full_attention_len
         self.cache_config = config.cache.resolve(
             config.scheduler,
-            size_blocks=lambda: self._blocks_from_memory(block_bytes),
+            size_blocks=lambda: self._blocks_from_memory(block_bytes, max_len),
             block_bytes=block_bytes,
             memory_model="paged",
             model=(model_config.name, model_config.full_attention_len),
         )
         self.scheduler_config = config.scheduler
-        self.scheduler = Scheduler(self.cache_config, self.scheduler_config)
+        self.scheduler = self._new_scheduler(self.cache_config, self.scheduler_config)
         self.eos_token_ids = _eos_ids(model_config)
-        layers = self.model.make_kv_caches(self.cache_config.resolved_num_blocks, block_size)
-        self.kv_cache = KVCache(layers, self.cache_config.num_cpu_blocks, config.backend)
+        self.kv_cache = KVCache.allocate(
+            model_config.num_layers,
+            self.cache_config.resolved_num_blocks,
+            block_size,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+            self.dtype,
+            self.device,
+            self.cache_config.num_cpu_blocks,
+            config.backend,
+        )
         self.runner = ModelRunner(
             self.model,
             self.kv_cache,
-            # Through the engine, so that ``warm_up`` can run on a scratch scheduler; held
-            # weakly, so that no cycle keeps a dropped engine (and its cache) alive.
-            _weak_method(self._block_tables_of),
+            # Held weakly, so that no cycle keeps a dropped engine (and its cache) alive.
             _weak_method(self._params_of),
+            max_len,
             eos_token_ids=self.eos_token_ids,
             backend=config.backend,
         )
+        self.graph_stats: GraphStats | None = None
+        if self._uses_graphs():
+            self.graph_stats = self._capture_graphs(max_len)
         self.clock = clock
         self._sampling: dict[str, _Sampling] = {}
         self._num_added = 0
+
+    @staticmethod
+    def _new_scheduler(cache: CacheConfig, config: SchedulerConfig) -> Scheduler:
+        # The runner keeps the block tables between steps, from the changes each batch names.
+        return Scheduler(cache, config, record_block_tables=True)
+
+    def _uses_graphs(self) -> bool:
+        """Decode on CUDA graphs: on CUDA, with the Triton kernels, unless ``enforce_eager``."""
+        config = self.config
+        return (
+            self.device.type == "cuda"
+            and not config.enforce_eager
+            and resolve_backend(self.device, config.backend) == "triton"
+        )
+
+    def _decode_graphs(self, kv_cache: KVCache, buffers: StepBuffers, max_len: int) -> DecodeGraphs:
+        return DecodeGraphs(
+            self.model,
+            kv_cache,
+            buffers,
+            graph_batch_sizes(self.config.scheduler.max_num_seqs),
+            max_len,
+            "triton",
+            replay=True,
+        )
+
+    def _capture_graphs(self, max_len: int) -> GraphStats:
+        """Capture the decode graphs on the engine's cache; print what they cost, once."""
+        graphs = self._decode_graphs(self.kv_cache, self.runner.buffers, max_len)
+        stats = graphs.capture()
+        self.runner.graphs = graphs
+        sizes = graphs.sizes
+        print(
+            f"engine: captured {stats.num_graphs} CUDA graphs for decode batches of "
+            f"{sizes[0]}..{sizes[-1]} in {stats.capture_s:.1f} s, "
+            f"{stats.memory_bytes / GIB:.2f} GiB (enforce_eager turns them off)",
+            file=sys.stderr,
+        )
+        return stats
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -210,15 +269,15 @@ class LLMEngine:
             n=params.n,
             prompt_token_ids=tuple(prompt_token_ids),
         )
-        seed = params.seed if params.seed is not None else hash((self.config.seed, request_id))
+        seed = params.seed
+        if seed is None:
+            # crc32, not hash(): a str's hash changes from process to process.
+            seed = hash((self.config.seed, zlib.crc32(request_id.encode())))
         self._sampling[request_id] = _Sampling(params, seed)
         self._num_added += 1
         if not self.scheduler.add_request(request, arrival_s if now_s is None else now_s):
             self._sampling.pop(request_id)
         return request
-
-    def _block_tables_of(self, request: Request) -> tuple[Sequence[int], ...]:
-        return self.scheduler.block_tables(request)
 
     def _params_of(self, request: Request) -> tuple[SamplingParams, int]:
         entry = self._sampling[request.request_id]
@@ -257,6 +316,7 @@ class LLMEngine:
             record.wall_s, record.cpu_s = wall_2 - wall_0, cpu_2 - cpu_0
         for request in finished:
             self._sampling.pop(request.request_id, None)
+            self.runner.forget(request.seq_ids)
         return StepOutput(batch, finished, record)
 
     @contextmanager
@@ -264,14 +324,18 @@ class LLMEngine:
         self, cache_config: CacheConfig, scheduler_config: SchedulerConfig
     ) -> Iterator[Scheduler]:
         """The block runs under a fresh scheduler of these configurations, on this engine's
-        model and cache (calibration's workloads); the engine's own scheduler comes back
-        after. Every request added inside must have finished by the end of the block."""
+        model and cache (calibration's workloads, the warm-up); the engine's own scheduler
+        comes back after, and the runner's block tables with it (the fresh scheduler numbers
+        its sequences from 0 again). Every request added inside must have finished by the
+        end of the block."""
         own = self.scheduler
-        self.scheduler = Scheduler(cache_config, scheduler_config)
+        self.scheduler = self._new_scheduler(cache_config, scheduler_config)
+        own_tables = self.runner.swap_tables(BlockTables(self.runner.tables.max_blocks_per_seq))
         try:
             yield self.scheduler
         finally:
             self.scheduler = own
+            self.runner.swap_tables(own_tables)
 
     def warm_up(self) -> int:
         """Run one short request (a prefill, then decodes) on a scratch scheduler, so that
@@ -287,35 +351,50 @@ class LLMEngine:
             return 0  # a cache too small for the warm-up request: nothing to warm with
         scratch_cache = replace(self.cache_config, num_cpu_blocks=0, enable_prefix_caching=False)
         scratch_config = replace(self.scheduler_config, policy="continuous")
-        real = self.scheduler
-        self.scheduler = Scheduler(scratch_cache, scratch_config)
         try:
-            vocab = self.model.config.vocab_size
-            ids = [(7 * i + 1) % vocab for i in range(prompt)]
-            params = SamplingParams(max_tokens=outputs, ignore_eos=True)
-            self.add_request("__warm_up__", ids, params, arrival_s=0.0, now_s=0.0)
-            self._num_added -= 1
-            self.scheduler.mark_arrivals_done()
-            num_steps = 0
-            # Bounded: a request the scratch scheduler cannot serve must not hang the engine.
-            while self.scheduler.has_unfinished() and num_steps < 4 * (prompt + outputs):
-                self.step(now_s=0.0)
-                num_steps += 1
+            with self.scheduled_by(scratch_cache, scratch_config) as scheduler:
+                vocab = self.model.config.vocab_size
+                ids = [(7 * i + 1) % vocab for i in range(prompt)]
+                params = SamplingParams(max_tokens=outputs, ignore_eos=True)
+                self.add_request("__warm_up__", ids, params, arrival_s=0.0, now_s=0.0)
+                self._num_added -= 1
+                scheduler.mark_arrivals_done()
+                num_steps = 0
+                # Bounded: a request the scratch scheduler cannot serve must not hang it.
+                while scheduler.has_unfinished() and num_steps < 4 * (prompt + outputs):
+                    self.step(now_s=0.0)
+                    num_steps += 1
         finally:
-            self.scheduler = real
             self._sampling.pop("__warm_up__", None)
         return num_steps
 
     # -- sizing ------------------------------------------------------------------------------
 
-    def _blocks_from_memory(self, block_bytes: int) -> int:
+    def _blocks_from_memory(self, block_bytes: int, max_len: int) -> int:
         if self.device.type != "cuda":
             return max(1, int(self.config.cpu_kv_cache_gib * GIB // block_bytes))
-        return self._profile_gpu_blocks(block_bytes)
+        graph_bytes = self._graph_memory(max_len) if self._uses_graphs() else 0
+        return self._profile_gpu_blocks(block_bytes, graph_bytes)
 
-    def _profile_gpu_blocks(self, block_bytes: int) -> int:
+    def _graph_memory(self, max_len: int) -> int:
+        """The device memory the decode graphs take, measured before the KV cache is sized by
+        capturing them once on a one-block scratch cache (every captured row is padding, so
+        no block is read) and releasing them."""
+        cfg = self.model.config
+        scratch = KVCache.allocate(
+            cfg.num_layers, 1, self.config.cache.block_size, cfg.num_kv_heads, cfg.head_dim,
+            self.dtype, self.device, backend=self.config.backend,
+        )  # fmt: skip
+        buffers = StepBuffers(-(-max_len // self.config.cache.block_size), self.device)
+        graph_bytes = self._decode_graphs(scratch, buffers, max_len).capture().memory_bytes
+        del scratch, buffers
+        torch.cuda.empty_cache()
+        return graph_bytes
+
+    def _profile_gpu_blocks(self, block_bytes: int, reserved_bytes: int = 0) -> int:
         """vLLM's rule: run the largest step once, then give the KV cache
-        ``gpu_memory_utilization`` of total memory less the peak the pass reached."""
+        ``gpu_memory_utilization`` of total memory less the peak the pass reached and less
+        ``reserved_bytes`` (the CUDA graphs)."""
         config = self.config
         # An engine its caller dropped may still hold its cache through a reference cycle:
         # collected now, it is not counted in this engine's peak.
@@ -330,12 +409,14 @@ class LLMEngine:
         peak = torch.cuda.max_memory_allocated(self.device)
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).total_memory
-        free_for_kv = total * config.cache.gpu_memory_utilization - peak
+        utilization = config.cache.gpu_memory_utilization
+        free_for_kv = total * utilization - peak - reserved_bytes
         num_blocks = int(free_for_kv // block_bytes)
         if num_blocks < 1:
             raise ValueError(
-                f"no room for a KV cache: peak {peak / GIB:.1f} GiB of {total / GIB:.1f} GiB at "
-                f"gpu_memory_utilization {config.cache.gpu_memory_utilization}"
+                f"no room for a KV cache: peak {peak / GIB:.1f} GiB and CUDA graphs "
+                f"{reserved_bytes / GIB:.1f} GiB of {total / GIB:.1f} GiB at "
+                f"gpu_memory_utilization {utilization}"
             )
         return num_blocks
 

@@ -1,173 +1,146 @@
-"""The model runner: the engine's ``Executor``. It turns the core's ``ScheduledBatch`` into
-tensors (token ids, positions, slot mapping, block tables, lengths), applies the step's memory
-moves, runs the model and samples.
+"""The model runner: the engine's ``Executor``. It keeps every sequence's block table between
+steps (updated from the tables each batch names), writes the step's inputs into persistent
+buffers (``engine.step_inputs``), applies the step's memory moves, runs the model (a captured
+CUDA graph for decode-only steps that fit one) and samples the whole batch at once.
 
 Rows are laid out decodes first (one row per sequence computing one position), then prefill
-chunks (the rest), as ``engine.attention.AttentionMetadata`` expects. A sequence *samples* when
-the step brings its computed tokens up to its known tokens; before the fork of an ``n > 1``
-request the prompt is one sequence, and its last row gives the first token of every sample.
+chunks (the rest), as ``engine.attention.AttentionMetadata`` expects.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from core.batch import ScheduledBatch, ScheduledRequest, StepResult
-from core.request import Request
-from engine.attention import build_metadata
+from core.batch import ScheduledBatch, StepResult
+from engine.attention import device_metadata
+from engine.cuda_graphs import DecodeGraphs
+from engine.input_batch import BlockTables, StepBuffers
 from engine.kv_cache import KVCache
-from engine.sampling import SampleSpec, SamplingParams, sample
+from engine.model.llama import LlamaForCausalLM
+from engine.sampling import SampleSpec, sample
+from engine.step_inputs import HostStep, ParamsOf, collect_rows, fill_host_step
+from kernels.contracts import resolve_backend
 
 
 @dataclass(frozen=True, slots=True)
 class StepTiming:
-    """Where one executed step's time went (seconds, wall clock)."""
+    """Where one executed step's time went (seconds, wall clock, on the host)."""
 
     prepare_s: float  # building the inputs on the host
     execute_s: float  # memory moves, model and sampling, to the last token on the host
-
-
-@dataclass(slots=True)
-class _Rows:
-    """One step's inputs as plain lists, before they become tensors."""
-
-    token_ids: list[int]
-    positions: list[int]
-    decode_seq_lens: list[int]
-    decode_tables: list[list[int]]
-    chunks: list[tuple[int, int]]
-    chunk_tables: list[list[int]]
+    forward_s: float = 0.0  # issuing the model (on CUDA it runs on after this)
+    sample_s: float = 0.0  # sampling, and waiting for the device to give the tokens
 
 
 class ModelRunner:
     """Runs the scheduler's batches on a model over a paged KV cache.
 
-    ``block_tables`` is the scheduler's ``block_tables`` (the core owns them); ``params_of``
-    gives each request's ``SamplingParams`` and its seed; ``eos_token_ids`` stop sequences
-    whose params do not ignore it.
+    The scheduler must record block tables (``Scheduler(record_block_tables=True)``): the
+    runner learns every table from the batches. ``params_of`` gives each request's
+    ``SamplingParams`` and its seed; ``eos_token_ids`` stop sequences whose params do not
+    ignore it. ``graphs`` (None: every step eager) runs the decode-only steps that fit.
     """
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: LlamaForCausalLM,
         kv_cache: KVCache,
-        block_tables: Callable[[Request], tuple[Sequence[int], ...]],
-        params_of: Callable[[Request], tuple[SamplingParams, int]],
+        params_of: ParamsOf,
+        max_model_len: int,
         eos_token_ids: frozenset[int] = frozenset(),
         backend: str = "auto",
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
-        self.block_tables = block_tables
         self.params_of = params_of
         self.eos_token_ids = eos_token_ids
-        self.backend = backend
         self.device = kv_cache.device
+        self.backend = resolve_backend(self.device, backend)
+        self.block_size = kv_cache.block_size
+        max_blocks = -(-max_model_len // self.block_size)
+        self.tables = BlockTables(max_blocks)
+        self.buffers = StepBuffers(max_blocks, self.device)
+        self.graphs: DecodeGraphs | None = None
         self.last_timing = StepTiming(0.0, 0.0)
+
+    def forget(self, seq_ids: Iterable[int]) -> None:
+        """Drop the tables of sequences that will not run again (finished requests)."""
+        self.tables.forget(seq_ids)
+
+    def swap_tables(self, tables: BlockTables) -> BlockTables:
+        """Run on ``tables`` from now on (a scratch scheduler's sequences); returns the old."""
+        old, self.tables = self.tables, tables
+        return old
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         start = time.perf_counter()
-        rows, specs, owners = self._prepare(batch)
-        device = self.device
-        meta = build_metadata(
-            rows.decode_seq_lens,
-            rows.decode_tables,
-            rows.chunks,
-            rows.chunk_tables,
-            self.kv_cache.block_size,
-            device,
-            self.backend,
-        )
-        input_ids = torch.tensor(rows.token_ids, dtype=torch.int64, device=device)
-        positions = torch.tensor(rows.positions, dtype=torch.int64, device=device)
-        logit_rows = sorted({spec.row for spec in specs})
-        logits_indices = torch.tensor(logit_rows, dtype=torch.int64, device=device)
+        if batch.block_tables:
+            self.tables.update(batch.block_tables)
+        rows = collect_rows(batch, self.tables, self.params_of)
+        size = None
+        if self.graphs is not None and not rows.chunk_rows:
+            size = self.graphs.batch_size_for(rows.num_decodes)
+        padding = size - rows.num_decodes if size is not None else 0
+        host = fill_host_step(rows, self.tables, self.buffers, self.block_size, padding)
+        specs = host.specs
+        if size is None:
+            inputs, specs = self._upload(host)
         prepared = time.perf_counter()
         self.kv_cache.apply(batch.swap_out, batch.swap_in, batch.copies)
+        logits = None
+        if size is not None:
+            assert self.graphs is not None
+            logits = self.graphs.run(host, size)
+        elif rows.num_tokens:
+            with torch.inference_mode():
+                logits = self.model(*inputs)
+        forwarded = time.perf_counter()
         sampled: dict[int, int] = {}
         stopped: set[int] = set()
-        if specs:
-            with torch.inference_mode():
-                logits = self.model(
-                    input_ids, positions, self.kv_cache.layers, meta, logits_indices
-                )
-            where = {row: idx for idx, row in enumerate(logit_rows)}
-            local = [
-                SampleSpec(where[s.row], s.params, s.seed, s.sample_idx, s.position) for s in specs
-            ]
-            for seq_id, spec, token in zip(owners, specs, sample(logits, local), strict=True):
+        if specs and logits is not None:
+            tokens = sample(logits, specs)
+            for seq_id, spec, token in zip(host.owners, specs, tokens, strict=True):
                 sampled[seq_id] = token
                 if token in self.eos_token_ids and not spec.params.ignore_eos:
                     stopped.add(seq_id)
-        elif rows.token_ids:
-            # No sequence samples (a prompt chunk mid-way): the KV must still be written.
-            with torch.inference_mode():
-                self.model(input_ids, positions, self.kv_cache.layers, meta, logits_indices)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+        elif self.device.type == "cuda":
+            # No sequence samples (a prompt chunk mid-way): the step ends when its KV is written.
+            torch.cuda.synchronize(self.device)
         end = time.perf_counter()
-        self.last_timing = StepTiming(prepared - start, end - prepared)
+        self.last_timing = StepTiming(
+            prepared - start, end - prepared, forwarded - prepared, end - forwarded
+        )
         return StepResult(end - start, sampled, frozenset(stopped))
 
-    def _prepare(self, batch: ScheduledBatch) -> tuple[_Rows, list[SampleSpec], list[int]]:
-        decodes: list[tuple[ScheduledRequest, int, int, Sequence[int]]] = []
-        chunks: list[tuple[ScheduledRequest, int, int, Sequence[int]]] = []
-        for scheduled in batch.requests:
-            request = scheduled.request
-            tables = self.block_tables(request)
-            for slot, (seq_id, table) in enumerate(zip(scheduled.seq_ids, tables, strict=True)):
-                group = decodes if scheduled.num_positions == 1 else chunks
-                group.append((scheduled, seq_id, slot, table))
-        rows = _Rows([], [], [], [], [], [])
-        specs: list[SampleSpec] = []
-        owners: list[int] = []
-        for group in (decodes, chunks):
-            for scheduled, seq_id, _, table in group:
-                request = scheduled.request
-                start = scheduled.num_computed_tokens
-                end = start + scheduled.num_positions
-                rows.token_ids.extend(_known_tokens(request, seq_id, start, end))
-                rows.positions.extend(range(start, end))
-                if group is decodes:
-                    rows.decode_seq_lens.append(end)
-                    rows.decode_tables.append(list(table))
-                else:
-                    rows.chunks.append((start, scheduled.num_positions))
-                    rows.chunk_tables.append(list(table))
-                if end == request.num_tokens:
-                    self._add_samples(request, seq_id, len(rows.token_ids) - 1, specs, owners)
-        return rows, specs, owners
-
-    def _add_samples(
-        self,
-        request: Request,
-        seq_id: int,
-        row: int,
-        specs: list[SampleSpec],
-        owners: list[int],
-    ) -> None:
-        params, seed = self.params_of(request)
-        position = request.num_output_tokens
-        # Before the fork, the one computed sequence samples the first token of every sample.
-        sampling = request.live_seq_ids if request.n > 1 and not request.forked else [seq_id]
-        for sample_seq in sampling:
-            sample_idx = request.seq_ids.index(sample_seq)
-            specs.append(SampleSpec(row, params, seed, sample_idx, position))
-            owners.append(sample_seq)
-
-
-def _known_tokens(request: Request, seq_id: int, start: int, end: int) -> list[int]:
-    """Tokens ``start .. end - 1`` of sequence ``seq_id``: its prompt, then its outputs."""
-    prompt = request.prompt_token_ids
-    if prompt is None:
-        raise ValueError(f"request {request.request_id!r} has no prompt token ids")
-    num_prompt = len(prompt)
-    out = list(prompt[start : min(end, num_prompt)])
-    if end > num_prompt:
-        outputs = request.output_token_ids.get(seq_id, ())
-        out.extend(outputs[max(start, num_prompt) - num_prompt : end - num_prompt])
-    return out
+    def _upload(self, host: HostStep) -> tuple[tuple[object, ...], list[SampleSpec]]:
+        """An eager step's device inputs (one copy per buffer), and its samples re-rowed to
+        the logits of the distinct rows that sample."""
+        buffers = self.buffers
+        rows = np.fromiter((s.row for s in host.specs), np.int64, len(host.specs))
+        if len(rows) < 2 or bool((rows[1:] > rows[:-1]).all()):
+            logit_rows, where = rows, np.arange(len(rows))  # (each row once, in order)
+        else:
+            # Before an n > 1 request forks, its last prompt row samples several times.
+            logit_rows, where = np.unique(rows, return_inverse=True)
+        indices = buffers.host("logits_indices", len(logit_rows))
+        indices[:] = logit_rows
+        meta = device_metadata(host.meta, buffers.upload, self.block_size, self.backend)
+        inputs = (
+            buffers.upload("input_ids", host.input_ids),
+            buffers.upload("positions", host.positions),
+            self.kv_cache.layers,
+            meta,
+            buffers.upload("logits_indices", indices),
+        )
+        if np.array_equal(rows, where):
+            return inputs, host.specs  # (the first rows sample, each once: already indices)
+        specs = [
+            SampleSpec(int(row), s.params, s.seed, s.sample_idx, s.position)
+            for row, s in zip(where, host.specs, strict=True)
+        ]
+        return inputs, specs

@@ -13,8 +13,12 @@ Modules (each wrapper checks shapes, dtypes, strides and devices, then launches)
 - ``paged_attention.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)``
 - ``prefill_attention.paged_prefill_attention(q, k_cache, v_cache, block_tables,
   query_start_loc, seq_lens, context_lens, scale)``
-- ``cache_ops.store_kv(k, v, k_cache, v_cache, slot_mapping)`` and
-  ``cache_ops.copy_blocks(k_cache, v_cache, pairs)``
+- ``cache_ops.store_kv(k, v, k_cache, v_cache, slot_mapping)``,
+  ``cache_ops.copy_blocks(k_cache, v_cache, pairs)`` and ``copy_blocks_all_layers`` (every
+  layer of a stacked cache in one launch)
+- ``plan_store_kv``/``run_store_kv``, ``plan_paged_decode``/``run_paged_decode``,
+  ``plan_paged_prefill``/``run_paged_prefill``: the same kernels checked and planned once per
+  step (split plan and scratch included), then launched per layer without checks
 - the fused elementwise kernels, each with its torch reference ``<name>_ref`` beside it:
   ``rms_norm.rms_norm(x, weight, eps)`` and ``rms_norm.fused_add_rms_norm(x, residual, weight,
   eps)`` (in place, as vLLM's), ``activation.silu_and_mul(gate_up)``, and

@@ -1,10 +1,16 @@
 """Decode attention over a paged KV cache: one query token per sequence, split-KV when the
-batch is too small to fill the GPU, plus the tile helpers the prefill kernel shares."""
+batch is too small to fill the GPU, plus the tile helpers the prefill kernel shares.
+
+``plan_paged_decode`` checks a step's metadata and fixes its split plan and scratch once;
+``run_paged_decode`` then launches each layer without checking again (and a CUDA graph can
+capture it: the plan's tensors and launch parameters stay fixed).
+"""
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -183,6 +189,108 @@ def decode_tile_tokens(head_dim: int, device: torch.device) -> int:
     return 32 if head_dim >= 256 else 64
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeLaunch:
+    """One step's paged decode, checked and planned once: ``num_seqs`` rows of
+    ``num_q_heads`` query heads over caches shaped as ``cache``, split ``num_splits`` ways
+    (``tokens_per_split`` tokens each) with scratch ``part_out``/``part_lse`` when split."""
+
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    num_seqs: int
+    num_q_heads: int
+    cache: contracts.CacheShape
+    num_splits: int
+    tokens_per_split: int
+    tile: int
+    qk_scale: float
+    dot_precision: str
+    part_out: torch.Tensor | None
+    part_lse: torch.Tensor | None
+
+
+def plan_paged_decode(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_q_heads: int,
+    scale: float,
+    *,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    tile_tokens: int | None = None,
+) -> DecodeLaunch:
+    """Check one layer's caches and the step's block tables and lengths, and fix the split
+    plan and its scratch (see ``paged_decode_attention`` for the arguments)."""
+    cache = contracts.check_kv_cache(k_cache, v_cache)
+    if num_q_heads < 1 or num_q_heads % cache.num_kv_heads:
+        raise ValueError(
+            f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {cache.num_kv_heads}"
+        )
+    contracts.check_index("seq_lens", seq_lens, (None,), k_cache.device)
+    num_seqs = seq_lens.shape[0]
+    contracts.check_index("block_tables", block_tables, (num_seqs, None), k_cache.device)
+    tile = tile_tokens or decode_tile_tokens(cache.head_dim, k_cache.device)
+    if not contracts.is_power_of_two(tile) or tile < MIN_DOT_ROWS:
+        raise ValueError(f"tile_tokens must be a power of two >= 16, got {tile}")
+    if max_seq_len is None:
+        max_seq_len = block_tables.shape[1] * cache.block_size
+    num_splits, tokens_per_split = plan_splits(
+        num_seqs * cache.num_kv_heads, max_seq_len, tile, num_splits, k_cache.device
+    )
+    part_out = part_lse = None
+    if num_splits > 1 and num_seqs:
+        shape = (num_seqs, num_q_heads, num_splits)
+        part_out = k_cache.new_empty((*shape, cache.head_dim), dtype=torch.float32)
+        part_lse = k_cache.new_empty(shape, dtype=torch.float32)
+    return DecodeLaunch(
+        block_tables.contiguous(), seq_lens.contiguous(), num_seqs, num_q_heads, cache,
+        num_splits, tokens_per_split, tile, scale * LOG2_E,
+        contracts.dot_precision(k_cache.dtype), part_out, part_lse,
+    )  # fmt: skip
+
+
+def run_paged_decode(
+    launch: DecodeLaunch,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The planned decode for one layer: q [num_seqs, num_q_heads, head_dim] and the caches
+    must match the plan (unchecked; q and ``out`` need a unit last stride). Writes ``out``
+    (a new tensor if None) and returns it."""
+    if out is None:
+        out = torch.empty_like(q)
+    if launch.num_seqs == 0:
+        return out
+    cache, num_splits = launch.cache, launch.num_splits
+    group = launch.num_q_heads // cache.num_kv_heads
+    part_out = launch.part_out if launch.part_out is not None else out
+    part_lse = launch.part_lse if launch.part_lse is not None else out
+    grid = (launch.num_seqs, cache.num_kv_heads, num_splits)
+    _paged_decode_attention_kernel[grid](
+        q, k_cache, v_cache, launch.block_tables, launch.seq_lens, out, part_out, part_lse,
+        launch.qk_scale, launch.tokens_per_split,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        launch.block_tables.stride(0), out.stride(0), out.stride(1),
+        QUERIES_PER_KV=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
+        HEAD_DIM=cache.head_dim, BLOCK_SIZE=cache.block_size, TILE_TOKENS=launch.tile,
+        WRITE_PARTIALS=num_splits > 1, DOT_PRECISION=launch.dot_precision,
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    if num_splits > 1:
+        _reduce_splits_kernel[(launch.num_seqs, launch.num_q_heads)](
+            part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            HEAD_DIM=cache.head_dim, num_warps=4,
+        )  # fmt: skip
+    return out
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -206,49 +314,15 @@ def paged_decode_attention(
     heuristics (tests and benchmarks).
     """
     cache = contracts.check_kv_cache(k_cache, v_cache)
-    group = contracts.check_queries(q, cache, k_cache.device, k_cache.dtype)
+    contracts.check_queries(q, cache, k_cache.device, k_cache.dtype)
     num_seqs = q.shape[0]
     contracts.check_index("seq_lens", seq_lens, (num_seqs,), q.device)
     contracts.check_index("block_tables", block_tables, (num_seqs, None), q.device)
     if contracts.resolve_backend(q.device, backend) == "torch":
         plan = plan_decode(block_tables, seq_lens.tolist(), cache.block_size)
         return paged_decode_attention_torch(q, k_cache, v_cache, plan, scale)
-
-    block_tables = block_tables.contiguous()
-    seq_lens = seq_lens.contiguous()
-    tile = tile_tokens or decode_tile_tokens(cache.head_dim, q.device)
-    if not contracts.is_power_of_two(tile) or tile < MIN_DOT_ROWS:
-        raise ValueError(f"tile_tokens must be a power of two >= 16, got {tile}")
-    if max_seq_len is None:
-        max_seq_len = block_tables.shape[1] * cache.block_size
-    num_splits, tokens_per_split = plan_splits(
-        num_seqs * cache.num_kv_heads, max_seq_len, tile, num_splits, q.device
-    )
-    out = torch.empty_like(q)
-    if num_seqs == 0:
-        return out
-    part_out = part_lse = out  # unused placeholders when there is a single split
-    if num_splits > 1:
-        part_shape = (num_seqs, q.shape[1], num_splits)
-        part_out = q.new_empty((*part_shape, cache.head_dim), dtype=torch.float32)
-        part_lse = q.new_empty(part_shape, dtype=torch.float32)
-    grid = (num_seqs, cache.num_kv_heads, num_splits)
-    _paged_decode_attention_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
-        scale * LOG2_E, tokens_per_split,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        QUERIES_PER_KV=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
-        HEAD_DIM=cache.head_dim, BLOCK_SIZE=cache.block_size, TILE_TOKENS=tile,
-        WRITE_PARTIALS=num_splits > 1, DOT_PRECISION=contracts.dot_precision(q.dtype),
-        num_warps=4, num_stages=2,
+    launch = plan_paged_decode(
+        k_cache, v_cache, block_tables, seq_lens, q.shape[1], scale,
+        max_seq_len=max_seq_len, num_splits=num_splits, tile_tokens=tile_tokens,
     )  # fmt: skip
-    if num_splits > 1:
-        _reduce_splits_kernel[(num_seqs, q.shape[1])](
-            part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-            HEAD_DIM=cache.head_dim, num_warps=4,
-        )  # fmt: skip
-    return out
+    return run_paged_decode(launch, q, k_cache, v_cache)

@@ -1,9 +1,11 @@
 """Prefill attention over a paged KV cache: variable-length query chunks attend causally to
-their own tokens and to earlier context already cached (chunked prefill, prefix-cache hits)."""
+their own tokens and to earlier context already cached (chunked prefill, prefix-cache hits).
+``plan_paged_prefill`` checks a step's metadata once; ``run_paged_prefill`` launches a layer."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -106,6 +108,101 @@ def prefill_tiles(head_dim: int, device: torch.device) -> tuple[int, int, int]:
     return 128, 64, 8
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillLaunch:
+    """One step's paged prefill, checked and planned once for every layer: ``num_seqs``
+    chunks of ``num_q_heads`` query heads, the grid sized for ``max_query_len``."""
+
+    block_tables: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    context_lens: torch.Tensor
+    num_seqs: int
+    num_q_heads: int
+    max_query_len: int
+    cache: contracts.CacheShape
+    tile_queries: int
+    tile_tokens: int
+    num_warps: int
+    qk_scale: float
+    dot_precision: str
+
+
+def plan_paged_prefill(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    context_lens: torch.Tensor,
+    num_q_heads: int,
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    tiles: tuple[int, int] | None = None,
+) -> PrefillLaunch:
+    """Check one layer's caches and the step's chunk metadata, and fix the tiles and grid
+    (see ``paged_prefill_attention`` for the arguments)."""
+    cache = contracts.check_kv_cache(k_cache, v_cache)
+    if num_q_heads < 1 or num_q_heads % cache.num_kv_heads:
+        raise ValueError(
+            f"num_q_heads {num_q_heads} must be a multiple of num_kv_heads {cache.num_kv_heads}"
+        )
+    device = k_cache.device
+    contracts.check_index("seq_lens", seq_lens, (None,), device)
+    num_seqs = seq_lens.shape[0]
+    contracts.check_index("context_lens", context_lens, (num_seqs,), device)
+    contracts.check_index("query_start_loc", query_start_loc, (num_seqs + 1,), device)
+    contracts.check_index("block_tables", block_tables, (num_seqs, None), device)
+    tile_queries, tile_tokens, num_warps = prefill_tiles(cache.head_dim, device)
+    if tiles is not None:
+        tile_queries, tile_tokens = tiles
+    for name, value in (("query tile", tile_queries), ("key tile", tile_tokens)):
+        if not contracts.is_power_of_two(value) or value < 16:
+            raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+    query_start_loc = query_start_loc.contiguous()
+    if max_query_len is None:
+        lens = query_start_loc[1:] - query_start_loc[:-1]
+        max_query_len = int(lens.max().item()) if num_seqs else 0
+    return PrefillLaunch(
+        block_tables.contiguous(), query_start_loc, seq_lens.contiguous(),
+        context_lens.contiguous(), num_seqs, num_q_heads, max_query_len, cache,
+        tile_queries, tile_tokens, num_warps, scale * LOG2_E,
+        contracts.dot_precision(k_cache.dtype),
+    )  # fmt: skip
+
+
+def run_paged_prefill(
+    launch: PrefillLaunch,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The planned prefill for one layer: q [num_tokens, num_q_heads, head_dim] and the
+    caches must match the plan (unchecked). Writes ``out`` (new if None) and returns it."""
+    if out is None:
+        out = torch.empty_like(q)
+    if launch.num_seqs == 0 or q.shape[0] == 0 or launch.max_query_len == 0:
+        return out
+    cache = launch.cache
+    grid = (math.ceil(launch.max_query_len / launch.tile_queries), q.shape[1], launch.num_seqs)
+    _paged_prefill_attention_kernel[grid](
+        q, k_cache, v_cache, launch.block_tables,
+        launch.query_start_loc, launch.seq_lens, launch.context_lens, out,
+        launch.qk_scale,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        launch.block_tables.stride(0), out.stride(0), out.stride(1),
+        QUERIES_PER_KV=launch.num_q_heads // cache.num_kv_heads, HEAD_DIM=cache.head_dim,
+        BLOCK_SIZE=cache.block_size, TILE_QUERIES=launch.tile_queries,
+        TILE_TOKENS=launch.tile_tokens, DOT_PRECISION=launch.dot_precision,
+        num_warps=launch.num_warps, num_stages=2,
+    )  # fmt: skip
+    return out
+
+
 def paged_prefill_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -128,7 +225,7 @@ def paged_prefill_attention(
     `tiles` = (query tile, key tile) overrides the heuristic (tests and benchmarks).
     """
     cache = contracts.check_kv_cache(k_cache, v_cache)
-    group = contracts.check_queries(q, cache, k_cache.device, k_cache.dtype)
+    contracts.check_queries(q, cache, k_cache.device, k_cache.dtype)
     contracts.check_index("seq_lens", seq_lens, (None,), q.device)
     num_seqs = seq_lens.shape[0]
     contracts.check_index("context_lens", context_lens, (num_seqs,), q.device)
@@ -143,31 +240,11 @@ def paged_prefill_attention(
             cache.block_size,
         )
         return paged_prefill_attention_torch(q, k_cache, v_cache, chunks, scale)
-
-    tile_queries, tile_tokens, num_warps = prefill_tiles(cache.head_dim, q.device)
-    if tiles is not None:
-        tile_queries, tile_tokens = tiles
-    for name, value in (("query tile", tile_queries), ("key tile", tile_tokens)):
-        if not contracts.is_power_of_two(value) or value < 16:
-            raise ValueError(f"{name} must be a power of two >= 16, got {value}")
-    out = torch.empty_like(q)
     if num_seqs == 0 or q.shape[0] == 0:
-        return out
-    query_start_loc = query_start_loc.contiguous()
-    block_tables = block_tables.contiguous()
-    if max_query_len is None:
-        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max().item())
-    grid = (math.ceil(max_query_len / tile_queries), q.shape[1], num_seqs)
-    _paged_prefill_attention_kernel[grid](
-        q, k_cache, v_cache, block_tables,
-        query_start_loc, seq_lens.contiguous(), context_lens.contiguous(), out,
-        scale * LOG2_E,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        QUERIES_PER_KV=group, HEAD_DIM=cache.head_dim, BLOCK_SIZE=cache.block_size,
-        TILE_QUERIES=tile_queries, TILE_TOKENS=tile_tokens,
-        DOT_PRECISION=contracts.dot_precision(q.dtype), num_warps=num_warps, num_stages=2,
+        # (checked like any call, but no device read of an empty query_start_loc)
+        max_query_len = 0
+    launch = plan_paged_prefill(
+        k_cache, v_cache, block_tables, query_start_loc, seq_lens, context_lens, q.shape[1],
+        scale, max_query_len=max_query_len, tiles=tiles,
     )  # fmt: skip
-    return out
+    return run_paged_prefill(launch, q, k_cache, v_cache)

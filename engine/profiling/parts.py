@@ -11,10 +11,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.attention import build_metadata
+from core.batch import ScheduledBatch, ScheduledRequest
+from core.request import Request
+from engine.input_batch import BlockTables
 from engine.llm_engine import LLMEngine
 from engine.model.llama import step_ops
 from engine.sampling import SampleSpec, SamplingParams, sample
+from engine.step_inputs import collect_rows, fill_host_step
 from kernels.torch_attention import (
     paged_decode_attention_torch,
     paged_prefill_attention_torch,
@@ -182,23 +185,27 @@ class StepParts:
         return self._swap(n, to_host=False)
 
     def prepare(self, num_seqs: int) -> Callable[[], Any]:
-        """The host work of building one decode step's inputs (lists, metadata, tensors)."""
+        """The host work of preparing one decode step's inputs as the runner does it (reading
+        the batch, filling its persistent buffers, the metadata and the copies), for
+        ``num_seqs`` sequences decoding at a 256-token context."""
         context = 256
         width = -(-context // self.block_size)
-        tables = [list(range(1 + i * width, 1 + (i + 1) * width)) for i in range(num_seqs)]
-        device = self.device
+        runner = self.engine.runner
+        tables = BlockTables(runner.tables.max_blocks_per_seq)
+        batch = ScheduledBatch(step_idx=0, now_s=0.0)
+        for seq_id in range(num_seqs):
+            request = Request(
+                f"p{seq_id}", 0.0, context - 1, 2, prompt_token_ids=(1,) * (context - 1)
+            )
+            request.seq_ids, request.live_seq_ids = [seq_id], [seq_id]
+            request.num_output_tokens, request.output_token_ids = 1, {seq_id: [1]}
+            batch.requests.append(ScheduledRequest(request, 1, context - 1, (seq_id,), False))
+            tables.update({seq_id: range(1 + seq_id * width, 1 + (seq_id + 1) * width)})
+        greedy = (SamplingParams(), 0)
 
         def run() -> Any:
-            token_ids, positions, lens, rows = [], [], [], []
-            for table in tables:
-                token_ids.append(1)
-                positions.append(context - 1)
-                lens.append(context)
-                rows.append(list(table))
-            meta = build_metadata(lens, rows, [], [], self.block_size, device, self.backend)
-            ids = torch.tensor(token_ids, dtype=torch.int64, device=device)
-            pos = torch.tensor(positions, dtype=torch.int64, device=device)
-            last = torch.tensor(list(range(num_seqs)), dtype=torch.int64, device=device)
-            return meta, ids, pos, last
+            rows = collect_rows(batch, tables, lambda _: greedy)
+            host = fill_host_step(rows, tables, runner.buffers, self.block_size)
+            return runner._upload(host)
 
         return run

@@ -161,6 +161,7 @@ def replay(
     on_step: StepHook | None = None,
     max_steps: int = 50_000,
     mark_arrivals_done: bool = True,
+    record_block_tables: bool = False,
 ) -> ReplayResult:
     """Run ``schedule → execute → update`` until every request is done.
 
@@ -169,10 +170,11 @@ def replay(
     ``AssertionError`` if the loop is stuck (empty step, unfinished requests, nothing to wait
     for) or runs more than ``max_steps`` steps (livelock). ``on_step`` sees the scheduler and
     the live batch between ``schedule`` and ``update``; ``stopped`` names sequences the
-    synthetic executor stops early.
+    synthetic executor stops early. ``record_block_tables`` builds the scheduler as the real
+    engine does (each batch names the block tables that changed).
     """
     step_time = step_time if step_time is not None else linear_step_time()
-    scheduler = Scheduler(cache_config, scheduler_config)
+    scheduler = Scheduler(cache_config, scheduler_config, record_block_tables=record_block_tables)
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i))
     arrivals = [requests[i] for i in order]
     batches: list[BatchRecord] = []

@@ -149,6 +149,39 @@ def test_parallel_samples_under_preemption(
         assert [s.token_ids for s in output.outputs] == [want] * 2
 
 
+@pytest.mark.parametrize("case", ["continuous", "swap-tiny-cache"])
+def test_decodes_on_padded_graph_buckets_equal_transformers(
+    case: str, model_dir: Path, prompts: list[list[int]], expected: list[list[int]]
+) -> None:
+    """Every decode-only step through a CUDA graph's padded bucket, run eagerly (no GPU): the
+    greedy tokens, with n > 1 too, are still ``transformers``'."""
+    from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
+
+    llm = _generate(model_dir, prompts, block_size=4, max_num_seqs=24, **CASES[case])
+    engine, runner = llm.engine, llm.engine.runner
+    graphs = DecodeGraphs(
+        engine.model, engine.kv_cache, runner.buffers, graph_batch_sizes(24),
+        engine.cache_config.max_model_len, runner.backend, replay=False,
+    )  # fmt: skip
+    sizes: list[int] = []
+    run = graphs.run
+    graphs.run = lambda host, size: sizes.append(size) or run(host, size)  # type: ignore[method-assign]
+    runner.graphs = graphs
+    # Requests end at different steps, so the decode batches shrink through the buckets.
+    lengths = [1 + i % MAX_TOKENS for i in range(len(prompts))]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+    outputs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outputs] == [
+        want[:n] for want, n in zip(expected, lengths, strict=True)
+    ]
+    assert len(set(sizes)) >= 3, f"decode steps took only the buckets {sorted(set(sizes))}"
+    parallel = llm.generate(
+        prompts[:4], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, n=3)
+    )
+    assert [[s.token_ids for s in o.outputs] for o in parallel] == [[w] * 3 for w in expected[:4]]
+    assert runner.tables.num_sequences == 0, "finished sequences keep no table row"
+
+
 def test_sampling_does_not_depend_on_the_batch(model_dir: Path, prompts: list[list[int]]) -> None:
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, top_p=0.9, top_k=50, seed=7)
     alone = _generate(model_dir, prompts, block_size=4).generate([prompts[5]], params)

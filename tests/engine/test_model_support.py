@@ -147,5 +147,5 @@ def test_linear_rope_scaling_runs_the_scaled_context(tmp_path: Path) -> None:
     _write(tmp_path, tiny | {"max_position_embeddings": 256, "rope_scaling": linear})
     engine = LLMEngine(build(EngineConfig, model=str(tmp_path), weights="random", num_blocks=64))
     assert engine.model.cos_sin_cache.shape[0] == engine.cache_config.max_model_len == 512
-    with pytest.raises(ValueError, match="exceeds .*'s context of 512 tokens"):
+    with pytest.raises(ValueError, match=r"exceeds .*'s context of 512 tokens"):
         LLMEngine(build(EngineConfig, model=str(tmp_path), weights="random", max_model_len=513))

@@ -1,6 +1,7 @@
 """The model on the kernels' Triton backend (the interpreter, in its own process) gives the
-torch backend's logits for mixed batches of decodes and prefill chunks; on the torch backend it
-never loads triton."""
+torch backend's logits for mixed batches of decodes and prefill chunks, and a padded decode
+bucket (CUDA graphs' padding, run eagerly) gives its real rows the unpadded step's logits; on the
+torch backend it never loads triton."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None,
     reason="needs torch and triton",
 )
-def test_triton_backend_matches_torch_backend_on_mixed_batches() -> None:
+@pytest.mark.parametrize("case", ["triton_case", "graph_case"])
+def test_triton_backend_matches_torch_backend_on_mixed_batches(case: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.engine.triton_case"],
+        [sys.executable, "-m", f"tests.engine.{case}"],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,

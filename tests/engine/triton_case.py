@@ -1,6 +1,7 @@
 """Run by test_triton_backend.py in a fresh process with TRITON_INTERPRET=1: the same mixed
 batches through the Triton kernels (interpreted on CPU) and through the torch references must
-give the same logits. Prints "ok" and the largest difference."""
+give the same logits, the kernels checked and planned once per step and launched per layer.
+Prints "ok" and the largest difference."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import json
 import os
 import sys
 import tempfile
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # Must precede the first triton import: triton.jit reads it when a kernel is decorated.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -37,6 +41,25 @@ SCHEDULE = [
 ]
 
 
+def count_calls(calls: Counter[str]) -> None:
+    """Count the kernels' plan and run calls (``engine.attention`` looks them up per call)."""
+    import kernels.cache_ops
+    import kernels.paged_attention
+    import kernels.prefill_attention
+
+    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    for module in (kernels.cache_ops, kernels.paged_attention, kernels.prefill_attention):
+        for name in dir(module):
+            if name.startswith(("plan_", "run_")) and name != "plan_splits":
+                setattr(module, name, counted(name, getattr(module, name)))
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory() as directory:
         (Path(directory) / "config.json").write_text(json.dumps(CONFIG))
@@ -51,8 +74,18 @@ def main() -> int:
         for backend in ("triton", "torch")
     }
     worst = 0.0
+    calls: Counter[str] = Counter()
+    count_calls(calls)
     for decodes, chunks in SCHEDULE:
+        calls.clear()
         triton_logits, rows = runs["triton"].step(decodes, chunks)
+        layers = CONFIG["num_hidden_layers"]
+        want = {"plan_store_kv": 1, "run_store_kv": layers}
+        if decodes:
+            want |= {"plan_paged_decode": 1, "run_paged_decode": layers}
+        if chunks:
+            want |= {"plan_paged_prefill": 1, "run_paged_prefill": layers}
+        assert dict(calls) == want, (dict(calls), want)
         torch_logits, torch_rows = runs["torch"].step(decodes, chunks)
         assert rows == torch_rows
         assert torch_logits.abs().mean() > 0.3, torch_logits.abs().mean()

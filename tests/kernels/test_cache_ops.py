@@ -9,7 +9,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kernels.cache_ops import copy_blocks, store_kv  # noqa: E402
+from kernels.cache_ops import (  # noqa: E402
+    copy_blocks,
+    copy_blocks_all_layers,
+    plan_store_kv,
+    run_store_kv,
+    store_kv,
+)
 from kernels.prefill_attention import paged_prefill_attention  # noqa: E402
 from kernels.reference import copy_blocks_ref, store_kv_ref  # noqa: E402
 from tests.kernels.paged_cases import assert_close, sdpa_attention  # noqa: E402
@@ -76,6 +82,35 @@ def test_copy_blocks_matches_reference(device, as_list):
         copy_blocks_ref(k_ref, v_ref, pairs_list)
         assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
         assert torch.equal(k_cache[3], k_cache[0]) and torch.equal(v_cache[4], v_cache[2])
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_copy_blocks_all_layers_copies_every_layer(device, backend):
+    if backend == "torch" and device.type != "cpu":
+        pytest.skip("the torch path is tested on CPU")
+    gen = torch.Generator().manual_seed(3)
+    kv = torch.randn(2, 3, 6, 8, 2, 16, generator=gen).to(device)  # [K/V, layers, blocks, ...]
+    want = kv.clone()
+    pairs = [(0, 4), (2, 5)]
+    for layer in range(3):
+        copy_blocks_ref(want[0, layer], want[1, layer], pairs)
+    copy_blocks_all_layers(kv[0], kv[1], pairs, backend=backend)
+    assert torch.equal(kv, want) and torch.equal(kv[:, :, 4], kv[:, :, 0])
+    with pytest.raises(ValueError, match="must be a 5-D tensor"):
+        copy_blocks_all_layers(kv[0, 0], kv[1, 0], pairs, backend=backend)
+
+
+def test_a_planned_store_equals_the_checked_one(device):
+    gen = torch.Generator().manual_seed(4)
+    k_cache, v_cache = nan_caches(4, 8, 2, 16, torch.float32, device)
+    k_ref, v_ref = nan_caches(4, 8, 2, 16, torch.float32, device)
+    slots = torch.tensor([3, -1, 17, 30], device=device)
+    launch = plan_store_kv(k_cache, v_cache, slots, backend="triton")
+    for _ in range(2):  # two layers' worth of calls on one plan
+        k, v = (torch.randn(4, 2, 16, generator=gen).to(device) for _ in "kv")
+        run_store_kv(launch, k, v, k_cache, v_cache)
+        store_kv(k, v, k_ref, v_ref, slots, backend="triton")
+        assert same(k_cache, k_ref) and same(v_cache, v_ref)
 
 
 def test_copy_blocks_without_pairs_is_a_no_op(device):
