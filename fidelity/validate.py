@@ -16,7 +16,7 @@ from engine.replay import ReplayConfig, replay
 from fidelity import validation
 from fidelity.calibrate import calibrate
 from fidelity.validate_config import VALIDATION_FILE, ValidateConfig
-from records.run_dir import load_run
+from records.run_dir import load_run, run_file
 from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes
 from sim.costmodel.base import CostModel, CostModelConfig, make_cost_model
 from sim.costmodel.profile import load_profile
@@ -128,7 +128,7 @@ def compare(
 ) -> dict[str, Any]:
     """Simulate ``trace`` under ``run`` with each cost model and compare with the engine run."""
     measured = load_run(engine_dir)
-    shapes_path = engine_dir / STEP_SHAPES_FILE
+    shapes_path = run_file(engine_dir, STEP_SHAPES_FILE)
     if not shapes_path.exists():
         raise ValueError(f"{shapes_path}: missing (an engine run from before step shapes?)")
     engine_steps = load_step_shapes(shapes_path)
