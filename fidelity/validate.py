@@ -15,6 +15,7 @@ from engine.llm_engine import EngineConfig
 from engine.replay import ReplayConfig, replay
 from fidelity import validation
 from fidelity.calibrate import calibrate
+from fidelity.replay_inputs import engine_kind_of_run, run_summary
 from fidelity.validate_config import VALIDATION_FILE, ValidateConfig
 from records.run_dir import load_run, run_file
 from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes
@@ -97,16 +98,19 @@ def sim_config(engine_dir: Path, config: ValidateConfig, profile: str | None) ->
         ) from None
 
 
-def _cost_config(run: RunConfig) -> CostModelConfig:
-    """The engine's step as the simulator prices it: no overlap of host and model work (as
-    ``run`` says), and no padding, since the engine packs a batch's real rows and never
-    computes a static batch's padding."""
-    return CostModelConfig(async_scheduling=run.async_scheduling, price_padding=False)
+def _cost_config(run: RunConfig, engine_kind: str = "servesim-eager") -> CostModelConfig:
+    """The engine's step as the simulator prices it: servesim's own host clock of the kind the
+    engine ran as (no overlap of host and model work; eager launches, or decode graphs:
+    ``sim.costmodel.host_time``), and no padding, since the engine packs a batch's real rows
+    and never computes a static batch's padding."""
+    return CostModelConfig(
+        async_scheduling=run.async_scheduling, price_padding=False, engine=engine_kind
+    )
 
 
-def _cost_models(run: RunConfig) -> dict[str, CostModel]:
+def cost_models(run: RunConfig, engine_kind: str) -> dict[str, CostModel]:
     model, hardware = load_model_spec(run.model), get_hardware_preset(run.hardware)
-    cost_config = _cost_config(run)
+    cost_config = _cost_config(run, engine_kind)
     models = {
         "roofline": make_cost_model(
             model, hardware, run.tp, config=cost_config, block_size=run.block_size
@@ -125,8 +129,10 @@ def compare(
     run: RunConfig,
     out: Path,
     progress: bool = False,
+    engine_kind: str = "servesim-eager",
 ) -> dict[str, Any]:
-    """Simulate ``trace`` under ``run`` with each cost model and compare with the engine run."""
+    """Simulate ``trace`` under ``run`` with each cost model and compare with the engine run,
+    which ran as ``engine_kind`` (its host clock)."""
     measured = load_run(engine_dir)
     shapes_path = run_file(engine_dir, STEP_SHAPES_FILE)
     if not shapes_path.exists():
@@ -140,10 +146,11 @@ def compare(
         "profile": run.profile,
         "roofline_hardware": run.hardware,
         "sim_config": asdict(run),
-        "cost_config": asdict(_cost_config(run)),
+        "cost_config": asdict(_cost_config(run, engine_kind)),
+        "engine_kind": engine_kind,
         "models": {},
     }
-    for name, cost_model in _cost_models(run).items():
+    for name, cost_model in cost_models(run, engine_kind).items():
         config = run if name == "calibrated" else replace(run, profile=None)
         recorders: list[RecordingExecutor] = []
 
@@ -152,7 +159,11 @@ def compare(
             return keep[-1]
 
         simulated: RunResult = simulate(
-            trace, config, progress=progress, cost_config=_cost_config(run), wrap_executor=wrap
+            trace,
+            config,
+            progress=progress,
+            cost_config=_cost_config(run, engine_kind),
+            wrap_executor=wrap,
         )
         simulated.write(out / f"sim-{name}")
         sim_steps = recorders[0].shapes if recorders else []
@@ -225,7 +236,8 @@ def validate(
             f"the engine run's requests differ from the trace's (e.g. {missing}); "
             "use the same trace and --max-requests as the run"
         )
-    result = compare(engine_dir, scaled, run, out, progress)
+    kind = engine_kind_of_run(run_summary(engine_dir))
+    result = compare(engine_dir, scaled, run, out, progress, engine_kind=kind)
     result["command"] = command
     result["time_scale"] = scale
     result["engine_clock"] = str(load_run(engine_dir).config.get("clock", "wall"))

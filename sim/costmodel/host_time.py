@@ -45,9 +45,12 @@ class HostParams:
     cuda_graphs: bool = False
     # The decode kernel splits each sequence's context over programs (one more launch a
     # layer, the reduction) when sequences x kv heads < this many programs (0: never) and the
-    # batch's mean context reaches ``split_min_context``.
+    # batch's longest context reaches ``split_min_context``.
     split_programs: int = 0
     split_min_context: int = 449
+    # Per layer, a step that prefills beside decodes whose kernel splits: what servesim's
+    # engine at 8d1f2ca spends beyond the launches counted (measured, not explained).
+    mixed_split_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -59,6 +62,7 @@ class HostParams:
             "attention_launch_s",
             "graph_replay_s",
             "stall_share",
+            "mixed_split_s",
         ):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0 <= value < math.inf):
@@ -74,7 +78,9 @@ class HostParams:
     @property
     def launches_kernels(self) -> bool:
         """Whether the forward's kernel launches are priced (an eager engine's host clock)."""
-        return bool(self.layer_s or self.attention_launch_s or self.graph_replay_s)
+        return bool(
+            self.layer_s or self.attention_launch_s or self.graph_replay_s or self.mixed_split_s
+        )
 
     @property
     def per_sequence_only(self) -> bool:
@@ -103,6 +109,7 @@ SERVESIM_EAGER_HOST: Final = HostParams(
     overlap_loss=0.3,
     stall_share=0.03,
     split_programs=264,
+    mixed_split_s=2e-4,
 )
 
 # servesim's engine with a persistent batch and CUDA graphs for decode-only steps: the same
@@ -161,41 +168,51 @@ class HostTimeModel:
         self.params, self.num_layers, self.kv_heads = params, num_layers, kv_heads
         self.simple = params.per_sequence_only
 
-    def attention_launches(self, num_chunks: int, num_decodes: int, sum_decode_context: int) -> int:
+    def splits(self, num_decodes: int, max_decode_context: int) -> bool:
+        """Whether the decode kernel splits this batch's contexts (one launch more a layer)."""
+        p = self.params
+        return bool(
+            num_decodes
+            and num_decodes * self.kv_heads < p.split_programs
+            and max_decode_context >= p.split_min_context
+        )
+
+    def attention_launches(self, num_chunks: int, num_decodes: int, split: bool) -> int:
         """Attention-side kernel launches per layer: the KV store, the decode kernel (and its
         split reduction), the prefill kernel, and a mixed step's output buffer and its two
         slice copies (servesim's ``engine.attention.attend``)."""
         launches = 1
         if num_decodes:
-            launches += 1
-            p = self.params
-            if (
-                num_decodes * self.kv_heads < p.split_programs
-                and sum_decode_context >= p.split_min_context * num_decodes
-            ):
-                launches += 1
+            launches += 2 if split else 1
         if num_chunks:
-            launches += 1
-            if num_decodes:
-                launches += 3
+            launches += 4 if num_decodes else 1
         return launches
 
     def host_time(
-        self, num_chunks: int, num_decodes: int, sum_decode_context: int, num_block_entries: int
+        self,
+        num_chunks: int,
+        num_decodes: int,
+        max_decode_context: int,
+        num_block_entries: int,
     ) -> HostTime:
         """The host's seconds for a step of ``num_chunks`` prompt chunks and ``num_decodes``
-        decodes (their summed context), whose block tables hold ``num_block_entries``."""
+        decodes (the longest of their contexts), whose block tables hold
+        ``num_block_entries``."""
         p = self.params
         num_seqs = num_chunks + num_decodes
         before = p.step_s + num_seqs * p.seq_s + num_block_entries * p.block_entry_s
         after = num_seqs * p.sampled_row_s
         if p.cuda_graphs and not num_chunks and num_decodes:
             return HostTime(before, p.graph_replay_s, after, graphs=True)
-        if not (p.layer_s or p.attention_launch_s):
+        if not p.launches_kernels:
             return HostTime(before, 0.0, after)
-        launches = self.attention_launches(num_chunks, num_decodes, sum_decode_context)
-        launch = self.num_layers * (p.layer_s + launches * p.attention_launch_s)
-        return HostTime(before, launch, after)
+        split = self.splits(num_decodes, max_decode_context)
+        per_layer = p.layer_s + self.attention_launches(num_chunks, num_decodes, split) * (
+            p.attention_launch_s
+        )
+        if split and num_chunks:
+            per_layer += p.mixed_split_s
+        return HostTime(before, self.num_layers * per_layer, after)
 
     def duration_s(self, host: HostTime, device_s: float) -> float:
         """The step's duration from its host time and its GPU time ``device_s``.

@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 import math
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from core.text_files import read_text
+from sim.costmodel.host_time import HostParams
+from sim.costmodel.profile_v5 import v5_fields
 
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 DECODE_CONTEXT_RULES = ("mean", "max", "per_sequence")
 TIMERS = ("cuda_events", "wall", "thread_cpu", "unknown")
 STEP_FITS = ("overhead", "joint")
@@ -155,6 +157,17 @@ class Profile:
     decode_attention_checks: tuple[DecodeCheck, ...] = ()
     # v4: what the whole steps are fitted to (STEP_FITS); files before version 4: "overhead".
     step_fit: str = "overhead"
+    # v5: the host clock the calibration fitted (``host``: HostParams, and the scale it put
+    # on the GPU time), which clock gave the GPU time (calibrated_host.GPU_CLOCKS), what the
+    # tables time (profile_v5.TABLES_TIMES), each table point's spread (op -> values like
+    # ``time_s``),
+    # and the commit of the engine that was timed.
+    host: HostParams | None = None
+    host_device_scale: float = 1.0
+    gpu_clock: str | None = None
+    tables_time: str = "span"
+    spreads: dict[str, Any] = field(default_factory=dict)
+    commit: str | None = None
 
 
 class _Reader:
@@ -345,4 +358,5 @@ def load_profile(path: str | Path) -> Profile:
         timer=timer,
         decode_attention_checks=tuple(checks),
         step_fit=step_fit,
+        **(v5_fields(data, reader.fail) if version >= 5 else {}),
     )

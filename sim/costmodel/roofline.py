@@ -264,6 +264,7 @@ class RooflineCostModel:
             shape.num_padding_tokens if self.config.price_padding else 0,
             (shape.num_copy_blocks, swaps),
             bs,
+            max(contexts, default=0),
         )
 
     def _terms(
@@ -273,9 +274,11 @@ class RooflineCostModel:
         num_padding: int,
         block_moves: tuple[int, int],
         block_size: int,
+        max_context: int = 0,
     ) -> tuple[float, ...]:
         """`decode` is (num_seqs, sum of contexts, KV tokens read); `block_moves` is
-        (copy-on-write copies, blocks swapped either way)."""
+        (copy-on-write copies, blocks swapped either way); `max_context` the longest decode
+        context (read by a host clock of more than the sequence count)."""
         num_decode, sum_context, kv_read_tokens = decode
         copies, swaps = block_moves
         num_tokens = num_decode + num_padding
@@ -303,7 +306,7 @@ class RooflineCostModel:
         for new, context in chunks:
             entries += -(-(new + context) // block_size)
         device_s = sum(device)
-        host = self.host.host_time(len(chunks), num_decode, sum_context, entries)
+        host = self.host.host_time(len(chunks), num_decode, max_context, entries)
         return (*device, self.host.duration_s(host, device_s) - device_s)
 
     def host_wait_s(self, host_s: float, device_s: float) -> float:
@@ -369,6 +372,7 @@ class RooflineCostModel:
         elementwise in the same order, so each equals that step's time to the last bit."""
         if num_decode_seqs <= 0:
             raise ValueError("decode_repeat_durations needs at least one decoding sequence")
+        self._check_aggregates()
         num_tokens = num_seqs = num_decode_seqs
         compute = sum_context_tokens * self._attention_flops_per_pair / self._attention_flops_per_s
         bytes_moved = (
@@ -382,19 +386,22 @@ class RooflineCostModel:
         )
         for term in after:
             total += term
-        if not self.host.simple:
-            # The host's clock depends on more than the count: step by step, as `_terms`.
-            host, contexts, blocks = self.host, sum_context_tokens, sum_context_blocks
-            steps = zip(total.tolist(), contexts.tolist(), blocks.tolist(), strict=True)
-            return np.array(
-                [
-                    t + (host.duration_s(host.host_time(0, num_seqs, c, b), t) - t)
-                    for t, c, b in steps
-                ]
-            )
         if self.host.params.async_scheduling:
             return total + np.maximum(0.0, overhead - total)
         return total + overhead
+
+    @property
+    def prices_aggregates(self) -> bool:
+        """Whether a step's aggregates (chunks, decode count, summed context and blocks) are
+        enough to price it: not when the host's clock reads more (``host_time``), such as the
+        longest decode context."""
+        return self.host.simple
+
+    def _check_aggregates(self) -> None:
+        if not self.host.simple:
+            raise ValueError(
+                "this cost model's host clock reads each decode's context: price by StepShape"
+            )
 
     def aggregate_step_time_s(
         self,
@@ -407,6 +414,7 @@ class RooflineCostModel:
         """A step without padding, copies or swaps, its decodes given by aggregates alone.
         Equal, to the last bit, to ``step_time_s`` of the same step: ``RepeatStepper`` adds
         the same terms in the same order (a fifth of the work of building them all)."""
+        self._check_aggregates()
         num_tokens = num_decode_seqs
         for num_new, _ in prefill_chunks:
             num_tokens += num_new
@@ -468,10 +476,8 @@ class RepeatStepper:
         self.model = model
         self.num_decode_seqs = num_decode_seqs
         self.block_size = block_size
+        model._check_aggregates()
         self.overlap = model.host.params.async_scheduling
-        # A host clock of more than the sequence count: priced by the host model each step.
-        self.host = None if model.host.simple else model.host
-        self.num_chunks = len(prefill_chunks)
         # Decode-only steps write ``decode_attention_s`` and the sums after it out, the same
         # operations in the same order (so the same bits), with no call per step.
         self.decode_only = not prefill_chunks and num_decode_seqs > 0
@@ -511,12 +517,6 @@ class RepeatStepper:
                 self.num_decode_seqs, sum_context, sum_blocks * self.block_size
             )
         total = (((total + self.store_kv) + self.elementwise) + self.lm_head) + self.allreduce
-        if self.host is not None:
-            entries = sum_blocks
-            for new, context in chunks:
-                entries += -(-(new + context) // self.block_size)
-            host = self.host.host_time(self.num_chunks, self.num_decode_seqs, sum_context, entries)
-            return total + (self.host.duration_s(host, total) - total)
         if self.overlap:
             wait = self.overhead - total  # `host_wait_s`, inlined: one call less per step
             return total + (wait if wait > 0.0 else 0.0)

@@ -1,12 +1,12 @@
 """The host-time model: its parameter sets, the launches it counts, how host and GPU time combine,
-and the roofline pricing a step with it the same way on every path (shape, aggregates, repeats)."""
+and the roofline pricing a step with it (by shape when the host reads more than aggregates)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from core.model.presets import load_model_spec
 from sim.costmodel.host_time import (
@@ -85,13 +85,24 @@ def test_stalls_add_their_share_of_the_host_time() -> None:
 
 def test_attention_launches_follow_the_engine() -> None:
     model = HostTimeModel(HostParams(split_programs=264, split_min_context=449), 32, 8)
-    assert model.attention_launches(1, 0, 0) == 2  # store + prefill
-    assert model.attention_launches(0, 4, 4 * 100) == 2  # short contexts: no split
-    assert model.attention_launches(0, 4, 4 * 2000) == 3  # 32 programs < 264: split
-    assert model.attention_launches(0, 40, 40 * 2000) == 2  # 320 programs: no split
-    assert model.attention_launches(1, 40, 40 * 2000) == 6  # mixed: buffer and two copies
+    assert not model.splits(4, 100)  # short contexts: no split
+    assert model.splits(4, 2000)  # 32 programs < 264: split
+    assert not model.splits(40, 2000)  # 320 programs: no split
+    assert model.attention_launches(1, 0, split=False) == 2  # store + prefill
+    assert model.attention_launches(0, 4, split=False) == 2  # store + decode
+    assert model.attention_launches(0, 4, split=True) == 3  # + the split's reduction
+    assert model.attention_launches(1, 40, split=False) == 6  # mixed: buffer and two copies
     never = HostTimeModel(HostParams(), 32, 8)
-    assert never.attention_launches(0, 1, 5000) == 2
+    assert not never.splits(1, 5000)
+
+
+def test_a_mixed_step_whose_decodes_split_pays_its_extra() -> None:
+    params = HostParams(attention_launch_s=1e-5, split_programs=264, mixed_split_s=2e-4)
+    model = HostTimeModel(params, 32, 8)
+    mixed_split = model.host_time(1, 4, 2000, 0).launch_s
+    assert mixed_split == pytest.approx(32 * (7 * 1e-5 + 2e-4))
+    assert model.host_time(1, 40, 2000, 0).launch_s == pytest.approx(32 * 6 * 1e-5)
+    assert model.host_time(0, 4, 2000, 0).launch_s == pytest.approx(32 * 3 * 1e-5)
 
 
 def _roofline(config: CostModelConfig) -> RooflineCostModel:
@@ -118,30 +129,29 @@ def test_our_engine_is_host_bound_at_small_batch() -> None:
     assert sum(terms.values()) == pytest.approx(eager.step_time_s(shape))
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    chunks=st.lists(st.tuples(st.integers(1, 600), st.integers(0, 3000)), min_size=0, max_size=3),
-    contexts=st.lists(st.integers(1, 5000), min_size=0, max_size=40),
-)
-def test_every_path_prices_an_eager_step_alike(
-    chunks: list[tuple[int, int]], contexts: list[int]
-) -> None:
-    """The shape, the aggregates, the repeat stepper and the vectorized decode path give the
-    same bits: fast-forward must not change results."""
-    if not chunks and not contexts:
-        return
+def test_an_eager_host_is_priced_by_shape() -> None:
+    """The eager host reads each step's longest context, which aggregates do not carry: the
+    roofline refuses them and the simulator's executor prices such steps by shape."""
+    from sim.executor import CostModelExecutor
+
     model = _roofline(CostModelConfig(engine="servesim-eager", async_scheduling=False))
-    shape = StepShape(prefill_chunks=tuple(chunks), decode_context_tokens=tuple(contexts))
-    blocks = sum(-(-c // 16) for c in contexts)
-    priced = model.step_time_s(shape)
-    args = (tuple(chunks), len(contexts), sum(contexts), blocks, 16)
-    assert model.aggregate_step_time_s(*args) == priced
-    assert (
-        model.repeat_stepper(tuple(chunks), len(contexts))(tuple(chunks), sum(contexts), blocks)
-        == priced
-    )
-    if contexts and not chunks:
-        vector = model.decode_repeat_durations(
-            len(contexts), np.array([sum(contexts)]), np.array([blocks])
-        )
-        assert vector[0] == priced
+    assert not model.prices_aggregates
+    with pytest.raises(ValueError, match="price by StepShape"):
+        model.aggregate_step_time_s((), 2, 200, 14)
+    with pytest.raises(ValueError, match="price by StepShape"):
+        model.decode_repeat_durations(2, np.array([200]), np.array([14]))
+    assert not CostModelExecutor(model, 16).prices_from_shape
+    assert _roofline(CostModelConfig()).prices_aggregates
+
+
+def test_an_eager_run_is_the_same_with_and_without_fast_forward() -> None:
+    from sim.run import RunConfig, simulate
+    from traces.loaders import load_trace
+
+    trace = load_trace("traces/data/example.csv")
+    config = RunConfig(policy="chunked", model="llama-3-8b", hardware="H200")
+    cost = CostModelConfig(engine="servesim-eager", async_scheduling=False)
+    runs = [
+        simulate(trace, replace(config, fast_forward=ff), cost_config=cost) for ff in (True, False)
+    ]
+    assert runs[0].requests_frame().equals(runs[1].requests_frame())
