@@ -147,7 +147,7 @@ def _fit_once(
     """Alternate regime assignment and least squares until the assignment settles; ``lower``
     weighs steps above the fit by ``LOWER_WEIGHT`` (an expectile near the fast steps)."""
     measured = np.array([s.measured_s for s in samples])
-    active = [0, 1, 2]
+    active = [0, 1]
     if model.params.layer_s or model.params.attention_launch_s:
         active += [3, 4, 6]
     if model.params.cuda_graphs:

@@ -97,29 +97,22 @@ class HostParams:
 VLLM_HOST: Final = HostParams(step_s=2e-3, seq_s=1e-5, async_scheduling=True)
 
 # servesim's own engine at 8d1f2ca, eager, on the H200 machine's host (16 cores, Python 3.12,
-# torch 2.11): fitted on the recorded calibration's whole steps and read against the code
-# (docs/host_time.md, ../shared/gpu-runs/h200-2026-11-27/host-overhead.md).
+# torch 2.11): fitted on the recorded calibration's whole steps (cal1) and read against the
+# code (docs/host_time.md, ../shared/gpu-runs/h200-2026-11-27/host-overhead.md).
 SERVESIM_EAGER_HOST: Final = HostParams(
-    step_s=1.0e-3,
-    seq_s=5e-6,
-    block_entry_s=8e-7,
-    sampled_row_s=0.0,
-    layer_s=3.3e-4,
-    attention_launch_s=2.5e-5,
-    overlap_loss=0.3,
-    stall_share=0.03,
+    seq_s=2.1e-5,
+    layer_s=3.8e-4,
+    attention_launch_s=3.5e-5,
+    overlap_loss=0.0,
+    stall_share=0.049,
     split_programs=264,
-    mixed_split_s=2e-4,
+    mixed_split_s=1.8e-4,
 )
 
 # servesim's engine with a persistent batch and CUDA graphs for decode-only steps: the same
 # host for prefills, one graph replay for decodes (estimates until a GPU check fits them).
 SERVESIM_GRAPHS_HOST: Final = replace(
-    SERVESIM_EAGER_HOST,
-    step_s=5e-4,
-    block_entry_s=5e-8,
-    graph_replay_s=1e-4,
-    cuda_graphs=True,
+    SERVESIM_EAGER_HOST, seq_s=5e-6, graph_replay_s=1e-4, cuda_graphs=True
 )
 
 _PRESETS: Final = {

@@ -105,6 +105,23 @@ def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Pa
     second = json.loads((again / "validation.json").read_text())
     first_rows = result["models"]["calibrated"]["requests"]["rows"]
     assert second["models"]["calibrated"]["requests"]["rows"] == first_rows
+    assert second["engine_kind"] == "servesim-eager"
+    assert second["models"]["calibrated"]["divergence"]["why"]["reason"] in (
+        "identical",
+        "length",
+        "arrival",
+        "scheduling",
+    )
+
+    # No TRACE: the run's own (from its command); a second --replay gives the engine's floor.
+    floor = tmp_path / "floor"
+    twice = ["--replay", str(out / "engine"), "--replay", str(out / "engine")]
+    policy = ["--policy", "continuous", "--profile", str(small_profile)]
+    assert sim_main(["validate", *policy, *twice, "--out", str(floor), "--quiet"]) == 0
+    third = json.loads((floor / "validation.json").read_text())
+    assert third["models"]["calibrated"]["requests"]["rows"] == first_rows
+    metrics = third["engine_floor"]["requests"]["metrics"]
+    assert metrics["tpot"]["median_abs_pct"] == 0.0  # a run against itself
 
 
 def test_validate_refuses_a_run_of_other_requests(
