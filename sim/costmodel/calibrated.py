@@ -56,7 +56,7 @@ class CalibratedCostModel:
             self._prefill_per_token = Table2D(prefill.xs, prefill.ys, per_token)
         # The host clock, where the profile prices GPU time on the roofline (a GPU engine's
         # CUDA-event spans) or stores a fitted host set (version 5).
-        self.host = calibrated_host(profile, fallback)
+        self.host = calibrated_host(profile, fallback, self._tables_device_s)
         if self.host is not None:
             self._joint = False
         elif self._joint:
@@ -230,6 +230,10 @@ class CalibratedCostModel:
             for i, scale in ((0, 0), (1, 1), (2, 2), (3, 0), (4, 0)):
                 terms[i] *= self._scales[scale]
         return tuple(terms)
+
+    def _tables_device_s(self, shape: StepShape) -> float:
+        """The tables' GPU time of ``shape`` (every term but the host's)."""
+        return sum(self._table_terms(shape, self.fallback.step_terms(shape))[:-1])
 
     def _host_terms(self, shape: StepShape, analytic: tuple[float, ...]) -> tuple[float, ...]:
         """The GPU's terms by the host's clock source (the roofline's, or the tables' scaled

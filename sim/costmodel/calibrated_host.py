@@ -5,6 +5,7 @@ its whole steps (``sim.costmodel.host_fit``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sim.costmodel.host_fit import HostFit, StepSample, fit_host
@@ -104,24 +105,28 @@ def roofline_device_s(fallback: RooflineCostModel, shape: StepShape) -> float:
     return sum(fallback.step_terms(shape)[:-1])
 
 
-def calibrated_host(profile: Profile, fallback: RooflineCostModel) -> CalibratedHost | None:
-    """The host clock of a profile priced on the roofline's GPU time: its stored host set, or
-    one fitted to its whole steps. None for a profile priced from its tables (the joint fit of
-    ``CalibratedCostModel`` keeps those) or without steps."""
+def calibrated_host(
+    profile: Profile, fallback: RooflineCostModel, tables_device_s: Callable[[StepShape], float]
+) -> CalibratedHost | None:
+    """The host clock of a GPU profile: its stored host set, or one fitted to its whole steps,
+    with the GPU time of each from the roofline or from ``tables_device_s`` (the profile's
+    tables) as ``gpu_clock_of`` says. None for a CPU profile (the joint fit of
+    ``CalibratedCostModel`` fits its one clock) or a profile without steps."""
     clock = gpu_clock_of(profile)
     layers, heads = fallback.model.num_layers, fallback.model.kv_heads_per_shard(fallback.tp)
     if profile.host is not None:
         model = HostTimeModel(profile.host, layers, heads)
         return CalibratedHost(clock, model, profile.host_device_scale)
-    if clock != "roofline" or not profile.steps:
+    if is_cpu_profile(profile) or not profile.steps:
         return None
     samples = []
     for step in profile.steps:
         if step.measured_s <= 0:
             continue
         shape = step_shape(step, profile.block_size)
-        samples.append(
-            StepSample(*host_args(shape), roofline_device_s(fallback, shape), step.measured_s)
+        device = (
+            roofline_device_s(fallback, shape) if clock == "roofline" else tables_device_s(shape)
         )
+        samples.append(StepSample(*host_args(shape), device, step.measured_s, step.host_s))
     fit = fit_host(samples, start_params(profile, fallback), layers, heads)
     return CalibratedHost(clock, HostTimeModel(fit.params, layers, heads), fit.device_scale, fit)

@@ -41,6 +41,9 @@ class StepSample:
     num_block_entries: int
     device_s: float
     measured_s: float
+    # The host's measured part of the step (schedule, prepare, update), when the engine
+    # recorded it: the terms before the forward are fitted to it directly.
+    host_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +146,16 @@ def _fit_once(
     scale: float,
     fit_scale: bool,
     lower: bool,
+    before_known: bool = False,
 ) -> tuple[HostTimeModel, float]:
     """Alternate regime assignment and least squares until the assignment settles; ``lower``
-    weighs steps above the fit by ``LOWER_WEIGHT`` (an expectile near the fast steps)."""
+    weighs steps above the fit by ``LOWER_WEIGHT`` (an expectile near the fast steps).
+    ``before_known``: the per-step, per-sequence and per-entry terms stay as they are.
+
+    Without measured host times, block-table entries are not fitted: on a calibration grid
+    they grow with the context, as the attention does, and take its share."""
     measured = np.array([s.measured_s for s in samples])
-    active = [0, 1]
+    active = [] if before_known else [0, 1]
     if model.params.layer_s or model.params.attention_launch_s:
         active += [3, 4, 6]
     if model.params.cuda_graphs:
@@ -160,7 +168,12 @@ def _fit_once(
         if lower:
             above = measured > predict(model, samples, scale)
             weight = weight * np.where(above, LOWER_WEIGHT, 1 - LOWER_WEIGHT)
-        coef = _solve(data[keep], (measured - fixed)[keep], weight[keep], active)
+        # The columns not fitted keep their values: their part of each step is known.
+        current = np.array([float(getattr(model.params, name)) for name in _FITTED] + [scale])
+        inactive = [c for c in range(data.shape[1]) if c not in active]
+        known = data[:, inactive] @ current[inactive] if inactive else 0.0
+        coef = _solve(data[keep], (measured - fixed - known)[keep], weight[keep], active)
+        coef[inactive] = current[inactive]
         values: dict[str, Any] = {name: float(v) for name, v in zip(_FITTED, coef, strict=False)}
         fitted = replace(model.params, **values)
         new_scale = float(coef[len(_FITTED)]) if fit_scale else scale
@@ -226,6 +239,9 @@ def fit_host(
     best: HostFit | None = None
     candidates: dict[float, float] = {}
     base = replace(start, stall_share=0.0)
+    measured_before = _fit_before(samples)
+    if measured_before is not None:
+        base = replace(base, **measured_before)
     for theta in overlap_losses:
         fit = _fit_theta(
             samples, replace(base, overlap_loss=theta), num_layers, kv_heads, fit_scale
@@ -237,13 +253,28 @@ def fit_host(
     return replace(best, candidates=candidates)
 
 
+def _fit_before(samples: list[StepSample]) -> dict[str, Any] | None:
+    """``step_s``, ``seq_s`` and ``block_entry_s`` fitted to the steps' measured host time
+    (least squares on relative error, each non-negative), when every step has one."""
+    if any(s.host_s is None or s.host_s <= 0 for s in samples):
+        return None
+    host = np.array([float(s.host_s or 0.0) for s in samples])
+    data = np.array(
+        [[1.0, s.num_chunks + s.num_decodes, s.num_block_entries] for s in samples], dtype=float
+    )
+    coef = _solve(data, host, 1.0 / host, [0, 1, 2])
+    return dict(zip(("step_s", "seq_s", "block_entry_s"), map(float, coef), strict=True))
+
+
 def _fit_theta(
     samples: list[StepSample], params: HostParams, layers: int, heads: int, fit_scale: bool
 ) -> HostFit:
     measured = np.array([s.measured_s for s in samples])
     model = HostTimeModel(params, layers, heads)
+    # With the host's part measured, only the launch terms (and the scale) are left to fit.
+    measured_before = all(s.host_s is not None and s.host_s > 0 for s in samples)
     keep = np.ones(len(samples), dtype=bool)
-    model, scale = _fit_once(model, samples, keep, 1.0, fit_scale, lower=True)
+    model, scale = _fit_once(model, samples, keep, 1.0, fit_scale, True, measured_before)
     episodes: list[tuple[int, int]] = []
     lone = np.zeros(len(samples), dtype=bool)
     for _ in range(3):
@@ -256,7 +287,7 @@ def _fit_theta(
             in_episode[first : last + 1] = True
         lone = slow & ~in_episode
         keep = ~slow
-        model, scale = _fit_once(model, samples, keep, scale, fit_scale, lower=False)
+        model, scale = _fit_once(model, samples, keep, scale, fit_scale, False, measured_before)
     predicted = predict(model, samples, scale)
     hosts = [
         model.host_time(s.num_chunks, s.num_decodes, s.max_decode_context, s.num_block_entries)

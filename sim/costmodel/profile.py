@@ -118,6 +118,9 @@ class StepTiming:
     sum_decode_context_tokens: int
     measured_s: float
     decode_context_tokens: tuple[int, ...] | None = None
+    # v5: the step's spread over the calibration's rounds, and the host's part of it.
+    spread_s: float | None = None
+    host_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +250,7 @@ class _Reader:
             self.get(step, "sum_decode_context_tokens", int, f"{field}.sum_decode_context_tokens"),
             float(self.get(step, "measured_s", (int, float), f"{field}.measured_s")),
             contexts,
+            *(self.seconds(step, key, f"{field}.{key}") for key in ("spread_s", "host_s")),
         )
         if contexts is not None and (
             len(contexts) != timing.num_decode_seqs
@@ -257,6 +261,12 @@ class _Reader:
                 "disagrees with num_decode_seqs / sum_decode_context_tokens",
             )
         return timing
+
+    def seconds(self, obj: dict[str, Any], key: str, field: str) -> float | None:
+        """An optional non-negative number of seconds (None when absent)."""
+        if key not in obj:
+            return None
+        return self.numbers([self.get(obj, key, (int, float), field)], field)[0]
 
     def decode_check(self, i: int, check: Any) -> DecodeCheck:
         field = f"decode_attention_checks[{i}]"

@@ -23,6 +23,7 @@ HOST_NUMBERS = (
     "graph_replay_s",
     "overlap_loss",
     "stall_share",
+    "mixed_split_s",
 )
 HOST_COUNTS = ("split_programs", "split_min_context")
 HOST_FLAGS = ("async_scheduling", "cuda_graphs")
