@@ -80,11 +80,14 @@ def calibrate(
     progress: bool = True,
     cpu_threads: int = 1,
     clock: str = "auto",
+    enforce_eager: bool = False,
 ) -> Path:
     """Time ``model``'s engine on ``device`` and write the profile to ``out``. ``clock`` is
-    the CPU's timer (``resolve_clock``); a GPU is timed with CUDA events."""
+    the CPU's timer (``resolve_clock``); a GPU is timed with CUDA events. ``enforce_eager``
+    turns the engine's CUDA graphs off (where it has them)."""
     grid = profiling.SMALL_GRID if small else profiling.CalibrationGrid()
     config = EngineConfig(
+        **eager_setting(enforce_eager),
         model=model,
         device=device,
         block_size=block_size,
@@ -115,6 +118,16 @@ def calibrate(
     path.write_text(json.dumps(payload, indent=1) + "\n")
     load_profile(path)  # what we wrote must read back
     return path
+
+
+def eager_setting(enforce_eager: bool) -> dict[str, Any]:
+    """``enforce_eager`` for an ``EngineConfig`` that has the field (an engine with CUDA
+    graphs); refused where the engine has none to turn off."""
+    if "enforce_eager" in EngineConfig.__dataclass_fields__:
+        return {"enforce_eager": enforce_eager}
+    if enforce_eager:
+        raise ValueError("--enforce-eager: this engine has no CUDA graphs to turn off")
+    return {}
 
 
 def source_commit() -> str | None:

@@ -14,7 +14,7 @@ from core.model.presets import load_model_spec
 from engine.llm_engine import EngineConfig
 from engine.replay import ReplayConfig, replay
 from fidelity import validation
-from fidelity.calibrate import calibrate
+from fidelity.calibrate import calibrate, eager_setting
 from fidelity.divergence import explain
 from fidelity.replay_inputs import engine_kind_of_run, run_summary
 from fidelity.validate_config import VALIDATION_FILE, ValidateConfig
@@ -42,6 +42,7 @@ def subset(trace: Trace, max_requests: int | None, time_scale: float) -> Trace:
 def run_engine(trace: Trace, config: ValidateConfig, out: Path, command: str) -> Path:
     """Replay on the real engine; writes the run (with step_shapes.jsonl) to ``out``."""
     engine = EngineConfig(
+        **eager_setting(config.enforce_eager),
         model=config.model,
         device=config.device,
         weights="random",
@@ -303,6 +304,7 @@ def validate(
                 progress=progress,
                 cpu_threads=config.cpu_threads,
                 clock=config.engine_clock(),
+                enforce_eager=config.enforce_eager,
             )
         )
     run = sim_config(engine_dir, config, profile)

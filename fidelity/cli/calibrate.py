@@ -36,6 +36,11 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--clock", default="auto", choices=CLOCK_CHOICES, help=CLOCK_HELP)
     parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="calibrate the engine without CUDA graphs (where it has them)",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -75,6 +80,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             cpu_threads=args.cpu_threads,
             clock=args.clock,
+            enforce_eager=args.enforce_eager,
         )
         paths.append(path)
         if not args.quiet:

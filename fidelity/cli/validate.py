@@ -157,6 +157,11 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
         "run of the same configuration gives the engine against itself (the noise floor)",
     )
     parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run (and calibrate) the engine without CUDA graphs (where it has them)",
+    )
+    parser.add_argument(
         "--rerun",
         action="store_true",
         help="run the engine a second time for the engine against itself (the noise floor)",
@@ -257,6 +262,7 @@ def run_validate(args: argparse.Namespace) -> int:
         max_requests=args.max_requests,
         hardware=hardware,
         clock=args.clock,
+        enforce_eager=args.enforce_eager,
     )
     if hardware is not None:
         get_hardware_preset(hardware)
