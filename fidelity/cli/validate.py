@@ -47,6 +47,14 @@ def print_context(result: dict[str, Any], file: Any = sys.stdout) -> None:
             f"episodes (outside load), {spread['num_stalls']} lone slow steps counted as stalls",
             file=file,
         )
+        share = spread["num_episode_steps"] / max(1, spread["num_steps"])
+        if share > LOADED_SHARE:
+            print(
+                f"  profile: WARNING: {100 * share:.0f}% of its whole steps ran slow for a while "
+                "together: the machine was loaded during the calibration, and its fit rests on "
+                "the rest; calibrate again (sim calibrate --repeat 2 says how far two agree)",
+                file=file,
+            )
     if "table_spread_pct" in spread:
         print(
             f"  profile: table points spread {spread['table_spread_pct']:.1f}% (median)", file=file
@@ -92,6 +100,9 @@ def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
 
 
 MEASURED_OPTION = "--measured"
+LOADED_SHARE = 0.2
+"""Above this share of a profile's steps in slow episodes, validate warns of a loaded
+calibration."""
 
 
 def measured_spelling(argv: Sequence[str]) -> list[str] | None:

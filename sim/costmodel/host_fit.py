@@ -15,6 +15,8 @@ from sim.costmodel.host_time import HostParams, HostTimeModel
 EPISODE_MIN_STEPS = 10
 """Consecutive slow steps (in measurement order) that make an episode of outside load rather
 than stalls of the engine's own."""
+EPISODE_GAP_STEPS = 2
+"""Steps that were not slow inside an episode, at most, between slow ones."""
 SLOW_FLOOR = 0.08
 """A step is slow when it is this much (or four noise widths, if more) above the fit."""
 LOWER_WEIGHT = 0.1
@@ -202,16 +204,22 @@ def _slow(relative: np.ndarray) -> np.ndarray:
 
 
 def _episodes(slow: np.ndarray) -> list[tuple[int, int]]:
-    """Runs of at least ``EPISODE_MIN_STEPS`` consecutive slow steps, as (first, last)."""
-    runs, start = [], None
-    for idx, is_slow in enumerate([*slow.tolist(), False]):
-        if is_slow and start is None:
-            start = idx
-        elif not is_slow and start is not None:
-            if idx - start >= EPISODE_MIN_STEPS:
-                runs.append((start, idx - 1))
+    """Runs of slow steps (as (first, last)) that span at least ``EPISODE_MIN_STEPS`` steps,
+    a run bridging up to ``EPISODE_GAP_STEPS`` steps that were not slow (load comes and goes
+    within an episode)."""
+    runs, start, last = [], None, -1
+    for idx, is_slow in enumerate(slow.tolist()):
+        if not is_slow:
+            continue
+        if start is not None and idx - last > EPISODE_GAP_STEPS + 1:
+            runs.append((start, last))
             start = None
-    return runs
+        if start is None:
+            start = idx
+        last = idx
+    if start is not None:
+        runs.append((start, last))
+    return [(a, b) for a, b in runs if b - a + 1 >= EPISODE_MIN_STEPS]
 
 
 def fit_host(
@@ -236,21 +244,33 @@ def fit_host(
         raise ValueError(
             f"fitting the host clock needs at least 5 measured steps, got {len(samples)}"
         )
-    best: HostFit | None = None
-    candidates: dict[float, float] = {}
     base = replace(start, stall_share=0.0)
     measured_before = _fit_before(samples)
     if measured_before is not None:
         base = replace(base, **measured_before)
-    for theta in overlap_losses:
-        fit = _fit_theta(
+    fits = {
+        theta: _fit_theta(
             samples, replace(base, overlap_loss=theta), num_layers, kv_heads, fit_scale
         )
-        candidates[theta] = fit.spread
-        if best is None or fit.spread < best.spread:
-            best = fit
-    assert best is not None
-    return replace(best, candidates=candidates)
+        for theta in overlap_losses
+    }
+    # Every candidate is scored on the same steps: those outside the episodes of the one that
+    # left out the fewest (a fit that calls most steps an episode cannot win by it).
+    lenient = min(fits.values(), key=lambda f: sum(b - a + 1 for a, b in f.episodes))
+    clean = ~_inside(lenient.episodes, len(samples))
+    candidates = {
+        theta: float(np.median(np.abs(np.array(fit.residuals))[clean]))
+        for theta, fit in fits.items()
+    }
+    best = min(candidates, key=lambda theta: candidates[theta])
+    return replace(fits[best], candidates=candidates)
+
+
+def _inside(episodes: tuple[tuple[int, int], ...], size: int) -> np.ndarray:
+    inside = np.zeros(size, dtype=bool)
+    for first, last in episodes:
+        inside[first : last + 1] = True
+    return inside
 
 
 def _fit_before(samples: list[StepSample]) -> dict[str, Any] | None:

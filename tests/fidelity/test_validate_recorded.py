@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from fidelity.recorded import RECORDED, profile_path, recorded_runs  # noqa: E402
-from sim.cli.main import main as sim_main  # noqa: E402
+from fidelity.recorded import RECORDED, profile_path, recorded_runs
+from sim.cli.main import main as sim_main
 
 ROOT = Path(__file__).resolve().parents[2].parent / "shared" / RECORDED
 RUNS = ["example-chunked-run3", "bursty-chunked-run1", "shared_prefix-chunked-prefixcache-run2"]
