@@ -32,8 +32,11 @@ def profile_payload(measured: Any, model: str, block_size: int, command: str) ->
         "swap_in": "num_bytes",
         "prepare": "num_seqs",
     }
+    spreads = getattr(measured, "spreads", {})
     for name, (xs, times) in measured.tables_1d.items():
         ops[name] = {axes_1d[name]: xs, "time_s": times}
+        if name in spreads:
+            ops[name]["spread_s"] = spreads[name]
     axes_2d = {
         "decode_attention": ("num_seqs", "context_tokens"),
         "prefill_attention": ("num_query_tokens", "num_context_tokens"),
@@ -41,6 +44,8 @@ def profile_payload(measured: Any, model: str, block_size: int, command: str) ->
     for name, (xs, ys, rows) in measured.tables_2d.items():
         first, second = axes_2d[name]
         ops[name] = {first: xs, second: ys, "time_s": rows}
+        if name in spreads:
+            ops[name]["spread_s"] = spreads[name]
     rule, checks = measured.decode_attention_context, list(measured.decode_checks)
     if checks:
         rule, checks = choose_decode_rule(checks)
@@ -55,6 +60,8 @@ def profile_payload(measured: Any, model: str, block_size: int, command: str) ->
         "decode_attention_context": rule,
         "decode_attention_checks": checks,
         "timer": measured.timer,
+        "tables_time": getattr(measured, "tables_time", "span"),
+        "commit": source_commit(),
         "engine": measured.engine,
         "grid": measured.grid,
         "ops": ops,
@@ -74,9 +81,11 @@ def calibrate(
     progress: bool = True,
     cpu_threads: int = 1,
     clock: str = "auto",
+    enforce_eager: bool = False,
 ) -> Path:
     """Time ``model``'s engine on ``device`` and write the profile to ``out``. ``clock`` is
-    the CPU's timer (``resolve_clock``); a GPU is timed with CUDA events."""
+    the CPU's timer (``resolve_clock``); a GPU is timed with CUDA events. ``enforce_eager``
+    turns the engine's CUDA graphs off (where it has them)."""
     grid = profiling.SMALL_GRID if small else profiling.CalibrationGrid()
     config = build(
         EngineConfig,
@@ -90,6 +99,7 @@ def calibrate(
             # A host cache, so that swaps each way can be timed (a quarter GiB is enough).
             "preemption_mode": "swap",
             "swap_space_gib": 0.25,
+            "enforce_eager": enforce_eager,
         },
     )
     bar = tqdm(
@@ -108,8 +118,41 @@ def calibrate(
     name = _model_name(model)
     payload = profile_payload(measured, name, block_size, command)
     path.write_text(json.dumps(payload, indent=1) + "\n")
+    payload.update(step_fit_report(path, device))
+    path.write_text(json.dumps(payload, indent=1) + "\n")
     load_profile(path)  # what we wrote must read back
     return path
+
+
+def source_commit() -> str | None:
+    """The git commit of the sources calibrated (None outside a git checkout)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None
+
+
+def step_fit_report(path: Path, device: str) -> dict[str, Any]:
+    """What the profile's whole steps say of it, to store in it: on a GPU the host clock
+    fitted to them (``host``, then used as stored); on any device each step's residual
+    ((measured - predicted) / predicted) under the profile's own model, and their median."""
+    from fidelity.profile_check import fitted_model
+
+    model, host = fitted_model(path, device)
+    report: dict[str, Any] = {}
+    if host is not None:
+        report["host"] = host
+    residuals = model.residuals()
+    report["step_residuals"] = [round(r, 6) for r in residuals]
+    finite = sorted(abs(r) for r in residuals)
+    report["step_spread"] = finite[len(finite) // 2] if finite else None
+    return report
 
 
 def choose_decode_rule(checks: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:

@@ -17,8 +17,10 @@ from engine.llm_engine import EngineConfig
 from engine.replay import ReplayConfig, replay
 from fidelity import validation
 from fidelity.calibrate import calibrate
+from fidelity.divergence import explain
+from fidelity.replay_inputs import engine_kind_of_run, run_summary
 from fidelity.validate_config import VALIDATION_FILE, ValidateConfig
-from records.run_dir import load_run
+from records.run_dir import load_run, run_file
 from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes
 from sim.costmodel.base import CostModel, CostModelConfig, make_cost_model
 from sim.costmodel.profile import load_profile
@@ -44,6 +46,7 @@ def run_engine(trace: Trace, config: ValidateConfig, out: Path, command: str) ->
     engine = EngineConfig(
         cache=config.cache,
         scheduler=config.scheduler,
+        enforce_eager=config.enforce_eager,
         model=config.model,
         device=config.device,
         weights="random",
@@ -100,16 +103,19 @@ def sim_config(engine_dir: Path, config: ValidateConfig, profile: str | None) ->
     )
 
 
-def _cost_config(run: RunConfig) -> CostModelConfig:
-    """The engine's step as the simulator prices it: no overlap of host and model work (as
-    ``run`` says), and no padding, since the engine packs a batch's real rows and never
-    computes a static batch's padding."""
-    return CostModelConfig(async_scheduling=run.async_scheduling, price_padding=False)
+def _cost_config(run: RunConfig, engine_kind: str = "servesim-eager") -> CostModelConfig:
+    """The engine's step as the simulator prices it: servesim's own host clock of the kind the
+    engine ran as (no overlap of host and model work; eager launches, or decode graphs:
+    ``sim.costmodel.host_time``), and no padding, since the engine packs a batch's real rows
+    and never computes a static batch's padding."""
+    return CostModelConfig(
+        async_scheduling=run.async_scheduling, price_padding=False, engine=engine_kind
+    )
 
 
-def _cost_models(run: RunConfig) -> dict[str, CostModel]:
+def cost_models(run: RunConfig, engine_kind: str) -> dict[str, CostModel]:
     model, hardware = load_model_spec(run.model), get_hardware_preset(run.hardware)
-    cost_config = _cost_config(run)
+    cost_config = _cost_config(run, engine_kind)
     models = {
         "roofline": make_cost_model(
             model, hardware, run.tp, config=cost_config, block_size=run.cache.block_size
@@ -127,16 +133,75 @@ def _cost_models(run: RunConfig) -> dict[str, CostModel]:
     return models
 
 
+def engine_floor(first: Path, second: Path) -> dict[str, Any]:
+    """The engine against itself: the second run's per-request error against the first's (the
+    floor no simulator can be asked to beat), and the ratio of their median step times."""
+    import numpy as np
+
+    a, b = load_run(first), load_run(second)
+    missing = set(a.requests["request_id"].astype(str)) ^ set(b.requests["request_id"].astype(str))
+    if missing:
+        raise ValueError(
+            f"--replay: the two engine runs served different requests (e.g. {sorted(missing)[0]})"
+        )
+    steps_a = load_step_shapes(run_file(first, STEP_SHAPES_FILE))
+    steps_b = load_step_shapes(run_file(second, STEP_SHAPES_FILE))
+    ratio = float(np.median([s.busy_s for s in steps_b]) / np.median([s.busy_s for s in steps_a]))
+    return {
+        "first": str(first),
+        "second": str(second),
+        "requests": validation.request_errors(a.requests, b.requests),
+        "median_step_ratio": ratio,
+    }
+
+
+def profile_spread(cost_model: CostModel) -> dict[str, Any]:
+    """How sure a calibrated profile is of itself: its host fit's median |residual| over its
+    whole steps, the slow episodes it left out and the stalls it counted, the clock its GPU
+    time comes from, and the median relative spread of its table points (version 5)."""
+    host = getattr(cost_model, "host", None)
+    profile = getattr(cost_model, "profile", None)
+    out: dict[str, Any] = {}
+    if host is not None:
+        out["gpu_clock"] = host.gpu_clock
+        out["host"] = asdict(host.model.params)
+        if host.fit is not None:
+            out["steps_spread_pct"] = 100 * host.fit.spread
+            out["num_steps"] = len(host.fit.residuals)
+            out["episodes"] = [list(e) for e in host.fit.episodes]
+            out["num_episode_steps"] = sum(last - first + 1 for first, last in host.fit.episodes)
+            out["num_stalls"] = host.fit.num_stalls
+    if profile is not None and profile.spreads:
+        out["table_spread_pct"] = table_spread_pct(profile)
+    return out
+
+
+def table_spread_pct(profile: Any) -> float:
+    """Median over every table point with a spread of spread / time, in percent."""
+    import numpy as np
+
+    ratios = []
+    for op, spread in profile.spreads.items():
+        times = profile.ops[op].times_s
+        flat_t = np.ravel(np.array(times, dtype=float))
+        flat_s = np.ravel(np.array(spread, dtype=float))
+        keep = flat_t > 0
+        ratios.extend((flat_s[keep] / flat_t[keep]).tolist())
+    return float(100 * np.median(ratios)) if ratios else float("nan")
+
+
 def compare(
     engine_dir: Path,
     trace: Trace,
     run: RunConfig,
     out: Path,
     progress: bool = False,
+    engine_kind: str = "servesim-eager",
 ) -> dict[str, Any]:
-    """Simulate ``trace`` under ``run`` with each cost model and compare with the engine run."""
+    """Simulate ``trace`` under ``run`` with each cost model and compare with the engine run,
+    which ran as ``engine_kind`` (its host clock)."""
     measured = load_run(engine_dir)
-    shapes_path = engine_dir / STEP_SHAPES_FILE
+    shapes_path = run_file(engine_dir, STEP_SHAPES_FILE)
     if not shapes_path.exists():
         raise ValueError(f"{shapes_path}: missing (an engine run from before step shapes?)")
     engine_steps = load_step_shapes(shapes_path)
@@ -148,10 +213,18 @@ def compare(
         "profile": run.profile,
         "roofline_hardware": run.hardware,
         "sim_config": flat_settings(run),
-        "cost_config": asdict(_cost_config(run)),
+        "cost_config": asdict(_cost_config(run, engine_kind)),
+        "engine_kind": engine_kind,
         "models": {},
     }
-    for name, cost_model in _cost_models(run).items():
+    arrivals = dict(
+        zip(
+            measured.requests["request_id"].astype(str), measured.requests["arrival_s"], strict=True
+        )
+    )
+    for name, cost_model in cost_models(run, engine_kind).items():
+        if name == "calibrated":
+            result["profile_spread"] = profile_spread(cost_model)
         config = run if name == "calibrated" else replace(run, profile=None)
         recorders: list[RecordingExecutor] = []
 
@@ -160,7 +233,11 @@ def compare(
             return keep[-1]
 
         simulated: RunResult = simulate(
-            trace, config, progress=progress, cost_config=_cost_config(run), wrap_executor=wrap
+            trace,
+            config,
+            progress=progress,
+            cost_config=_cost_config(run, engine_kind),
+            wrap_executor=wrap,
         )
         simulated.write(out / f"sim-{name}")
         sim_steps = recorders[0].shapes if recorders else []
@@ -168,12 +245,20 @@ def compare(
             engine_steps, cost_model.step_time_s, cost_model.step_breakdown
         )
         requests = validation.request_errors(measured.requests, simulated.requests_frame())
+        divergence = validation.first_divergence(engine_steps, sim_steps)
+        divergence["why"] = explain(
+            divergence["step_idx"],
+            engine_steps,
+            sim_steps,
+            simulated.steps.to_frame()["start_s"].tolist(),
+            arrivals,
+        )
         result["models"][name] = {
             "requests": requests,
             "steps": steps,
             "terms_by_kind": validation.term_shares(steps["rows"]),
             "aggregates": validation.aggregates(measured.summary, simulated.summary),
-            "divergence": validation.first_divergence(engine_steps, sim_steps),
+            "divergence": divergence,
             "num_engine_steps": len(engine_steps),
             "num_sim_steps": len(sim_steps),
         }
@@ -188,9 +273,13 @@ def validate(
     replay_dir: str | Path | None = None,
     command: str = "",
     progress: bool = False,
+    floor_dir: str | Path | None = None,
+    rerun: bool = False,
 ) -> dict[str, Any]:
     """The whole command: engine (or ``replay_dir``), profile (given or calibrated), compare;
-    writes ``validation.json`` under ``out`` and returns its content."""
+    writes ``validation.json`` under ``out`` and returns its content. The engine against
+    itself (``engine_floor``) from a second run of the same configuration: ``floor_dir``, or
+    with ``rerun`` the engine run again."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: {out} exists and is not a directory")
@@ -210,6 +299,8 @@ def validate(
     else:
         engine_dir = run_engine(trace, config, out / ENGINE_DIR, command)
         scale = config.time_scale
+    if rerun and floor_dir is None:
+        floor_dir = run_engine(trace, config, out / f"{ENGINE_DIR}-rerun", command)
     if profile is None:
         profile = str(
             calibrate(
@@ -221,6 +312,7 @@ def validate(
                 progress=progress,
                 cpu_threads=config.cpu_threads,
                 clock=config.engine_clock(),
+                enforce_eager=config.enforce_eager,
             )
         )
     run = sim_config(engine_dir, config, profile)
@@ -233,7 +325,10 @@ def validate(
             f"the engine run's requests differ from the trace's (e.g. {missing}); "
             "use the same trace and --max-requests as the run"
         )
-    result = compare(engine_dir, scaled, run, out, progress)
+    kind = engine_kind_of_run(run_summary(engine_dir))
+    result = compare(engine_dir, scaled, run, out, progress, engine_kind=kind)
+    if floor_dir is not None:
+        result["engine_floor"] = engine_floor(engine_dir, Path(floor_dir))
     result["command"] = command
     result["time_scale"] = scale
     result["engine_clock"] = str(load_run(engine_dir).config.get("clock", "wall"))

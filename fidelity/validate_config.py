@@ -27,6 +27,7 @@ class ValidateConfig:
     hardware: str | None = None  # the roofline's; None: CPU-1T on cpu, H100-SXM on cuda
     cpu_threads: int = 1
     clock: str = "auto"  # the engine's and calibration's clock; see fidelity.calibrate.CLOCK_HELP
+    enforce_eager: bool = False  # the engine without CUDA graphs (where it has them)
 
     def __post_init__(self) -> None:
         check_policy(self.scheduler.policy)

@@ -77,11 +77,19 @@ def write_run_dir(
     (root / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
+def run_file(root: str | Path, name: str) -> Path:
+    """``root / name``, or its gzip-compressed ``name.gz`` when only that is there (recorded
+    runs are kept compressed and read as they are); the plain name when neither is."""
+    plain = Path(root) / name
+    packed = plain.with_name(plain.name + ".gz")
+    return packed if not plain.exists() and packed.exists() else plain
+
+
 def load_run(run_dir: str | Path, label: str | None = None) -> RunRecords:
     """Read a directory written by ``RunResult.write``: summary.json, requests.csv, steps.csv.
 
     Optional summary.json keys ``command``, ``servesim_version`` and ``trace_stats`` are read
-    when present."""
+    when present. The CSV files may be gzip-compressed (``run_file``)."""
     root = Path(run_dir)
     summary_path = root / "summary.json"
     try:
@@ -106,8 +114,8 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunRecords:
         label=label,
         config=config,
         summary=dict(payload["summary"]),
-        requests=pd.read_csv(root / "requests.csv", keep_default_na=False, na_values=[""]),
-        steps=per_step(pd.read_csv(root / "steps.csv")),
+        requests=pd.read_csv(run_file(root, "requests.csv"), keep_default_na=False, na_values=[""]),
+        steps=per_step(pd.read_csv(run_file(root, "steps.csv"))),
         trace_name=str(payload.get("trace", UNKNOWN)),
         memory_model=memory_model,
         num_blocks=payload.get("num_blocks"),

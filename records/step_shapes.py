@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from core.batch import ScheduledBatch
+from core.text_files import open_text
 
 STEP_SHAPES_FILE = "step_shapes.jsonl"
 
@@ -218,10 +219,11 @@ def parse_step_shape(obj: Any, where: str) -> StepShapeRecord:
 
 
 def load_step_shapes(path: str | Path) -> list[StepShapeRecord]:
-    """Read ``step_shapes.jsonl``; a bad line is a ValueError naming the file and line."""
+    """Read ``step_shapes.jsonl`` (or its gzip-compressed copy, read as it is); a bad line is a
+    ValueError naming the file and line."""
     path = Path(path)
     records: list[StepShapeRecord] = []
-    with path.open() as lines:
+    with open_text(path, "step shapes") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue

@@ -70,10 +70,15 @@ class CostModelExecutor:
         self.cost_model = cost_model
         # The deployment's block size, which the cost model was built for.
         self.block_size: int = cost_model.block_size
-        self._aggregate = getattr(cost_model, "aggregate_step_time_s", None)
+        # A cost model whose host clock reads more than a step's aggregates (each decode's
+        # context) is priced by shape, step by step.
+        aggregates = getattr(cost_model, "prices_aggregates", True)
+        self._aggregate = getattr(cost_model, "aggregate_step_time_s", None) if aggregates else None
         # The roofline, typed as such: a compiled build then calls its methods and its
         # stepper's directly rather than through the interpreter's call protocol.
-        self._roofline = cost_model if isinstance(cost_model, RooflineCostModel) else None
+        self._roofline = (
+            cost_model if isinstance(cost_model, RooflineCostModel) and aggregates else None
+        )
         self._padding = 0
         self._last_split: tuple[
             ScheduledBatch | None, tuple[tuple[int, int], ...], tuple[int, ...]
@@ -157,6 +162,7 @@ class CostModelExecutor:
         vectorized = getattr(self.cost_model, "decode_repeat_durations", None)
         if (
             vectorized is not None
+            and self._aggregate is not None
             and not chunks
             and num_seqs
             and max_steps >= _VECTOR_MIN_STEPS

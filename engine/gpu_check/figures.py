@@ -84,13 +84,27 @@ def decode_profiles(folder: Path) -> dict[str, Any]:
 
 
 def calibration(folder: Path) -> dict[str, Any]:
+    """The profile's timer and steps, how its whole steps scatter around its own model, the
+    host clock it fitted, and (``--repeat 2``) how far the second profile's predictions of the
+    step grids are from the first's."""
     profile = _json(folder / "profile.json")
-    return {
+    out: dict[str, Any] = {
         "timer": profile.get("timer"),
+        "tables_time": profile.get("tables_time"),
+        "engine_kind": profile.get("engine", {}).get("kind"),
         "whole_steps": len(profile.get("steps", [])),
+        "step_spread_pct": _round(100 * float(profile.get("step_spread") or 0.0)),
         "decode_attention_context": profile.get("decode_attention_context"),
         "device": profile.get("device", {}).get("name"),
     }
+    if isinstance(profile.get("host"), dict):
+        out["host"] = {k: _round(v) for k, v in profile["host"].items()}
+    repeats = folder / "profile-repeats.json"
+    if repeats.exists():
+        pairs = _json(repeats)["pairs"]
+        out["profiles_differ_median_pct"] = [_round(p["median_pct"]) for p in pairs]
+        out["profiles_differ_p90_pct"] = [_round(p["p90_pct"]) for p in pairs]
+    return out
 
 
 def validation(folder: Path) -> dict[str, Any]:
@@ -106,6 +120,21 @@ def validation(folder: Path) -> dict[str, Any]:
             if metric in metrics
         }
         out[name]["steps"] = _round(model["steps"]["all"]["median_abs_pct"])
+        why = model.get("divergence", {}).get("why")
+        if why:
+            out[name]["first_divergence"] = why.get("reason")
+    if result.get("engine_kind"):
+        out["engine_kind"] = result["engine_kind"]
+    floor = result.get("engine_floor")
+    if floor:
+        metrics = floor["requests"]["metrics"]
+        # The engine against itself: the noise floor the simulator's errors sit beside.
+        out["noise_floor"] = {
+            m: _round(metrics[m]["median_abs_pct"]) for m in ("ttft", "tpot", "e2e") if m in metrics
+        }
+    spread = result.get("profile_spread") or {}
+    if "steps_spread_pct" in spread:
+        out["profile_step_spread_pct"] = _round(spread["steps_spread_pct"])
     return out
 
 

@@ -103,14 +103,18 @@ def plan(settings: CheckSettings) -> list[Part]:
         *_bench_engine(settings),
         _profile_decode(settings),
         _calibrate(settings),
-        _validate(settings, "example", "chunked", 0.25),
+        # The engine twice on example.csv, then the simulator against the first run with the
+        # engine against itself beside it (the noise floor), from the same two runs.
         _engine_self(settings),
+        _validate_self(settings),
         _kernels_bench(settings),
         # The other traces' first 100 requests: all four in about the time of one whole trace.
         _validate(settings, "example", "continuous", 0.25, max_requests=100),
         _validate(settings, "shared_prefix", "chunked", 0.25, True, max_requests=100),
         _validate(settings, "parallel_sampling", "chunked", 0.25, True, max_requests=100),
         _validate(settings, "bursty", "chunked", 1.0, max_requests=100),
+        # Where the engine has CUDA graphs, the eager engine too (dropped first by the budget).
+        *(_eager_parts(settings) if settings.graphs else []),
     ]
 
 
@@ -195,18 +199,54 @@ def _profile_decode(settings: CheckSettings) -> Part:
     )
 
 
-def _calibrate(settings: CheckSettings) -> Part:
-    out = settings.out / "calibrate" / "profile.json"
-    args = ("--model", settings.model, "--device", "cuda", "--out", str(out), "--quiet")
+def _calibrate(settings: CheckSettings, eager: bool = False) -> Part:
+    """Two calibrations, one after the other (``--repeat 2``): the profile, and how far the
+    second's predictions of the step grid are from the first's."""
+    name = "calibrate-eager" if eager else "calibrate"
+    out = settings.out / name / "profile.json"
+    args: tuple[str, ...] = ("--model", settings.model, "--device", "cuda", "--out", str(out))
+    args += ("--repeat", "2", "--quiet", *(("--enforce-eager",) if eager else ()))
+    mode = "the eager engine (--enforce-eager)" if eager else "the engine"
     return Part(
-        "calibrate",
-        "python -m sim calibrate: the engine's parts and whole steps as a cost-model profile",
+        name,
+        f"python -m sim calibrate --repeat 2: {mode}'s parts and whole steps as a cost-model "
+        "profile, twice, and how far the two profiles' predictions differ",
         (Command(("-m", "sim", "calibrate"), args),),
-        estimate_s=60,
-        limit_s=180,
+        estimate_s=150,
+        limit_s=360,
         modules=(*ENGINE, *SIM),
         read=figures.calibration,
     )
+
+
+def _validate_self(settings: CheckSettings) -> Part:
+    """The simulator against the first engine-self run, the second beside it as the floor."""
+    runs = settings.out / "engine-self"
+    args = (
+        "--replay", str(runs / "run1"), "--replay", str(runs / "run2"),
+        "--profile", str(settings.out / "calibrate" / "profile.json"),
+        "--hardware", settings.hardware, "--out", str(settings.out / "validate-example-chunked"),
+        "--quiet",
+    )  # fmt: skip
+    return Part(
+        "validate-example-chunked",
+        "python -m sim validate --replay run1 --replay run2 (engine-self's example.csv runs): "
+        "the simulator against the engine, beside the engine against itself",
+        (Command(("-m", "sim", "validate"), args),),
+        estimate_s=25,
+        limit_s=120,
+        modules=(*ENGINE, *SIM),
+        after=("calibrate", "engine-self"),
+        read=figures.validation,
+    )
+
+
+def _eager_parts(settings: CheckSettings) -> list[Part]:
+    """The eager engine: its calibration and one validation (the host clock without graphs)."""
+    return [
+        _calibrate(settings, eager=True),
+        _validate(settings, "example", "chunked", 0.25, max_requests=100, eager=True),
+    ]
 
 
 def _validate(
@@ -216,22 +256,27 @@ def _validate(
     time_scale: float,
     prefix_caching: bool = False,
     max_requests: int | None = None,
+    eager: bool = False,
 ) -> Part:
-    name = f"validate-{trace.replace('_', '-')}-{policy}"
+    name = f"validate-{trace.replace('_', '-')}-{policy}" + ("-eager" if eager else "")
+    calibration = "calibrate-eager" if eager else "calibrate"
     path = f"{TRACES}/{trace}.csv"
     args = [
         path, "--policy", policy, "--model", settings.model, "--device", "cuda",
-        "--profile", str(settings.out / "calibrate" / "profile.json"),
+        "--profile", str(settings.out / calibration / "profile.json"),
         "--hardware", settings.hardware, "--time-scale", str(time_scale),
         "--out", str(settings.out / name), "--quiet",
     ]  # fmt: skip
     if prefix_caching:
         args.append("--prefix-caching")
+    if eager:
+        args.append("--enforce-eager")
     if max_requests:
         args += ["--max-requests", str(max_requests)]
     about = f"python -m sim validate {trace}.csv, {policy}"
     about += ", prefix caching" if prefix_caching else ""
     about += f", first {max_requests} requests" if max_requests else ""
+    about += ", the eager engine (--enforce-eager)" if eager else ""
     return Part(
         name,
         f"{about}, time scale {time_scale}",
@@ -239,7 +284,7 @@ def _validate(
         estimate_s=(50 if time_scale >= 1 else 35) if max_requests else 50,
         limit_s=150,
         modules=(*ENGINE, *SIM),
-        after=("calibrate",),
+        after=(calibration,),
         inputs=(path,),
         read=figures.validation,
     )

@@ -30,9 +30,15 @@ class CalibrationGrid:
     # num_seqs requests of a prompt of context tokens, each prefilled at the engine's own
     # token budget and then decoded ``step_decodes`` steps. Synthetic prompts, no trace: the
     # cost model's terms are fitted jointly to these steps (docs/profile_format.md).
-    step_seqs: tuple[int, ...] = (1, 2, 4, 8, 16)
+    step_seqs: tuple[int, ...] = (1, 2, 4, 8, 16, 48)
     step_context: tuple[int, ...] = (64, 256, 1024)
     step_decodes: int = 16
+    # Half-way through each group's decodes a prompt of this many tokens arrives, so that one
+    # step prefills beside the group's decodes (a mixed step, the one a request's TTFT ends on).
+    step_mixed_prompt: int = 128
+    # Rounds of the whole step grid, one after the other (each round runs every group once),
+    # so that drift hits every group alike; each step keeps its median and spread.
+    step_repeats: int = 3
 
     def __post_init__(self) -> None:
         for name in (
@@ -57,7 +63,14 @@ class CalibrationGrid:
                     "CalibrationGrid.decode_skew: each entry is (num_seqs >= 2, short, long) "
                     f"with 1 <= short < long, got {skew!r}"
                 )
-        for name in ("repeats", "min_repeats", "check_requests", "step_decodes"):
+        for name in (
+            "repeats",
+            "min_repeats",
+            "check_requests",
+            "step_decodes",
+            "step_mixed_prompt",
+            "step_repeats",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"CalibrationGrid.{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0:
@@ -80,5 +93,7 @@ SMALL_GRID = CalibrationGrid(
     step_seqs=(1, 2),
     step_context=(16, 64),
     step_decodes=2,
+    step_mixed_prompt=8,
+    step_repeats=2,
 )
 """A grid small enough for tests (seconds on CPU)."""

@@ -1,17 +1,48 @@
-"""How calibration times a point: warmed up, then a median over repeats; on CUDA with CUDA
-events, on CPU with the engine's clock: ``time.perf_counter`` (``wall``) or the calling thread's
-CPU time, ``time.thread_time`` (``cpu``)."""
+"""How calibration times its points: every point warmed up, then timed once per round, round
+after round across the whole grid (``Timer.rounds``), so that drift over the calibration hits
+every point alike; each point keeps its median and its spread. On CUDA with CUDA events, the
+call's launches issued while the GPU is held busy, so that the events time the kernels alone
+(``device``); on CPU with the engine's clock: ``time.perf_counter`` (``wall``) or the calling
+thread's CPU time, ``time.thread_time`` (``cpu``)."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from engine.profiling.grid import CalibrationGrid
+
+# The GPU is held busy this many times the call's host launch time before the first event,
+# so that every launch is queued before its kernel may start.
+_HOLD_FACTOR = 2.0
+_HOLD_MIN_S = 2e-4
+
+
+@dataclass(frozen=True, slots=True)
+class PointTime:
+    """One point's times over the rounds: the median, the spread (half the interquartile
+    range: robust to the odd slow round) and how many rounds timed it."""
+
+    median_s: float
+    spread_s: float
+    repeats: int
+
+
+def point_time(times: list[float]) -> PointTime:
+    """``PointTime`` of one point's times."""
+    if not times:
+        raise ValueError("a point needs at least one time")
+    if len(times) < 4:
+        spread = (max(times) - min(times)) / 2
+    else:
+        quartiles = statistics.quantiles(times, n=4)
+        spread = (quartiles[2] - quartiles[0]) / 2
+    return PointTime(statistics.median(times), spread, len(times))
 
 
 class Timer:
@@ -22,56 +53,41 @@ class Timer:
         self.kind = "cuda_events" if device.type == "cuda" else "wall"
         if device.type != "cuda" and clock == "cpu":
             self.kind = "thread_cpu"
+        self._launch_s: dict[int, float] = {}
+        self._cycles_per_s: float | None = None
+
+    def rounds(
+        self,
+        points: dict[Hashable, Callable[[], Any]],
+        on_round: Callable[[int], None] | None = None,
+    ) -> dict[Hashable, PointTime]:
+        """Each point's ``PointTime``: all warmed up, then ``grid.repeats`` rounds that each
+        time every point once, in turn. Past ``grid.min_repeats`` rounds the rounds stop once
+        they have spent ``max_point_s`` per point."""
+        grid = self.grid
+        times: dict[Hashable, list[float]] = {key: [] for key in points}
+        with torch.inference_mode():
+            for fn in points.values():
+                for _ in range(grid.warmup):
+                    self._launch_s[id(fn)] = _host_launch_s(fn, self.device)
+            start = time.perf_counter()
+            for done in range(1, grid.repeats + 1):
+                for key, fn in points.items():
+                    times[key].append(self._once(fn))
+                if on_round is not None:
+                    on_round(done)
+                spent = time.perf_counter() - start
+                if done >= grid.min_repeats and spent > len(points) * grid.max_point_s:
+                    break
+        return {key: point_time(values) for key, values in times.items()}
 
     def median_s(self, fn: Callable[[], Any]) -> float:
-        """Median seconds of ``fn`` after warm-up: CUDA events on a GPU, perf_counter on CPU.
-        Slow points stop early: after ``min_repeats`` once ``max_point_s`` has been spent."""
-        grid = self.grid
-        with torch.inference_mode():
-            spent = 0.0
-            for _ in range(grid.warmup):
-                t0 = time.perf_counter()
-                fn()
-                spent += time.perf_counter() - t0
-                if spent > grid.max_point_s:
-                    break
-            times: list[float] = []
-            budget_start = time.perf_counter()
-            for _ in range(grid.repeats):
-                times.append(self._once(fn))
-                done = len(times) >= grid.min_repeats
-                if done and time.perf_counter() - budget_start > grid.max_point_s:
-                    break
-            return statistics.median(times)
-
-    def medians_round_robin(self, fns: dict[str, Callable[[], Any]]) -> dict[str, float]:
-        """Median seconds of each of ``fns``, timed in turn, one of each per round, so that
-        they all see the same load."""
-        grid = self.grid
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        with torch.inference_mode():
-            for _ in range(grid.warmup):
-                for fn in fns.values():
-                    fn()
-            start = time.perf_counter()
-            for _ in range(grid.repeats):
-                for name, fn in fns.items():
-                    times[name].append(self._once(fn))
-                done = len(times[next(iter(fns))]) >= grid.min_repeats
-                if done and time.perf_counter() - start > len(fns) * grid.max_point_s:
-                    break
-        return {name: statistics.median(values) for name, values in times.items()}
+        """One point alone, timed over the rounds (``rounds`` of this point only)."""
+        return self.rounds({0: fn})[0].median_s
 
     def _once(self, fn: Callable[[], Any]) -> float:
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return float(start.elapsed_time(end)) / 1000.0
+            return self._device_s(fn)
         if self.kind == "thread_cpu":
             c0 = time.thread_time()
             fn()
@@ -79,3 +95,42 @@ class Timer:
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0
+
+    def _device_s(self, fn: Callable[[], Any]) -> float:
+        """The call's kernels alone: the GPU is held busy until every launch of the call is
+        queued, so the first event's time is the first kernel's start."""
+        torch.cuda.synchronize(self.device)
+        hold_s = max(_HOLD_MIN_S, _HOLD_FACTOR * self._launch_s.get(id(fn), 0.0))
+        if self._cycles_per_s is None:
+            self._cycles_per_s = _sleep_cycles_per_s(self.device)
+        torch.cuda._sleep(int(hold_s * self._cycles_per_s))  # type: ignore[no-untyped-call]
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1000.0
+
+
+def _sleep_cycles_per_s(device: torch.device) -> float:
+    """How many of ``torch.cuda._sleep``'s cycles the GPU spins per second (timed once)."""
+    cycles = 10_000_000
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    torch.cuda.synchronize(device)
+    start.record()
+    torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
+    end.record()
+    end.synchronize()
+    return cycles / max(1e-6, float(start.elapsed_time(end)) / 1000.0)
+
+
+def _host_launch_s(fn: Callable[[], Any], device: torch.device) -> float:
+    """Seconds the host spends issuing ``fn`` (on CUDA its kernels run on after it returns)."""
+    t0 = time.perf_counter()
+    fn()
+    launch = time.perf_counter() - t0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return launch

@@ -4,8 +4,11 @@ engine, and so torch) is ``fidelity.calibrate``, imported when the command runs.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
+from pathlib import Path
+from typing import Any
 
 from core.config import CacheConfig
 from core.flags import add_setting_flags, given_settings
@@ -33,26 +36,72 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch threads on CPU, as the engine runs (default: %(default)s)",
     )
     parser.add_argument("--clock", default="auto", choices=CLOCK_CHOICES, help=CLOCK_HELP)
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="calibrate the engine without CUDA graphs (where it has them)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="calibrate this many times, one after the other (the second and later profiles "
+        "are written beside --out as NAME-repeatK.json), and report how far their "
+        "predictions of the step grid differ (default: %(default)s)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def repeat_paths(out: str, repeat: int) -> list[Path]:
+    """``out``, then NAME-repeat2.json ... beside it."""
+    first = Path(out)
+    return [first] + [
+        first.with_name(f"{first.stem}-repeat{i}{first.suffix}") for i in range(2, repeat + 1)
+    ]
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
     block_size = build(CacheConfig, given_settings(args, ["block_size"])).block_size
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
     command = shlex.join(["python", "-m", "sim", *getattr(args, "argv", sys.argv[1:])])
     with needs_engine("calibrate"):
         from fidelity.calibrate import calibrate
 
-    path = calibrate(
-        args.model,
-        args.device,
-        block_size,
-        args.out,
-        command,
-        small=args.small_grid,
-        progress=not args.quiet,
-        cpu_threads=args.cpu_threads,
-        clock=args.clock,
-    )
-    if not args.quiet:
-        print(f"wrote profile {path}")
+    paths = []
+    for out in repeat_paths(args.out, args.repeat):
+        path = calibrate(
+            args.model,
+            args.device,
+            block_size,
+            out,
+            command,
+            small=args.small_grid,
+            progress=not args.quiet,
+            cpu_threads=args.cpu_threads,
+            clock=args.clock,
+            enforce_eager=args.enforce_eager,
+        )
+        paths.append(path)
+        if not args.quiet:
+            print(f"wrote profile {path}")
+    if len(paths) > 1:
+        from fidelity.profile_check import compare_profiles
+
+        report = compare_profiles(paths, args.model)
+        target = paths[0].with_name(f"{paths[0].stem}-repeats.json")
+        target.write_text(json.dumps(report, indent=1) + "\n")
+        print_repeats(report)
+        print(f"wrote {target}")
     return 0
+
+
+def print_repeats(report: dict[str, Any]) -> None:
+    """How far the repeated calibrations' predictions of the step grid differ."""
+    spreads = ", ".join("-" if s is None else f"{s:.1f}%" for s in report["step_spread_pct"])
+    print(f"each profile's whole steps around its own model, median |residual|: {spreads}")
+    for pair in report["pairs"]:
+        print(
+            f"{pair['profile']} against the first on both step grids: median "
+            f"{pair['median_pct']:.1f}%, p90 {pair['p90_pct']:.1f}%"
+        )

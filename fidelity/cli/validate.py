@@ -16,26 +16,68 @@ from core.flags import add_setting_flags, given_settings
 from core.settings import build
 from fidelity.cli.engine_import import needs_engine
 from fidelity.clocks import CLOCK_CHOICES, CLOCK_HELP
+from fidelity.replay_inputs import hardware_of, run_summary, trace_of
 from fidelity.validate_config import VALIDATION_FILE, ValidateConfig
 from sim.specs.hardware import get_hardware_preset
 
 
-def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
-    """The error table: per cost model, per-request metrics and per-step error."""
+def _metric_cells(metrics: dict[str, Any]) -> list[str]:
+    parts = []
+    for metric, stats in metrics.items():
+        if stats["median_abs_pct"] is None:
+            continue
+        parts.append(
+            f"{metric.upper()} {stats['median_abs_pct']:.1f}% (p90 {stats['p90_abs_pct']:.1f}%,"
+            f" bias {stats['bias_pct']:+.1f}%)"
+        )
+    return parts
+
+
+def print_context(result: dict[str, Any], file: Any = sys.stdout) -> None:
+    """What was compared: the engine kind, the profile's own spread, the engine's floor."""
     print(
-        f"validation of {result['trace']} ({result['num_requests']} requests); engine clock "
-        f"{result.get('engine_clock', 'wall')}, profile timer {result.get('profile_timer')}",
+        f"validation of {result['trace']} ({result['num_requests']} requests); engine "
+        f"{result.get('engine_kind', 'servesim-eager')}, clock {result.get('engine_clock', 'wall')}"
+        f", profile timer {result.get('profile_timer')}",
         file=file,
     )
-    for name, model in result["models"].items():
-        parts = []
-        for metric, stats in model["requests"]["metrics"].items():
-            if stats["median_abs_pct"] is None:
-                continue
-            parts.append(
-                f"{metric.upper()} {stats['median_abs_pct']:.1f}% (p90 {stats['p90_abs_pct']:.1f}%,"
-                f" bias {stats['bias_pct']:+.1f}%)"
+    spread = result.get("profile_spread") or {}
+    if "steps_spread_pct" in spread:
+        print(
+            f"  profile: GPU time from the {spread['gpu_clock']}; its whole steps scatter "
+            f"{spread['steps_spread_pct']:.1f}% (median) around its host fit over "
+            f"{spread['num_steps']} steps, {spread['num_episode_steps']} left out as slow "
+            f"episodes (outside load), {spread['num_stalls']} lone slow steps counted as stalls",
+            file=file,
+        )
+        share = spread["num_episode_steps"] / max(1, spread["num_steps"])
+        if share > LOADED_SHARE:
+            print(
+                f"  profile: WARNING: {100 * share:.0f}% of its whole steps ran slow for a while "
+                "together: the machine was loaded during the calibration, and its fit rests on "
+                "the rest; calibrate again (sim calibrate --repeat 2 says how far two agree)",
+                file=file,
             )
+    if "table_spread_pct" in spread:
+        print(
+            f"  profile: table points spread {spread['table_spread_pct']:.1f}% (median)", file=file
+        )
+    floor = result.get("engine_floor")
+    if floor:
+        parts = _metric_cells(floor["requests"]["metrics"])
+        print(
+            "  engine against itself (the noise floor), per request, median |difference|: "
+            + "; ".join(parts)
+            + f"; median step {100 * (floor['median_step_ratio'] - 1):+.1f}%",
+            file=file,
+        )
+
+
+def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
+    """The error table: per cost model, per-request metrics and per-step error."""
+    print_context(result, file)
+    for name, model in result["models"].items():
+        parts = _metric_cells(model["requests"]["metrics"])
         print(f"  {name:<10} per request, median |error|: " + "; ".join(parts), file=file)
         steps = model["steps"]
         kinds = ", ".join(
@@ -56,9 +98,14 @@ def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
             f"{model['num_engine_steps']} engine steps ({model['num_sim_steps']} simulated)",
             file=file,
         )
+        if "why" in div:
+            print(f"  {name:<10} where they part: {div['why']['text']}", file=file)
 
 
 MEASURED_OPTION = "--measured"
+LOADED_SHARE = 0.2
+"""Above this share of a profile's steps in slow episodes, validate warns of a loaded
+calibration."""
 
 
 def measured_spelling(argv: Sequence[str]) -> list[str] | None:
@@ -85,7 +132,8 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "trace",
         nargs="?",
-        help="trace file (the formats `python -m sim run` reads); not with --measured",
+        help="trace file (the formats `python -m sim run` reads); with --replay, the run's own "
+        "trace by default; not with --measured",
     )
     parser.add_argument(
         MEASURED_OPTION,
@@ -96,7 +144,11 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
         "measured validate RUN_DIR`, taking its run options (see its --help)",
     )
     parser.add_argument("--format", default="auto", help="trace format (default: detect)")
-    parser.add_argument("--model", default=defaults.model, help="model (default: %(default)s)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help=f"model (default: the replayed run's, else {defaults.model})",
+    )
     parser.add_argument(
         "--device", default=defaults.device, help="cpu or cuda (default: %(default)s)"
     )
@@ -105,10 +157,22 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--replay",
+        action="append",
         default=None,
         metavar="ENGINE_RUN_DIR",
         help="compare against this saved engine run (python -m engine run --out, or a "
-        "previous validate's engine/) instead of running the engine",
+        "previous validate's engine/) instead of running the engine; given twice, the second "
+        "run of the same configuration gives the engine against itself (the noise floor)",
+    )
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run (and calibrate) the engine without CUDA graphs (where it has them)",
+    )
+    parser.add_argument(
+        "--rerun",
+        action="store_true",
+        help="run the engine a second time for the engine against itself (the noise floor)",
     )
     parser.add_argument("--out", required=True, help="directory for validation.json and runs")
     parser.add_argument("--report", default=None, help="write the HTML validation section here")
@@ -128,7 +192,8 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hardware",
         default=None,
-        help="hardware preset of the roofline baseline (default: CPU-1T on cpu, H100-SXM on cuda)",
+        help="hardware preset of the roofline baseline (default: the replayed run's device, "
+        "else CPU-1T on cpu, H100-SXM on cuda)",
     )
     parser.add_argument(
         "--clock",
@@ -141,17 +206,22 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
 
 
-def config_from_args(args: argparse.Namespace) -> ValidateConfig:
+def config_from_args(
+    args: argparse.Namespace, model: str | None = None, hardware: str | None = None
+) -> ValidateConfig:
+    """The replay's configuration from the flags; ``model`` and ``hardware`` where a replayed
+    run supplies them (else the flags', else the defaults)."""
     return build(
         ValidateConfig,
         {
             **given_settings(args),
-            "model": args.model,
+            "model": model or args.model or ValidateConfig().model,
             "device": args.device,
             "time_scale": args.time_scale,
             "max_requests": args.max_requests,
-            "hardware": args.hardware,
+            "hardware": hardware or args.hardware,
             "clock": args.clock,
+            "enforce_eager": args.enforce_eager,
         },
     )
 
@@ -167,12 +237,21 @@ def run_validate(args: argparse.Namespace) -> int:
         raise ValueError(
             f"{MEASURED_OPTION}: call sim.cli.main.main, which runs `measured validate`"
         )
-    if args.trace is None:
-        raise ValueError(f"validate needs a TRACE (or {MEASURED_OPTION} RUN_DIR)")
-    config = config_from_args(args)
-    if args.hardware is not None:
-        get_hardware_preset(args.hardware)
-    trace = load_trace(args.trace, format=args.format)
+    replays = args.replay or []
+    if len(replays) > 2:
+        raise ValueError("--replay: give it once (the run compared) or twice (and its rerun)")
+    trace_path, model, hardware = args.trace, args.model, args.hardware
+    if replays:
+        summary = run_summary(replays[0])
+        trace_path = trace_path or str(trace_of(replays[0], summary))
+        model = model or (summary.get("config") or {}).get("model")
+        hardware = hardware or hardware_of(str(summary.get("device_name", "")))
+    if trace_path is None:
+        raise ValueError(f"validate needs a TRACE (or --replay RUN, or {MEASURED_OPTION} RUN_DIR)")
+    config = config_from_args(args, model=model, hardware=hardware)
+    if hardware is not None:
+        get_hardware_preset(hardware)
+    trace = load_trace(trace_path, format=args.format)
     command = shlex.join(["python", "-m", "sim", *getattr(args, "argv", sys.argv[1:])])
     with needs_engine("validate"):
         from fidelity.validate import validate
@@ -182,9 +261,11 @@ def run_validate(args: argparse.Namespace) -> int:
         config,
         args.out,
         profile=args.profile,
-        replay_dir=args.replay,
+        replay_dir=replays[0] if replays else None,
         command=command,
         progress=not args.quiet,
+        floor_dir=replays[1] if len(replays) > 1 else None,
+        rerun=args.rerun,
     )
     if not args.quiet:
         print_table(result)

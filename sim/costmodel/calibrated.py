@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 
+from sim.costmodel.calibrated_host import calibrated_host, host_args
 from sim.costmodel.profile import Profile, StepTiming, Table1D, Table2D
 from sim.costmodel.roofline import TERMS, RooflineCostModel
 from sim.costmodel.step_shape import StepShape
@@ -52,7 +53,12 @@ class CalibratedCostModel:
             rows = zip(prefill.xs, prefill.times_s, strict=True)
             per_token = tuple(tuple(t / q for t in row) for q, row in rows)
             self._prefill_per_token = Table2D(prefill.xs, prefill.ys, per_token)
-        if self._joint:
+        # The host clock, where the profile prices GPU time on the roofline (a GPU engine's
+        # CUDA-event spans) or stores a fitted host set (version 5).
+        self.host = calibrated_host(profile, fallback, self._tables_device_s)
+        if self.host is not None:
+            self._joint = False
+        elif self._joint:
             self._fit_joint()
         elif profile.steps:
             self._fixed_overhead_s, self._per_seq_overhead_s = self._fit_overhead()
@@ -174,6 +180,12 @@ class CalibratedCostModel:
         analytic = self.fallback.step_terms(shape)
         if not any(analytic):
             return analytic
+        if self.host is not None:
+            return self._host_terms(shape, analytic)
+        return self._table_terms(shape, analytic)
+
+    def _table_terms(self, shape: StepShape, analytic: tuple[float, ...]) -> tuple[float, ...]:
+        """The tables' terms over the roofline's, the fitted overhead last."""
         num_decode = len(shape.decode_context_tokens)
         padding = shape.num_padding_tokens if self.fallback.config.price_padding else 0
         num_tokens = shape.num_batched_tokens + padding
@@ -209,6 +221,27 @@ class CalibratedCostModel:
             for i, scale in ((0, 0), (1, 1), (2, 2), (3, 0), (4, 0)):
                 terms[i] *= self._scales[scale]
         return tuple(terms)
+
+    def _tables_device_s(self, shape: StepShape) -> float:
+        """The tables' GPU time of ``shape`` (every term but the host's)."""
+        return sum(self._table_terms(shape, self.fallback.step_terms(shape))[:-1])
+
+    def _host_terms(self, shape: StepShape, analytic: tuple[float, ...]) -> tuple[float, ...]:
+        """The GPU's terms by the host's clock source (the roofline's, or the tables' scaled
+        by the fit), and ``overhead`` what the host adds to them (``HostTimeModel``)."""
+        host = self.host
+        assert host is not None
+        if host.gpu_clock == "roofline":
+            device = list(analytic[:-1])
+        else:
+            device = list(self._table_terms(shape, analytic)[:-1])
+        if host.device_scale != 1.0:
+            device = [host.device_scale * term for term in device]
+        device_s = sum(device)
+        duration = host.model.duration_s(
+            host.model.host_time(*host_args(shape, self.block_size)), device_s
+        )
+        return (*device, duration - device_s)
 
     def _prefill_attention_s(self, grid: Table2D, new: int, context: int) -> float:
         """One chunk's prefill attention, per layer. A chunk's cost grows as new x (new / 2 +

@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 import math
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from core.text_files import read_text
+from sim.costmodel.host_time import HostParams
+from sim.costmodel.profile_v5 import v5_fields
 
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 DECODE_CONTEXT_RULES = ("mean", "max", "per_sequence")
 TIMERS = ("cuda_events", "wall", "thread_cpu", "unknown")
 STEP_FITS = ("overhead", "joint")
@@ -116,6 +118,9 @@ class StepTiming:
     sum_decode_context_tokens: int
     measured_s: float
     decode_context_tokens: tuple[int, ...] | None = None
+    # v5: the step's spread over the calibration's rounds, and the host's part of it.
+    spread_s: float | None = None
+    host_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +160,17 @@ class Profile:
     decode_attention_checks: tuple[DecodeCheck, ...] = ()
     # v4: what the whole steps are fitted to (STEP_FITS); files before version 4: "overhead".
     step_fit: str = "overhead"
+    # v5: the host clock the calibration fitted (``host``: HostParams, and the scale it put
+    # on the GPU time), which clock gave the GPU time (calibrated_host.GPU_CLOCKS), what the
+    # tables time (profile_v5.TABLES_TIMES), each table point's spread (op -> values like
+    # ``time_s``),
+    # and the commit of the engine that was timed.
+    host: HostParams | None = None
+    host_device_scale: float = 1.0
+    gpu_clock: str | None = None
+    tables_time: str = "span"
+    spreads: dict[str, Any] = field(default_factory=dict)
+    commit: str | None = None
 
 
 class _Reader:
@@ -234,6 +250,7 @@ class _Reader:
             self.get(step, "sum_decode_context_tokens", int, f"{field}.sum_decode_context_tokens"),
             float(self.get(step, "measured_s", (int, float), f"{field}.measured_s")),
             contexts,
+            *(self.seconds(step, key, f"{field}.{key}") for key in ("spread_s", "host_s")),
         )
         if contexts is not None and (
             len(contexts) != timing.num_decode_seqs
@@ -244,6 +261,12 @@ class _Reader:
                 "disagrees with num_decode_seqs / sum_decode_context_tokens",
             )
         return timing
+
+    def seconds(self, obj: dict[str, Any], key: str, field: str) -> float | None:
+        """An optional non-negative number of seconds (None when absent)."""
+        if key not in obj:
+            return None
+        return self.numbers([self.get(obj, key, (int, float), field)], field)[0]
 
     def decode_check(self, i: int, check: Any) -> DecodeCheck:
         field = f"decode_attention_checks[{i}]"
@@ -345,4 +368,5 @@ def load_profile(path: str | Path) -> Profile:
         timer=timer,
         decode_attention_checks=tuple(checks),
         step_fit=step_fit,
+        **(v5_fields(data, reader.fail) if version >= 5 else {}),
     )

@@ -11,6 +11,7 @@ from typing import Final
 import numpy as np
 
 from core.model.spec import ModelSpec, check_tp
+from sim.costmodel.host_time import ENGINE_KINDS, HostParams, HostTimeModel, host_params
 from sim.costmodel.kernel_costs import allreduce_s, gemm_s, streaming_s
 from sim.costmodel.layer_ops import LayerOps
 from sim.costmodel.step_shape import StepShape
@@ -38,7 +39,11 @@ _MAX_MEMO: Final = 1 << 16
 @dataclass(frozen=True, slots=True)
 class CostModelConfig:
     """The CPU's share of a step. How close kernels come to the datasheet is the hardware's
-    business: those constants live in `HardwareSpec`."""
+    business: those constants live in `HardwareSpec`.
+
+    The host's clock is ``host_params()`` (``sim.costmodel.host_time``): ``host`` when given,
+    else the documented set of ``engine``; for vLLM its per-step and per-sequence seconds and
+    its async scheduling are the three fields below."""
 
     # Pinned-memory copies over PCIe reach ~25 of 32 GB/s (gen4).
     host_link_efficiency: float = 0.8
@@ -55,8 +60,15 @@ class CostModelConfig:
     # is computed by engines that run a padded rectangle. False prices one that packs the
     # batch's real rows and computes no padding, as servesim's own engine does.
     price_padding: bool = True
+    # Whose host clock a step pays (``host_time.ENGINE_KINDS``), or that exact set.
+    engine: str = "vllm"
+    host: HostParams | None = None
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINE_KINDS:
+            raise ValueError(
+                f"CostModelConfig.engine must be one of {ENGINE_KINDS}, got {self.engine!r}"
+            )
         if not 0 < self.host_link_efficiency <= 1:
             raise ValueError(
                 "CostModelConfig.host_link_efficiency must be in (0, 1], "
@@ -66,6 +78,18 @@ class CostModelConfig:
             value = getattr(self, field)
             if not value >= 0:
                 raise ValueError(f"CostModelConfig.{field} must be >= 0, got {value!r}")
+
+    def host_params(self) -> HostParams:
+        """The host parameter set a step pays (see the class docstring)."""
+        if self.host is not None:
+            return self.host
+        if self.engine == "vllm":
+            return HostParams(
+                step_s=self.step_overhead_s,
+                seq_s=self.per_sequence_overhead_s,
+                async_scheduling=self.async_scheduling,
+            )
+        return host_params(self.engine)
 
 
 class RooflineCostModel:
@@ -96,6 +120,9 @@ class RooflineCostModel:
         # Every layer pays the attention kernel's fixed cost once per step.
         self._attention_latency_s = model.num_layers * hardware.attention_latency_s
         self.layer_ops = LayerOps(model, hardware, tp)
+        self.host = HostTimeModel(
+            config.host_params(), model.num_layers, model.kv_heads_per_shard(tp)
+        )
         self._precompute_shapes(model, tp)
         # Terms that depend only on (tokens, sequences) in a step, computed once per pair.
         self._by_size: dict[tuple[int, int], tuple[float, ...]] = {}
@@ -236,7 +263,8 @@ class RooflineCostModel:
         return num_blocks * self.block_bytes / bandwidth
 
     def overhead_s(self, num_seqs: int) -> float:
-        return self.config.step_overhead_s + num_seqs * self.config.per_sequence_overhead_s
+        """The host's per-step and per-sequence seconds (all of a vLLM-like host's time)."""
+        return self.host.params.step_s + num_seqs * self.host.params.seq_s
 
     def step_terms(self, shape: StepShape) -> tuple[float, ...]:
         """Seconds per term, in the order of TERMS. A step with no work costs nothing."""
@@ -249,6 +277,7 @@ class RooflineCostModel:
             (len(contexts), sum(contexts), kv_read_tokens),
             shape.num_padding_tokens if self.config.price_padding else 0,
             (shape.num_copy_blocks, swaps),
+            max(contexts, default=0),
         )
 
     def _terms(
@@ -257,9 +286,11 @@ class RooflineCostModel:
         decode: tuple[int, int, int],
         num_padding: int,
         block_moves: tuple[int, int],
+        max_context: int = 0,
     ) -> tuple[float, ...]:
         """`decode` is (num_seqs, sum of contexts, KV tokens read); `block_moves` is
-        (copy-on-write copies, blocks swapped either way)."""
+        (copy-on-write copies, blocks swapped either way); `max_context` the longest decode
+        context (read by a host clock of more than the sequence count)."""
         num_decode, sum_context, kv_read_tokens = decode
         copies, swaps = block_moves
         num_tokens = num_decode + num_padding
@@ -281,13 +312,21 @@ class RooflineCostModel:
             self.copy_blocks_s(copies) if copies else 0.0,
             self.swap_s(swaps) if swaps else 0.0,
         )
-        return (*device, self.host_wait_s(overhead, sum(device)))
+        if self.host.simple:
+            return (*device, self.host_wait_s(overhead, sum(device)))
+        block_size = self.block_size
+        entries = kv_read_tokens // block_size
+        for new, context in chunks:
+            entries += -(-(new + context) // block_size)
+        device_s = sum(device)
+        host = self.host.host_time(len(chunks), num_decode, max_context, entries)
+        return (*device, self.host.duration_s(host, device_s) - device_s)
 
     def host_wait_s(self, host_s: float, device_s: float) -> float:
         """What the host's `host_s` of work adds to a step whose kernels take `device_s`: all
         of it when the GPU waits for the host, only what exceeds the kernels when the host
-        prepares the next step while they run (`CostModelConfig.async_scheduling`)."""
-        if self.config.async_scheduling:
+        prepares the next step while they run (async scheduling)."""
+        if self.host.params.async_scheduling:
             return max(0.0, host_s - device_s)
         return host_s
 
@@ -340,6 +379,7 @@ class RooflineCostModel:
         elementwise in the same order, so each equals that step's time to the last bit."""
         if num_decode_seqs <= 0:
             raise ValueError("decode_repeat_durations needs at least one decoding sequence")
+        self._check_aggregates()
         num_tokens = num_seqs = num_decode_seqs
         compute = sum_context_tokens * self._attention_flops_per_pair / self._attention_flops_per_s
         bytes_moved = (
@@ -353,9 +393,22 @@ class RooflineCostModel:
         )
         for term in after:
             total += term
-        if self.config.async_scheduling:
+        if self.host.params.async_scheduling:
             return total + np.maximum(0.0, overhead - total)
         return total + overhead
+
+    @property
+    def prices_aggregates(self) -> bool:
+        """Whether a step's aggregates (chunks, decode count, summed context and blocks) are
+        enough to price it: not when the host's clock reads more (``host_time``), such as the
+        longest decode context."""
+        return self.host.simple
+
+    def _check_aggregates(self) -> None:
+        if not self.host.simple:
+            raise ValueError(
+                "this cost model's host clock reads each decode's context: price by StepShape"
+            )
 
     def aggregate_step_time_s(
         self,
@@ -367,6 +420,7 @@ class RooflineCostModel:
         """A step without padding, copies or swaps, its decodes given by aggregates alone.
         Equal, to the last bit, to ``step_time_s`` of the same step: ``RepeatStepper`` adds
         the same terms in the same order (a fifth of the work of building them all)."""
+        self._check_aggregates()
         num_tokens = num_decode_seqs
         for num_new, _ in prefill_chunks:
             num_tokens += num_new
@@ -427,7 +481,8 @@ class RepeatStepper:
         self.model = model
         self.num_decode_seqs = num_decode_seqs
         self.block_size: int = model.block_size
-        self.overlap = model.config.async_scheduling
+        model._check_aggregates()
+        self.overlap = model.host.params.async_scheduling
         # Decode-only steps write ``decode_attention_s`` and the sums after it out, the same
         # operations in the same order (so the same bits), with no call per step.
         self.decode_only = not prefill_chunks and num_decode_seqs > 0

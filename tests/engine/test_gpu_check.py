@@ -271,6 +271,8 @@ def test_a_check_without_a_gpu_reports_every_part(
     assert parts["environment"]["status"] == "passed"
     assert parts["calibrate"]["status"] == "failed"
     assert "error: device cuda: no CUDA device here" in parts["calibrate"]["reason"]
-    assert parts["validate-example-chunked"]["reason"] == "needs calibrate to have passed"
+    assert parts["validate-example-chunked"]["reason"] == (
+        "needs calibrate, engine-self to have passed"
+    )
     assert data["hardware"] == "H100-SXM (the device matches no preset)"
     assert "calibrate" in capsys.readouterr().out

@@ -31,7 +31,7 @@ def small_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_small_calibration_writes_a_profile_that_loads(small_profile: Path) -> None:
     profile = load_profile(small_profile)
-    assert (profile.format_version, profile.model, profile.block_size) == (4, "tiny-llama", 16)
+    assert (profile.format_version, profile.model, profile.block_size) == (5, "tiny-llama", 16)
     # The step grid's whole steps (prefills and decodes) are there, and the terms fit to them.
     assert profile.step_fit == "joint"
     assert any(s.prefill_chunks for s in profile.steps)
@@ -54,6 +54,17 @@ def test_small_calibration_writes_a_profile_that_loads(small_profile: Path) -> N
     raw = json.loads(small_profile.read_text())
     assert raw["grid"]["num_tokens"] == [1, 16, 128]
     assert "calibrate" in raw["command"]
+    # Version 5: each table point's spread, each whole step's spread, host part and residual,
+    # the engine kind, what the tables time, and the commit.
+    assert len(raw["ops"]["linear"]["spread_s"]) == len(raw["ops"]["linear"]["time_s"])
+    assert profile.spreads["decode_attention"] and profile.tables_time == "span"
+    grid_steps = [s for s in profile.steps if s.spread_s is not None]
+    assert grid_steps and all(s.host_s is not None and s.host_s >= 0 for s in grid_steps)
+    assert len(raw["step_residuals"]) == len(raw["steps"]) and raw["step_spread"] >= 0
+    assert raw["engine"]["kind"] == "servesim-eager"
+    assert "commit" in raw
+    # The mixed step: a prompt arriving half-way through a group's decodes.
+    assert any(s.prefill_chunks and s.num_decode_seqs for s in grid_steps)
     cost = make_cost_model(
         get_model_preset("tiny-llama"),
         HARDWARE_PRESETS["CPU-1T"],
@@ -61,6 +72,18 @@ def test_small_calibration_writes_a_profile_that_loads(small_profile: Path) -> N
         block_size=16,
     )
     assert cost.step_time_s(StepShape(prefill_chunks=((16, 0),))) > 0
+
+
+def test_calibrating_twice_reports_how_far_the_profiles_differ(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    argv = ["calibrate", "--small-grid", "--repeat", "2", "--out", str(out), "--quiet"]
+    assert sim_main(argv) == 0
+    assert out.exists() and (tmp_path / "p-repeat2.json").exists()
+    report = json.loads((tmp_path / "p-repeats.json").read_text())
+    (pair,) = report["pairs"]
+    assert pair["profile"].endswith("p-repeat2.json")
+    assert 0 <= pair["median_pct"] <= pair["p90_pct"]
+    assert len(report["step_spread_pct"]) == 2
 
 
 def _trace(path: Path) -> Path:
@@ -105,6 +128,23 @@ def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Pa
     second = json.loads((again / "validation.json").read_text())
     first_rows = result["models"]["calibrated"]["requests"]["rows"]
     assert second["models"]["calibrated"]["requests"]["rows"] == first_rows
+    assert second["engine_kind"] == "servesim-eager"
+    assert second["models"]["calibrated"]["divergence"]["why"]["reason"] in (
+        "identical",
+        "length",
+        "arrival",
+        "scheduling",
+    )
+
+    # No TRACE: the run's own (from its command); a second --replay gives the engine's floor.
+    floor = tmp_path / "floor"
+    twice = ["--replay", str(out / "engine"), "--replay", str(out / "engine")]
+    policy = ["--policy", "continuous", "--profile", str(small_profile)]
+    assert sim_main(["validate", *policy, *twice, "--out", str(floor), "--quiet"]) == 0
+    third = json.loads((floor / "validation.json").read_text())
+    assert third["models"]["calibrated"]["requests"]["rows"] == first_rows
+    metrics = third["engine_floor"]["requests"]["metrics"]
+    assert metrics["tpot"]["median_abs_pct"] == 0.0  # a run against itself
 
 
 def test_validate_refuses_a_run_of_other_requests(

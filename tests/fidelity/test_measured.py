@@ -331,7 +331,10 @@ def test_validate_measured_is_the_same_command(
     assert main(["validate", "--measured"]) == 2
     assert "error: --measured needs a RUN_DIR" in capsys.readouterr().err
     assert main(["validate", "--out", str(tmp_path / "v")]) == 2
-    assert "error: validate needs a TRACE (or --measured RUN_DIR)" in capsys.readouterr().err
+    assert (
+        "error: validate needs a TRACE (or --replay RUN, or --measured RUN_DIR)"
+        in capsys.readouterr().err
+    )
 
 
 def test_cli_import_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

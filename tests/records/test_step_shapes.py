@@ -57,3 +57,20 @@ def test_bad_line_names_file_line_and_field(tmp_path: Path, line: str, problem: 
     with pytest.raises(ValueError, match=r"step_shapes\.jsonl:2") as error:
         load_step_shapes(path)
     assert problem in str(error.value)
+
+
+def test_a_compressed_file_reads_as_it_is(tmp_path: Path) -> None:
+    """Recorded runs keep ``step_shapes.jsonl.gz``; the loader reads it without unpacking, and
+    ``run_file`` finds it under the plain name's place."""
+    import gzip
+
+    from records.run_dir import run_file
+
+    plain = tmp_path / "step_shapes.jsonl"
+    records = [_record(0), _record(1)]
+    write_step_shapes(plain, records)
+    packed = tmp_path / "step_shapes.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
+    assert run_file(tmp_path, "step_shapes.jsonl") == packed
+    assert load_step_shapes(run_file(tmp_path, "step_shapes.jsonl")) == records

@@ -50,3 +50,15 @@ def test_a_directory_without_a_run_summary_is_refused(tmp_path: Path) -> None:
     (tmp_path / "summary.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="not a servesim run summary"):
         load_run(tmp_path)
+
+
+def test_compressed_csv_files_are_read_as_they_are(example_dir: Path, tmp_path: Path) -> None:
+    """A recorded run kept as ``requests.csv.gz`` / ``steps.csv.gz`` loads like the plain one."""
+    import gzip
+
+    (tmp_path / "summary.json").write_bytes((example_dir / "summary.json").read_bytes())
+    for name in ("requests.csv", "steps.csv"):
+        (tmp_path / f"{name}.gz").write_bytes(gzip.compress((example_dir / name).read_bytes()))
+    packed, plain = load_run(tmp_path), load_run(example_dir)
+    assert packed.requests.equals(plain.requests)
+    assert packed.steps.equals(plain.steps)

@@ -1,0 +1,75 @@
+"""The simulator against servesim's engine on the recorded H200 runs, offline: ``python -m sim
+validate --replay RUN --profile P`` on each of the nine recorded engine runs with each of the two
+recorded calibrations, and the analytic roofline beside them (``../shared/gpu-runs/``, README).
+Prints per run the median per-request |error| of TTFT, TPOT, E2E and the cost model's median
+|error| on the engine's own steps; then how far the two profiles' predictions of the same steps
+differ, and the engine against itself (the same configuration run again).
+
+    python benchmarks/validate_recorded.py > benchmarks/results/validate_recorded.txt
+
+Targets (issue 30): TPOT and E2E <= 5%, TTFT <= 10%, steps <= 5% with either profile on every run
+(run1 of example.csv, measured on a freshly started machine, reported apart); the two profiles'
+step predictions within 5% of each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fidelity.recorded import RECORDED, recorded_runs  # noqa: E402
+
+METRICS = ("ttft", "tpot", "e2e")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shared", default=str(ROOT.parent / "shared"), help="the shared data")
+    parser.add_argument("--out", default=None, help="keep the validation folders here")
+    parser.add_argument("--runs", default=None, help="comma-separated run folders (default all)")
+    parser.add_argument("--json", default=None, help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    root = Path(args.shared) / RECORDED
+    if not root.exists():
+        print(f"error: {root}: the recorded H200 runs are not there (--shared)", file=sys.stderr)
+        return 2
+    wanted = args.runs.split(",") if args.runs else None
+    started = time.time()
+    print(f"# python benchmarks/validate_recorded.py {shlex.join(argv or sys.argv[1:])}".rstrip())
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(args.out or scratch)
+        figures = recorded_runs(root, out, wanted)
+    _print(figures)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    print(f"# wall time {time.time() - started:.0f} s")
+    return 0
+
+
+def _print(figures: dict[str, Any]) -> None:
+    print("median |error| % per request (TTFT, TPOT, E2E) and on the engine's own steps")
+    header = f"{'run':44s} {'model':12s}" + "".join(f"{m.upper():>7s}" for m in METRICS)
+    print(header + f"{'steps':>7s}{'bias':>7s}")
+    for run, models in figures["runs"].items():
+        for name, row in models.items():
+            cells = "".join(f"{row[m]:7.1f}" for m in METRICS)
+            print(f"{run:44s} {name:12s}{cells}{row['steps']:7.1f}{row['steps_bias']:+7.1f}")
+    print("the two profiles on the same engine steps: median |cal1 - cal2| / cal2 %")
+    for run, value in figures["profiles_agree"].items():
+        print(f"  {run:44s} {value:6.1f}")
+    print("the engine against itself: median |difference| % per request (second vs first)")
+    for pair, row in figures["engine_floor"].items():
+        print(f"  {pair:60s}" + "".join(f" {m.upper()} {row[m]:5.1f}" for m in METRICS))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

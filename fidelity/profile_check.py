@@ -1,0 +1,94 @@
+"""What a calibrated profile says of itself and of another: its model fitted to its own whole
+steps (the host set to store, each step's residual), and how far two or more profiles' predictions
+of the same step grid differ (``compare_profiles``: ``sim calibrate --repeat N``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.model.presets import load_model_spec
+from fidelity.replay_inputs import hardware_of
+from sim.costmodel.base import CostModel, CostModelConfig, make_cost_model
+from sim.costmodel.calibrated_host import step_shape
+from sim.costmodel.profile import Profile, load_profile
+from sim.specs.hardware import get_hardware_preset
+
+DEFAULT_GPU_HARDWARE = "H100-SXM"
+
+
+@dataclass
+class ProfileModel:
+    """A profile and the calibrated cost model it makes (servesim's engine as it ran)."""
+
+    profile: Profile
+    cost: CostModel
+
+    def predictions(self, profile: Profile | None = None) -> np.ndarray:
+        """This model's time of each whole step of ``profile`` (its own by default)."""
+        steps = (profile or self.profile).steps
+        return np.array([self.cost.step_time_s(step_shape(s)) for s in steps])
+
+    def residuals(self) -> list[float]:
+        """(measured - predicted) / predicted of each of the profile's own whole steps."""
+        predicted = self.predictions()
+        measured = np.array([s.measured_s for s in self.profile.steps])
+        return [float(r) for r in (measured - predicted) / predicted]
+
+
+def hardware_for(profile: Profile) -> str:
+    """The roofline preset behind a profile: CPU-1T on a CPU, else its device's preset."""
+    name = profile.device.get("name", "")
+    if name.lower().startswith("cpu"):
+        return "CPU-1T"
+    return hardware_of(name) or DEFAULT_GPU_HARDWARE
+
+
+def load_model(path: str | Path, model: str | None = None) -> ProfileModel:
+    """The calibrated cost model of the profile at ``path`` (its model preset, or ``model``)."""
+    profile = load_profile(path)
+    spec = load_model_spec(model or profile.model)
+    hardware = get_hardware_preset(hardware_for(profile))
+    config = CostModelConfig(async_scheduling=False, price_padding=False, engine="servesim-eager")
+    cost = make_cost_model(spec, hardware, profile.tp, path, config, block_size=profile.block_size)
+    return ProfileModel(profile, cost)
+
+
+def fitted_model(path: Path, device: str, model: str | None = None) -> tuple[ProfileModel, Any]:
+    """The profile's model, and on a GPU the host set fitted to its steps, as stored."""
+    loaded = load_model(path, model)
+    host = getattr(loaded.cost, "host", None)
+    if device == "cpu" or host is None:
+        return loaded, None
+    stored = {k: v for k, v in asdict(host.model.params).items()}
+    stored["device_scale"] = host.device_scale
+    return loaded, stored
+
+
+def compare_profiles(paths: list[Path], model: str | None = None) -> dict[str, Any]:
+    """How far each profile's predictions of the first profile's step grid (and the first's of
+    each one's) differ from the first's: the median and p90 of |p - p0| / p0 in percent, both
+    ways; and each profile's own step spread."""
+    models = [load_model(p, model) for p in paths]
+    first = models[0]
+    out: dict[str, Any] = {"profiles": [str(p) for p in paths], "pairs": []}
+    for other, path in zip(models[1:], paths[1:], strict=True):
+        ratios = []
+        for grid in (first.profile, other.profile):
+            base, alt = first.predictions(grid), other.predictions(grid)
+            ratios.extend((np.abs(alt - base) / base).tolist())
+        values = 100 * np.array(ratios)
+        out["pairs"].append(
+            {
+                "profile": str(path),
+                "median_pct": float(np.median(values)),
+                "p90_pct": float(np.percentile(values, 90)),
+            }
+        )
+    out["step_spread_pct"] = [
+        100 * float(np.median(np.abs(m.residuals()))) if m.profile.steps else None for m in models
+    ]
+    return out

@@ -1,0 +1,99 @@
+"""The recorded H200 runs of servesim's engine (``../shared/gpu-runs/h200-2026-11-27``), validated
+offline: each run against each recorded profile (``validate`` with ``--replay``), the two
+profiles' predictions of the same steps, and the engine against itself. Used by
+``benchmarks/validate_recorded.py`` and the ``shared`` test that holds a budget on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fidelity import validation
+from fidelity.replay_inputs import hardware_of, run_summary, trace_of
+from fidelity.validate import cost_models, sim_config, validate
+from fidelity.validate_config import ValidateConfig
+from records.run_dir import load_run, run_file
+from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes
+from traces.loaders import load_trace
+
+RECORDED = Path("gpu-runs") / "h200-2026-11-27"
+PROFILES = ("cal1", "cal2")
+ENGINE_PAIRS = (
+    ("example-chunked-run1", "example-chunked-run2"),
+    ("example-chunked-run2", "example-chunked-run3"),
+    ("example-chunked-run3", "example-chunked-run4"),
+    ("shared_prefix-chunked-prefixcache-run1", "shared_prefix-chunked-prefixcache-run2"),
+)
+"""Runs of one configuration on the engine: how far it is from itself."""
+
+
+def profile_path(root: Path, name: str) -> Path:
+    return root / "profiles" / f"llama-3-8b-h200-{name}.json"
+
+
+def validate_run(run_dir: Path, profile: Path, out: Path) -> dict[str, Any]:
+    """``python -m sim validate --replay run_dir --profile profile``, in process."""
+    summary = run_summary(run_dir)
+    config = summary.get("config") or {}
+    settings = ValidateConfig(
+        model=str(config.get("model", "llama-3-8b")),
+        device=str(config.get("device", "cuda")),
+        hardware=hardware_of(str(summary.get("device_name", ""))),
+    )
+    trace = load_trace(str(trace_of(run_dir, summary)))
+    return validate(trace, settings, out, profile=str(profile), replay_dir=run_dir)
+
+
+def _row(model: dict[str, Any]) -> dict[str, float]:
+    metrics = model["requests"]["metrics"]
+    row = {m: float(metrics[m]["median_abs_pct"]) for m in ("ttft", "tpot", "e2e")}
+    row["steps"] = float(model["steps"]["all"]["median_abs_pct"])
+    row["steps_bias"] = float(model["steps"]["all"]["bias_pct"])
+    return row
+
+
+def profiles_agree(root: Path, run_dir: Path, out: Path) -> float:
+    """Median |cal1 - cal2| / cal2 (%) of the two profiles' predictions of ``run_dir``'s own
+    engine steps."""
+    steps = load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE))
+    settings = ValidateConfig(model="llama-3-8b", device="cuda", hardware="H200")
+    predicted = []
+    for name in PROFILES:
+        run = sim_config(run_dir, settings, str(profile_path(root, name)))
+        model = cost_models(run, "servesim-eager")["calibrated"]
+        predicted.append(np.array([model.step_time_s(validation.shape_of(s)) for s in steps]))
+    return float(100 * np.median(np.abs(predicted[0] - predicted[1]) / predicted[1]))
+
+
+def engine_floor(root: Path) -> dict[str, dict[str, float]]:
+    """The engine against itself: per-request median |difference| % of each pair's second run
+    against its first."""
+    out: dict[str, dict[str, float]] = {}
+    for first, second in ENGINE_PAIRS:
+        a, b = (load_run(root / "engine-runs" / name) for name in (first, second))
+        errors = validation.request_errors(a.requests, b.requests)["metrics"]
+        out[f"{second} vs {first}"] = {
+            m: float(errors[m]["median_abs_pct"]) for m in ("ttft", "tpot", "e2e")
+        }
+    return out
+
+
+def recorded_runs(root: Path, out: Path, wanted: list[str] | None = None) -> dict[str, Any]:
+    """Every recorded run (or those ``wanted``) against each profile, with the roofline."""
+    runs = sorted(p.name for p in (root / "engine-runs").iterdir() if p.is_dir())
+    if wanted is not None:
+        runs = [r for r in runs if r in wanted]
+    figures: dict[str, Any] = {"runs": {}, "profiles_agree": {}, "engine_floor": {}}
+    for run in runs:
+        run_dir = root / "engine-runs" / run
+        rows: dict[str, dict[str, float]] = {}
+        for name in PROFILES:
+            result = validate_run(run_dir, profile_path(root, name), out / run / name)
+            rows[name] = _row(result["models"]["calibrated"])
+            rows.setdefault("roofline", _row(result["models"]["roofline"]))
+        figures["runs"][run] = rows
+        figures["profiles_agree"][run] = profiles_agree(root, run_dir, out)
+    figures["engine_floor"] = engine_floor(root)
+    return figures

@@ -1,0 +1,74 @@
+"""What a saved engine run replayed, read from its ``summary.json``: the trace file (from the
+command that made it, else the bundled trace of its name), the model, and the simulator's
+hardware preset of the device it ran on, so that ``sim validate --replay RUN`` needs nothing
+else. Also the engine kind it ran as (eager, or with CUDA graphs)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE_SUFFIXES = (".csv", ".jsonl", ".json", ".csv.gz", ".jsonl.gz")
+
+
+def run_summary(run_dir: str | Path) -> dict[str, Any]:
+    """The run's ``summary.json`` as a dict; errors name the file."""
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        raise ValueError(f"--replay: {run_dir} holds no summary.json (not a run directory)")
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not a run summary ({error})") from None
+    if not isinstance(payload, dict):
+        raise ValueError(f"{path}: not a run summary (expected a JSON object)")
+    return payload
+
+
+def trace_of(run_dir: str | Path, summary: dict[str, Any]) -> Path:
+    """The trace file the run replayed: the command's trace argument, found from the working
+    directory or the project root, else ``traces/data/<trace>.csv``."""
+    tokens = shlex.split(str(summary.get("command") or ""))
+    for token in tokens:
+        if token.startswith("-") or not token.endswith(TRACE_SUFFIXES):
+            continue
+        for base in (Path.cwd(), ROOT):
+            if (base / token).exists():
+                return base / token
+    name = summary.get("trace")
+    bundled = ROOT / "traces" / "data" / f"{name}.csv"
+    if name and bundled.exists():
+        return bundled
+    raise ValueError(
+        f"--replay: cannot find the trace of {run_dir} (its command names none that exists, "
+        f"and no bundled trace is called {name!r}); give the TRACE argument"
+    )
+
+
+def hardware_of(device_name: str) -> str | None:
+    """The simulator's hardware preset of a device name (None for one it has no preset of)."""
+    from sim.specs.hardware import HARDWARE_PRESETS
+
+    name = device_name.upper()
+    if name == "CPU":
+        return "CPU-1T"
+    for key, preset in (("H200", "H200"), ("H100", "H100-SXM"), ("B200", "B200")):
+        if key in name:
+            return preset
+    for preset in HARDWARE_PRESETS:
+        if preset.replace("-", " ") in name.replace("-", " "):
+            return preset
+    return None
+
+
+def engine_kind_of_run(summary: dict[str, Any]) -> str:
+    """``servesim-graphs`` when the engine ran decode steps on CUDA graphs, else
+    ``servesim-eager`` (every run from before graphs existed)."""
+    config = summary.get("config") or {}
+    graphs = summary.get("cuda_graphs")
+    if graphs is None:
+        graphs = config.get("device", "cpu") != "cpu" and config.get("enforce_eager") is False
+    return "servesim-graphs" if graphs else "servesim-eager"

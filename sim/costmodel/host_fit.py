@@ -1,0 +1,328 @@
+"""Fitting the host clock (`HostParams`) to an engine's measured whole steps, given each step's
+GPU time: a least-squares fit on relative error that trusts the fast side of the data (load on a
+shared machine only ever adds time), removes sustained slow episodes, and counts isolated slow
+steps as the engine's own stalls (`fit_host`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from sim.costmodel.host_time import HostParams, HostTimeModel
+
+EPISODE_MIN_STEPS = 10
+"""Consecutive slow steps (in measurement order) that make an episode of outside load rather
+than stalls of the engine's own."""
+EPISODE_GAP_STEPS = 2
+"""Steps that were not slow inside an episode, at most, between slow ones."""
+SLOW_FLOOR = 0.08
+"""A step is slow when it is this much (or four noise widths, if more) above the fit."""
+LOWER_WEIGHT = 0.1
+"""The first pass's weight of steps measured slower than the fit (0.9 for faster ones): an
+expectile fit that sits near the fast steps, so that a slow majority cannot pull it up."""
+_FITTED = (
+    "step_s",
+    "seq_s",
+    "block_entry_s",
+    "layer_s",
+    "attention_launch_s",
+    "graph_replay_s",
+    "mixed_split_s",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured whole step: its shape in aggregate and its GPU time by the chosen clock."""
+
+    num_chunks: int
+    num_decodes: int
+    max_decode_context: int
+    num_block_entries: int
+    device_s: float
+    measured_s: float
+    # The host's measured part of the step (schedule, prepare, update), when the engine
+    # recorded it: the terms before the forward are fitted to it directly.
+    host_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostFit:
+    """The fitted parameters and what the fit saw: each step's relative residual
+    ((measured - predicted) / predicted, in measurement order), which steps it kept, the
+    slow episodes it removed (first, last step index), and the scale it put on the GPU time."""
+
+    params: HostParams
+    device_scale: float
+    residuals: tuple[float, ...]
+    kept: tuple[bool, ...]
+    episodes: tuple[tuple[int, int], ...] = ()
+    num_stalls: int = 0
+    candidates: dict[float, float] = field(default_factory=dict)
+
+    @property
+    def spread(self) -> float:
+        """Median |relative residual| of the steps outside slow episodes (lone stalls
+        included): how far the engine's own steps scatter around the fit."""
+        inside = np.zeros(len(self.residuals), dtype=bool)
+        for first, last in self.episodes:
+            inside[first : last + 1] = True
+        values = np.abs(np.array(self.residuals))[~inside]
+        return float(np.median(values)) if values.size else float("nan")
+
+
+def predict(model: HostTimeModel, samples: list[StepSample], scale: float = 1.0) -> np.ndarray:
+    """Each step's duration under ``model`` with its GPU time multiplied by ``scale``."""
+    return np.array(
+        [
+            model.duration_s(
+                model.host_time(
+                    s.num_chunks, s.num_decodes, s.max_decode_context, s.num_block_entries
+                ),
+                scale * s.device_s,
+            )
+            for s in samples
+        ]
+    )
+
+
+def _rows(
+    model: HostTimeModel, samples: list[StepSample], scale: float, fit_scale: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The design matrix of one regime assignment (each step launch- or GPU-bound under
+    ``model``): one column per ``_FITTED`` parameter (and the GPU scale when ``fit_scale``),
+    and the part of each step's time that no fitted parameter carries."""
+    params, layers, heads = model.params, model.num_layers, model.kv_heads
+    theta = params.overlap_loss
+    attn = HostTimeModel(
+        replace(params, layer_s=0.0, attention_launch_s=1.0, mixed_split_s=0.0), layers, heads
+    )
+    rows, fixed = [], []
+    for s in samples:
+        host = model.host_time(
+            s.num_chunks, s.num_decodes, s.max_decode_context, s.num_block_entries
+        )
+        seqs = s.num_chunks + s.num_decodes
+        row = [1.0, float(seqs), float(s.num_block_entries)]
+        if host.graphs:
+            row += [0.0, 0.0, 1.0, 0.0]
+            on_device = 1.0
+        else:
+            launches = attn.host_time(s.num_chunks, s.num_decodes, s.max_decode_context, 0)
+            launch_bound = params.launches_kernels and host.launch_s >= scale * s.device_s
+            on_launch = 1.0 if launch_bound else theta
+            on_device = theta if launch_bound else 1.0
+            mixed = s.num_chunks and model.splits(s.num_decodes, s.max_decode_context)
+            row += [on_launch * layers, on_launch * launches.launch_s, 0.0]
+            row.append(on_launch * layers if mixed else 0.0)
+        if fit_scale:
+            row.append(on_device * s.device_s)
+            fixed.append(0.0)
+        else:
+            fixed.append(on_device * scale * s.device_s)
+        rows.append(row)
+    return np.array(rows), np.array(fixed)
+
+
+def _solve(
+    data: np.ndarray, target: np.ndarray, weight: np.ndarray, active: list[int]
+) -> np.ndarray:
+    """Weighted least squares over the ``active`` columns, dropping any that come out negative
+    (each is a non-negative cost) until none does."""
+    coef = np.zeros(data.shape[1])
+    while active:
+        sol = np.linalg.lstsq(data[:, active] * weight[:, None], target * weight, rcond=None)[0]
+        if (sol >= 0).all():
+            coef[active] = sol
+            return coef
+        active = [a for a, v in zip(active, sol, strict=True) if v >= 0]
+    return coef
+
+
+def _fit_once(
+    model: HostTimeModel,
+    samples: list[StepSample],
+    keep: np.ndarray,
+    scale: float,
+    fit_scale: bool,
+    lower: bool,
+    before_known: bool = False,
+) -> tuple[HostTimeModel, float]:
+    """Alternate regime assignment and least squares until the assignment settles; ``lower``
+    weighs steps above the fit by ``LOWER_WEIGHT`` (an expectile near the fast steps).
+    ``before_known``: the per-step, per-sequence and per-entry terms stay as they are.
+
+    Without measured host times, block-table entries are not fitted: on a calibration grid
+    they grow with the context, as the attention does, and take its share."""
+    measured = np.array([s.measured_s for s in samples])
+    active = [] if before_known else [0, 1]
+    if model.params.layer_s or model.params.attention_launch_s:
+        active += [3, 4, 6]
+    if model.params.cuda_graphs:
+        active.append(5)
+    if fit_scale:
+        active.append(len(_FITTED))
+    for _ in range(30):
+        data, fixed = _rows(model, samples, scale, fit_scale)
+        weight = 1.0 / measured
+        if lower:
+            above = measured > predict(model, samples, scale)
+            weight = weight * np.where(above, LOWER_WEIGHT, 1 - LOWER_WEIGHT)
+        # The columns not fitted keep their values: their part of each step is known.
+        current = np.array([float(getattr(model.params, name)) for name in _FITTED] + [scale])
+        inactive = [c for c in range(data.shape[1]) if c not in active]
+        known = data[:, inactive] @ current[inactive] if inactive else 0.0
+        coef = _solve(data[keep], (measured - fixed - known)[keep], weight[keep], active)
+        coef[inactive] = current[inactive]
+        values: dict[str, Any] = {name: float(v) for name, v in zip(_FITTED, coef, strict=False)}
+        fitted = replace(model.params, **values)
+        new_scale = float(coef[len(_FITTED)]) if fit_scale else scale
+        new_model = HostTimeModel(fitted, model.num_layers, model.kv_heads)
+        if fitted == model.params and new_scale == scale:
+            break
+        model, scale = new_model, new_scale
+    return model, scale
+
+
+def _slow(relative: np.ndarray) -> np.ndarray:
+    """Steps well above the fast mode of the residuals: its centre is the middle of the
+    densest half of the residuals below their median (load on a shared machine only adds
+    time, so the fast side is the engine's own), its width the one-sided spread below it."""
+    lower = np.sort(relative[relative <= np.median(relative)])
+    size = max(2, len(lower) // 2)
+    if len(lower) < size:
+        return np.zeros(len(relative), dtype=bool)
+    spans = lower[size - 1 :] - lower[: len(lower) - size + 1]
+    first = int(np.argmin(spans))
+    centre = float(np.median(lower[first : first + size]))
+    below = centre - relative[relative <= centre]
+    width = 1.4826 * float(np.median(below)) if below.size else 0.0
+    slow: np.ndarray = relative > centre + max(SLOW_FLOOR, 4 * width)
+    return slow
+
+
+def _episodes(slow: np.ndarray) -> list[tuple[int, int]]:
+    """Runs of slow steps (as (first, last)) that span at least ``EPISODE_MIN_STEPS`` steps,
+    a run bridging up to ``EPISODE_GAP_STEPS`` steps that were not slow (load comes and goes
+    within an episode)."""
+    runs, start, last = [], None, -1
+    for idx, is_slow in enumerate(slow.tolist()):
+        if not is_slow:
+            continue
+        if start is not None and idx - last > EPISODE_GAP_STEPS + 1:
+            runs.append((start, last))
+            start = None
+        if start is None:
+            start = idx
+        last = idx
+    if start is not None:
+        runs.append((start, last))
+    return [(a, b) for a, b in runs if b - a + 1 >= EPISODE_MIN_STEPS]
+
+
+def fit_host(
+    samples: list[StepSample],
+    start: HostParams,
+    num_layers: int,
+    kv_heads: int,
+    overlap_losses: tuple[float, ...] = (0.0, 0.15, 0.3, 0.5, 0.75, 1.0),
+    fit_scale: bool = False,
+) -> HostFit:
+    """Fit ``start``'s per-step, per-sequence, per-block-entry, per-layer and per-launch
+    seconds (and its graph replay when it has graphs) to the measured ``samples``, for each
+    of ``overlap_losses`` in turn, keeping the one that fits best; the GPU time's scale too
+    when ``fit_scale``.
+
+    Each pass: an expectile fit near the fast steps; steps more than ``SLOW_FLOOR`` (or four
+    noise widths) above it are slow; slow runs of ``EPISODE_MIN_STEPS`` or more are outside
+    load and dropped, lone slow steps are the engine's stalls; then least squares on relative
+    error over the rest. The stall share is what the lone slow steps added, over the kept
+    steps' host time."""
+    if len(samples) < 5:
+        raise ValueError(
+            f"fitting the host clock needs at least 5 measured steps, got {len(samples)}"
+        )
+    base = replace(start, stall_share=0.0)
+    measured_before = _fit_before(samples)
+    if measured_before is not None:
+        base = replace(base, **measured_before)
+    fits = {
+        theta: _fit_theta(
+            samples, replace(base, overlap_loss=theta), num_layers, kv_heads, fit_scale
+        )
+        for theta in overlap_losses
+    }
+    # Every candidate is scored on the same steps: those outside the episodes of the one that
+    # left out the fewest (a fit that calls most steps an episode cannot win by it).
+    lenient = min(fits.values(), key=lambda f: sum(b - a + 1 for a, b in f.episodes))
+    clean = ~_inside(lenient.episodes, len(samples))
+    candidates = {
+        theta: float(np.median(np.abs(np.array(fit.residuals))[clean]))
+        for theta, fit in fits.items()
+    }
+    best = min(candidates, key=lambda theta: candidates[theta])
+    return replace(fits[best], candidates=candidates)
+
+
+def _inside(episodes: tuple[tuple[int, int], ...], size: int) -> np.ndarray:
+    inside = np.zeros(size, dtype=bool)
+    for first, last in episodes:
+        inside[first : last + 1] = True
+    return inside
+
+
+def _fit_before(samples: list[StepSample]) -> dict[str, Any] | None:
+    """``step_s``, ``seq_s`` and ``block_entry_s`` fitted to the steps' measured host time
+    (least squares on relative error, each non-negative), when every step has one."""
+    if any(s.host_s is None or s.host_s <= 0 for s in samples):
+        return None
+    host = np.array([float(s.host_s or 0.0) for s in samples])
+    data = np.array(
+        [[1.0, s.num_chunks + s.num_decodes, s.num_block_entries] for s in samples], dtype=float
+    )
+    coef = _solve(data, host, 1.0 / host, [0, 1, 2])
+    return dict(zip(("step_s", "seq_s", "block_entry_s"), map(float, coef), strict=True))
+
+
+def _fit_theta(
+    samples: list[StepSample], params: HostParams, layers: int, heads: int, fit_scale: bool
+) -> HostFit:
+    measured = np.array([s.measured_s for s in samples])
+    model = HostTimeModel(params, layers, heads)
+    # With the host's part measured, only the launch terms (and the scale) are left to fit.
+    measured_before = all(s.host_s is not None and s.host_s > 0 for s in samples)
+    keep = np.ones(len(samples), dtype=bool)
+    model, scale = _fit_once(model, samples, keep, 1.0, fit_scale, True, measured_before)
+    episodes: list[tuple[int, int]] = []
+    lone = np.zeros(len(samples), dtype=bool)
+    for _ in range(3):
+        predicted = predict(model, samples, scale)
+        relative = (measured - predicted) / predicted
+        slow = _slow(relative)
+        episodes = _episodes(slow)
+        in_episode = np.zeros(len(samples), dtype=bool)
+        for first, last in episodes:
+            in_episode[first : last + 1] = True
+        lone = slow & ~in_episode
+        keep = ~slow
+        model, scale = _fit_once(model, samples, keep, scale, fit_scale, False, measured_before)
+    predicted = predict(model, samples, scale)
+    hosts = [
+        model.host_time(s.num_chunks, s.num_decodes, s.max_decode_context, s.num_block_entries)
+        for s in samples
+    ]
+    host_total = np.array([h.total_s for h in hosts])
+    counted = ~slow | lone
+    stall = float(np.sum((measured - predicted)[lone]) / np.sum(host_total[counted]))
+    params = replace(model.params, stall_share=max(0.0, stall))
+    relative = (measured - predicted) / predicted
+    return HostFit(
+        params=params,
+        device_scale=scale,
+        residuals=tuple(float(r) for r in relative),
+        kept=tuple(bool(k) for k in keep),
+        episodes=tuple(episodes),
+        num_stalls=int(lone.sum()),
+    )

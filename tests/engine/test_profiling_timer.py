@@ -1,0 +1,57 @@
+"""Calibration's timer: every point is timed once per round, round after round across the grid
+(so drift hits all alike), each keeping its median and spread; on a GPU the kernels alone."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine.profiling.grid import SMALL_GRID  # noqa: E402
+from engine.profiling.timer import Timer, point_time  # noqa: E402
+
+
+def test_rounds_interleave_the_points() -> None:
+    calls: list[str] = []
+    grid = replace(SMALL_GRID, warmup=1, repeats=3, min_repeats=3)
+    timer = Timer(torch.device("cpu"), grid)
+    points = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    timed = timer.rounds(points)
+    # Warm-up of each, then a, b, c in every round: never one point's repeats back to back.
+    assert calls == ["a", "b", "c"] + ["a", "b", "c"] * 3
+    assert {t.repeats for t in timed.values()} == {3}
+
+
+def test_point_time_is_the_median_and_half_the_interquartile_range() -> None:
+    timed = point_time([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert timed.median_s == 3.0
+    assert timed.spread_s == pytest.approx((52.0 - 1.5) / 2)
+    assert point_time([2.0, 4.0]).spread_s == 1.0
+    with pytest.raises(ValueError, match="at least one"):
+        point_time([])
+
+
+@pytest.mark.gpu
+def test_device_timing_leaves_the_launches_out() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    device = torch.device("cuda")
+    x = torch.ones(16, device=device)
+
+    def many_small_kernels() -> None:
+        for _ in range(200):
+            x.add_(1)
+
+    grid = replace(SMALL_GRID, warmup=2, repeats=5, min_repeats=5)
+    device_s = Timer(device, grid).rounds({0: many_small_kernels})[0].median_s
+    t0 = torch.cuda.Event(enable_timing=True)
+    t1 = torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    t0.record()
+    many_small_kernels()
+    t1.record()
+    t1.synchronize()
+    span_s = t0.elapsed_time(t1) / 1000
+    assert device_s < span_s  # 200 launches take longer than 200 tiny kernels

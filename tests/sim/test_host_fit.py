@@ -1,0 +1,62 @@
+"""Fitting the host clock to measured whole steps: known parameters come back, a sustained slow
+episode (outside load) is left out, lone slow steps become the stall share."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from sim.costmodel.host_fit import EPISODE_MIN_STEPS, StepSample, fit_host, predict
+from sim.costmodel.host_time import HostParams, HostTimeModel
+
+TRUTH = HostParams(seq_s=2e-5, layer_s=3.5e-4, attention_launch_s=3e-5, split_programs=264)
+START = HostParams(seq_s=1e-5, layer_s=3e-4, attention_launch_s=2e-5, split_programs=264)
+
+
+def _samples(noise: float = 0.0, seed: int = 0) -> list[StepSample]:
+    """Decode steps of 1-64 sequences at short and long contexts, and prefill steps, whose GPU
+    time runs from far below the launches to far above them."""
+    rng = np.random.default_rng(seed)
+    shapes = []
+    for _ in range(6):
+        for seqs in (1, 2, 4, 8, 16, 32, 48, 64):
+            for context in (64, 2000):
+                shapes.append(StepSample(0, seqs, context, seqs * context // 16, 4e-3, 0.0))
+        for tokens in (64, 256, 1024, 4096):
+            shapes.append(StepSample(1, 0, 0, tokens // 16, 1.2e-5 * tokens + 3e-3, 0.0))
+    model = HostTimeModel(TRUTH, 32, 8)
+    times = predict(model, shapes)
+    times = times * (1 + noise * rng.standard_normal(len(times)))
+    return [replace(s, measured_s=float(t)) for s, t in zip(shapes, times, strict=True)]
+
+
+def test_known_parameters_come_back() -> None:
+    fit = fit_host(_samples(), START, 32, 8)
+    assert fit.params.layer_s == pytest.approx(TRUTH.layer_s, rel=1e-3)
+    assert fit.params.attention_launch_s == pytest.approx(TRUTH.attention_launch_s, rel=1e-3)
+    assert fit.params.seq_s == pytest.approx(TRUTH.seq_s, rel=1e-3)
+    assert fit.params.overlap_loss == 0.0 and fit.spread < 1e-6
+    assert fit.episodes == () and fit.num_stalls == 0
+
+
+def test_a_slow_episode_is_left_out_and_lone_stalls_are_counted() -> None:
+    samples = _samples(noise=0.01)
+    slowed = [
+        replace(s, measured_s=1.6 * s.measured_s) if 40 <= i < 40 + 3 * EPISODE_MIN_STEPS else s
+        for i, s in enumerate(samples)
+    ]
+    for i in (5, 90, 110):  # lone stalls: +40%
+        slowed[i] = replace(slowed[i], measured_s=1.4 * slowed[i].measured_s)
+    fit = fit_host(slowed, START, 32, 8)
+    assert fit.episodes == ((40, 40 + 3 * EPISODE_MIN_STEPS - 1),)
+    assert fit.num_stalls == 3
+    assert fit.params.layer_s == pytest.approx(TRUTH.layer_s, rel=0.03)
+    assert 0 < fit.params.stall_share < 0.05
+    assert 0.005 < fit.spread < 0.02
+
+
+def test_too_few_steps_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least 5 measured steps"):
+        fit_host(_samples()[:3], START, 32, 8)
