@@ -31,7 +31,7 @@ def small_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_small_calibration_writes_a_profile_that_loads(small_profile: Path) -> None:
     profile = load_profile(small_profile)
-    assert (profile.format_version, profile.model, profile.block_size) == (4, "tiny-llama", 16)
+    assert (profile.format_version, profile.model, profile.block_size) == (5, "tiny-llama", 16)
     # The step grid's whole steps (prefills and decodes) are there, and the terms fit to them.
     assert profile.step_fit == "joint"
     assert any(s.prefill_chunks for s in profile.steps)

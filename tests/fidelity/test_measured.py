@@ -131,18 +131,20 @@ def test_llmservingsim_import_by_hand(llmservingsim_dir: Path) -> None:
 
 
 def test_llmservingsim_link_becomes_the_gpu_to_gpu_link(llmservingsim_dir: Path) -> None:
-    # LLMServingSim's measured link: GiB/s and ns per ring hop, already effective (bus 1).
+    # LLMServingSim's link: GB/s and ns per ring step, the whole cost of a step (ASTRA-Sim's
+    # analytical network): bus efficiency 1 and no per-call latency on top.
     path = llmservingsim_dir / "config.json"
     cluster = json.loads(path.read_text())
     path.write_text(json.dumps({"num_nodes": 1, "link_bw": 16, "link_latency": 20000, **cluster}))
     hardware = import_llmservingsim(llmservingsim_dir).hardware
     assert hardware is not None
     for prefix in ("interconnect", "scale_out"):
-        assert hardware[f"{prefix}_bandwidth_bytes_per_s"] == 16 * 2**30
+        assert hardware[f"{prefix}_bandwidth_bytes_per_s"] == 16e9
         assert hardware[f"{prefix}_latency_s"] == pytest.approx(20e-6)
         assert hardware[f"{prefix}_bus_efficiency"] == 1.0
+    assert hardware["allreduce_call_latency_s"] == 0.0
     path.write_text(json.dumps({"link_bw": "fast", "link_latency": 20000, **cluster}))
-    with pytest.raises(ValueError, match=r"config\.json: link_bw \(GiB/s\)"):
+    with pytest.raises(ValueError, match=r"config\.json: link_bw \(GB/s\)"):
         import_llmservingsim(llmservingsim_dir)
 
 

@@ -78,7 +78,7 @@ def _break(path: list[str | int], value: Any = None, delete: bool = False) -> di
 @pytest.mark.parametrize(
     ("path", "value", "delete", "field", "problem"),
     [
-        (["format_version"], 5, False, "format_version", "knows 1, 2, 3 and 4"),
+        (["format_version"], 6, False, "format_version", "knows 1, 2, 3, 4 and 5"),
         (["ops", "prepare"], {"num_seqs": [1], "time_s": [1e-5]}, False, "ops.prepare",
          "unknown op"),
         (["model"], None, True, "model", "missing"),
