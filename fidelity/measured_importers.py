@@ -16,6 +16,7 @@ import pandas as pd
 
 from core.model.presets import preset_names
 from fidelity.measured import MeasuredRun
+from fidelity.vllm_log import KvCapacityRecord, kv_capacity_from_log, kv_capacity_from_metadata
 from sim.specs.hardware import HARDWARE_PRESETS
 from traces.schema import Trace, TraceRequest
 
@@ -199,7 +200,6 @@ def _replay_settings(engine: dict[str, Any], where: str) -> dict[str, Any]:
         ("block_size", "block_size"),
         ("enable_prefix_caching", "enable_prefix_caching"),
         ("gpu_memory_utilization", "gpu_memory_utilization"),
-        ("num_blocks", "num_gpu_blocks_override"),
     ):
         value = engine.get(theirs)
         if value is not None:
@@ -286,13 +286,17 @@ def _llmservingsim_link(config: dict[str, Any], path: Path) -> dict[str, Any]:
     return fields
 
 
-def import_llmservingsim(run_dir: str | Path, workload: str | Path | None = None) -> MeasuredRun:
+def import_llmservingsim(
+    run_dir: str | Path, workload: str | Path | None = None, vllm_log: str | Path | None = None
+) -> MeasuredRun:
     """An LLMServingSim measured run folder: ``requests.jsonl`` (request_id ``bench-<i>`` =
     workload line i; monotonic ``queued_ts``, ``scheduled_ts``, ``first_token_ts``,
     ``last_token_ts``), ``meta.json`` (engine arguments, ``dataset_path`` relative to the
     folder's parent) and optionally ``config.json`` (the GPU).
 
     Arrivals are the ``queued_ts`` the engine saw, as the run defines TTFT and E2E from them.
+    The KV capacity comes from ``vllm_log`` (the server's log) when given, else from a block
+    count meta.json states, else it is left for the replay to derive.
     """
     root = Path(run_dir)
     if not root.is_dir():
@@ -337,11 +341,27 @@ def import_llmservingsim(run_dir: str | Path, workload: str | Path | None = None
     frame = _request_rows(ids, times, (np.array(prompt), np.array(output)), None)
     replay = _replay_settings(engine, str(root / "meta.json"))
     hardware = _llmservingsim_hardware(root, replay)
+    capacity = _kv_capacity(vllm_log, meta, str(root / "meta.json"), replay)
     name = root.name
     return MeasuredRun(
         name, str(root), "llmservingsim", frame, _trace(name, frame, rows, idx), replay, {},
-        hardware,
+        hardware, capacity,
     )  # fmt: skip
+
+
+def _kv_capacity(
+    log: str | Path | None, meta: dict[str, Any], where: str, replay: dict[str, Any]
+) -> KvCapacityRecord | None:
+    """The run's block count: from its log when one is given (which must state it), else
+    from its metadata, else None."""
+    if log is not None:
+        found = kv_capacity_from_log(log, int(replay.get("block_size", 16)))
+        if found is None:
+            raise ValueError(
+                f"{log}: no 'GPU KV cache size: N tokens' (vLLM v1) or '# GPU blocks: N' line"
+            )
+        return found
+    return kv_capacity_from_metadata(meta, where)
 
 
 def _workload_index(request_id: str, where: str, rows: list[WorkloadRow], prompt: int) -> int:
@@ -371,7 +391,9 @@ def _list(payload: dict[str, Any], key: str, path: Path, size: int | None) -> li
     return value
 
 
-def import_vllm_bench(path: str | Path, workload: str | Path | None = None) -> MeasuredRun:
+def import_vllm_bench(
+    path: str | Path, workload: str | Path | None = None, vllm_log: str | Path | None = None
+) -> MeasuredRun:
     """A ``vllm bench serve`` / ``benchmark_serving.py`` result JSON with per-request lists
     (``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``errors``; ``start_times`` in
     recent vLLM). Request i is workload line i; without ``start_times`` the workload's
@@ -426,10 +448,13 @@ def import_vllm_bench(path: str | Path, workload: str | Path | None = None) -> M
         replay["model"] = model
     name = path.stem
     trace = _trace(name, frame, rows, list(range(size)))
-    return MeasuredRun(name, str(path), "vllm-bench", frame, trace, replay, reported)
+    capacity = _kv_capacity(vllm_log, payload, str(path), {"block_size": 16})
+    return MeasuredRun(
+        name, str(path), "vllm-bench", frame, trace, replay, reported, None, capacity
+    )
 
 
-IMPORTERS: dict[str, Callable[[str | Path, str | Path | None], MeasuredRun]] = {
+IMPORTERS: dict[str, Callable[[str | Path, str | Path | None, str | Path | None], MeasuredRun]] = {
     "llmservingsim": import_llmservingsim,
     "vllm-bench": import_vllm_bench,
 }

@@ -20,10 +20,11 @@ from sim.costmodel.step_attention import ATTENTION_AXES, SKEW_AXES
 
 LINEAR_LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 """dense.csv layers that make our per-layer ``linear`` op."""
-ELEMENTWISE_CALLS = {"layernorm": 2, "qk_norm": 2, "rotary_emb": 1, "act_fn": 1}
-"""dense.csv layers that make our per-layer ``elementwise`` op, with their calls per layer: the
-profiler averages the calls of one module class in a layer (the input and post-attention
-RMSNorms; Qwen3's query and key norms), so a layer runs each row's time that many times."""
+ELEMENTWISE_CALLS = {"layernorm": 2, "qk_norm": 1, "rotary_emb": 1, "act_fn": 1}
+"""dense.csv layers that make our per-layer ``elementwise`` op, with how many times a layer runs
+each row, as LLMServingSim's architecture files list them (``profiler/models/*.yaml``
+``sequence``): the decoder layer's RMSNorm before attention and after it, one ``qk_norm`` row
+for Qwen3's query and key norms (which those files say the profiler sums), rotary, activation."""
 PER_STEP_LAYERS = ("embedding", "final_layernorm")
 """dense.csv layers that run once a step (spread over the layers in ``elementwise``)."""
 PER_SEQUENCE_LAYERS = ("lm_head", "sampler")

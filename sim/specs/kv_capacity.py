@@ -64,6 +64,21 @@ class KvCapacity:
     def num_usable_blocks(self) -> int:
         return self.num_gpu_blocks - 1
 
+    def describe(self, gpu_memory_utilization: float) -> str:
+        """The rule's terms, in GiB: budget less weights, peak activation and memory outside
+        PyTorch (and CUDA graphs when counted), over the bytes of one block."""
+        total = self.budget_bytes / gpu_memory_utilization / GIB
+        graphs = (
+            f" - CUDA graphs {self.cuda_graph_bytes / GIB:.2f}" if self.cuda_graph_bytes else ""
+        )
+        return (
+            f"{total:.2f} GiB x gpu_memory_utilization {gpu_memory_utilization:g} = "
+            f"{self.budget_bytes / GIB:.2f} - weights {self.weight_bytes / GIB:.2f} - peak "
+            f"activation {self.activation_peak_bytes / GIB:.2f} - outside PyTorch "
+            f"{self.non_torch_bytes / GIB:.2f}{graphs} = {self.kv_bytes / GIB:.2f} GiB of "
+            f"{self.block_bytes / 2**20:.2f} MiB blocks"
+        )
+
 
 def forward_peak_bytes(model: ModelSpec, tp: int, num_tokens: int) -> int:
     """The most activation bytes live at once in one decoder layer: the residual stream and
