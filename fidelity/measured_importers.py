@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.model.presets import preset_names
+from core.model.presets import preset_for_model_id
 from fidelity.measured import MeasuredRun
 from fidelity.vllm_log import KvCapacityRecord, kv_capacity_from_log, kv_capacity_from_metadata
 from sim.specs.hardware import HARDWARE_PRESETS
@@ -172,14 +172,6 @@ def _trace(
     return Trace(name, tuple(ordered))
 
 
-def _model_preset(model: str | None) -> str | None:
-    """The preset whose name is the model's last path part (meta-llama/Llama-3.1-8B)."""
-    if not model:
-        return None
-    tail = model.rstrip("/").rsplit("/", 1)[-1].lower()
-    return next((name for name in preset_names() if name.lower() == tail), None)
-
-
 def _hardware_preset(name: str) -> str | None:
     """The preset whose name, ignoring case and punctuation, equals ``name`` (RTXPRO6000)."""
     key = "".join(c for c in name.lower() if c.isalnum())
@@ -204,9 +196,15 @@ def _replay_settings(engine: dict[str, Any], where: str) -> dict[str, Any]:
         value = engine.get(theirs)
         if value is not None:
             replay[ours] = value
-    if engine.get("data_parallel_size", 1) not in (1, None):
-        raise ValueError(f"{where}: data_parallel_size > 1 is not modelled")
-    model = _model_preset(engine.get("model"))
+    dp = engine.get("data_parallel_size")
+    if dp is not None:
+        if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+            raise ValueError(f"{where}: data_parallel_size must be a positive integer, got {dp!r}")
+        if dp > 1:
+            replay["data_parallel_size"] = dp
+    if engine.get("enable_expert_parallel"):
+        replay["enable_expert_parallel"] = True
+    model = preset_for_model_id(engine.get("model"))
     if model:
         replay["model"] = model
     return replay
@@ -443,7 +441,7 @@ def import_vllm_bench(
             )
     reported = {k: v for k, v in payload.items() if not isinstance(v, list)}
     replay: dict[str, Any] = {"policy": "chunked"}
-    model = _model_preset(str(payload.get("model_id") or ""))
+    model = preset_for_model_id(str(payload.get("model_id") or ""))
     if model:
         replay["model"] = model
     name = path.stem

@@ -13,6 +13,7 @@ from core.text_files import read_text
 _V1_TOKENS = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
 _V0_BLOCKS = re.compile(r"#\s*(?:GPU|cuda) blocks:\s*([\d,]+)")
 _METADATA_KEYS = ("num_gpu_blocks", "num_gpu_blocks_override")
+_METADATA_SCOPES = ("", "kv_cache", "resolved_config.cache_config", "cache_config", "engine_kwargs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +54,13 @@ def kv_capacity_from_log(path: str | Path, block_size: int) -> KvCapacityRecord 
 
 
 def kv_capacity_from_metadata(meta: dict[str, Any], where: str) -> KvCapacityRecord | None:
-    """A block count the run's metadata states: ``num_gpu_blocks`` at its top level, in
-    ``engine_kwargs`` (also as ``num_gpu_blocks_override``) or in ``cache_config``."""
-    for scope_name in ("", "engine_kwargs", "cache_config"):
-        scope = meta.get(scope_name) if scope_name else meta
+    """A block count the run's metadata states, ``num_gpu_blocks`` (or an override of it) at
+    its top level or in one of _METADATA_SCOPES (LLMServingSim's later runs record vLLM's
+    ``kv_cache`` and ``resolved_config``)."""
+    for scope_name in _METADATA_SCOPES:
+        scope: Any = meta
+        for part in scope_name.split(".") if scope_name else ():
+            scope = scope.get(part) if isinstance(scope, dict) else None
         if not isinstance(scope, dict):
             continue
         for key in _METADATA_KEYS:

@@ -32,7 +32,14 @@ from records.metrics import summarize
 from records.run_dir import write_run_dir
 from records.schema import StepRecorder, request_frame
 from sim.costmodel.base import CostModelConfig, make_cost_model
-from sim.deployment import ROUTERS, KvLink, Transfer, run_deployment
+from sim.costmodel.expert_parallel import (
+    ExpertParallelCost,
+    check_data_parallel,
+    weight_bytes_per_gpu,
+)
+from sim.costmodel.roofline import RooflineCostModel
+from sim.data_parallel import LockstepGroup, run_lockstep
+from sim.deployment import ROUTERS, DeploymentOutput, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
 from sim.simulator import Replica
 from sim.specs.hardware_file import load_hardware
@@ -73,6 +80,12 @@ class RunConfig:
     # Price each step as max(GPU work, host work) as vLLM >= 0.14 does by default; False adds
     # them, as older vLLM and servesim's own engine do (see `CostModelConfig.async_scheduling`).
     async_scheduling: bool = True
+    # Data parallelism as vLLM's: ranks with their own scheduler and KV cache behind vLLM's
+    # balancer; a mixture of experts steps them in lockstep, its experts over all their GPUs.
+    data_parallel_size: int = 1
+    # vLLM's --enable-expert-parallel: whole experts per GPU rather than shards of each; the
+    # same work and bytes per GPU in expectation, so it prices the same (recorded as given).
+    enable_expert_parallel: bool = False
     # Deployment: colocated replicas behind a router, or (policy "disagg") two pools.
     num_replicas: int = 1
     router: str = "round_robin"
@@ -92,7 +105,13 @@ class RunConfig:
             )
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
-        for name in ("num_replicas", "num_prefill", "num_decode", "link_parallel_transfers"):
+        for name in (
+            "num_replicas",
+            "num_prefill",
+            "num_decode",
+            "link_parallel_transfers",
+            "data_parallel_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         # ``not x > 0`` (rather than ``x <= 0``) is also true for NaN.
@@ -107,6 +126,11 @@ class RunConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
+        if self.data_parallel_size > 1 and (self.policy == "disagg" or self.num_replicas > 1):
+            raise ValueError(
+                "data_parallel_size > 1 is one deployment of its own: not with policy 'disagg' "
+                f"or num_replicas > 1 (got policy {self.policy!r}, {self.num_replicas} replicas)"
             )
         if self.preemption_mode == "swap" and self.swap_space_gib == 0:
             raise ValueError(
@@ -198,6 +222,29 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*threshold)
 
 
+def _run_lockstep(
+    trace: Trace,
+    config: RunConfig,
+    configs: tuple[CacheConfig, SchedulerConfig],
+    cost_model: Any,
+    recorder: StepRecorder,
+    on_done: Callable[[int], None] | None,
+) -> DeploymentOutput:
+    """A mixture of experts on ``data_parallel_size`` ranks stepping together (vLLM's
+    data-parallel attention with its experts over every rank's GPUs)."""
+    if not isinstance(cost_model, RooflineCostModel):
+        raise ValueError(
+            "data_parallel_size > 1 with a mixture of experts is priced by the roofline: a "
+            "--profile's tables hold one rank's experts, not a share of every rank's"
+        )
+    env = simpy.Environment()
+    schedulers = [Scheduler(*configs) for _ in range(config.data_parallel_size)]
+    cost = ExpertParallelCost(cost_model, config.data_parallel_size)
+    group = LockstepGroup(env, schedulers, cost, recorder, config.block_size, on_done)
+    requests, end_s = run_lockstep(trace, group, on_done)
+    return DeploymentOutput(requests=requests, end_s=end_s, transfers=[])
+
+
 def simulate(
     trace: Trace,
     config: RunConfig,
@@ -212,6 +259,9 @@ def simulate(
     model = load_model_spec(config.model)
     hardware = load_hardware(config.hardware)
     kv_bytes_per_block = model.kv_bytes_per_block(config.block_size, config.tp)
+    dp = config.data_parallel_size
+    check_data_parallel(model, config.tp, dp)
+    lockstep = dp > 1 and model.is_moe
     num_blocks = config.num_blocks or derive_num_blocks(
         model,
         hardware,
@@ -220,6 +270,7 @@ def simulate(
         config.gpu_memory_utilization,
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
+        weight_bytes=weight_bytes_per_gpu(model, config.tp, dp) if lockstep else None,
     )
     if config.max_model_len is not None and config.max_model_len > model.max_model_len:
         raise ValueError(
@@ -287,18 +338,28 @@ def simulate(
 
     try:
         with _fewer_collections():
-            output = run_deployment(
-                trace,
-                make_replica,
-                recorder,
-                num_replicas=config.num_replicas,
-                router=config.router,
-                disagg=(config.num_prefill, config.num_decode)
-                if config.policy == "disagg"
-                else None,
-                link=make_link,
-                on_done=None if bar.disable else bar.update,
-            )
+            if lockstep:
+                output = _run_lockstep(
+                    trace,
+                    config,
+                    (cache, scheduler_config),
+                    cost_model,
+                    recorder,
+                    None if bar.disable else bar.update,
+                )
+            else:
+                output = run_deployment(
+                    trace,
+                    make_replica,
+                    recorder,
+                    num_replicas=dp if dp > 1 else config.num_replicas,
+                    router="data_parallel" if dp > 1 else config.router,
+                    disagg=(config.num_prefill, config.num_decode)
+                    if config.policy == "disagg"
+                    else None,
+                    link=make_link,
+                    on_done=None if bar.disable else bar.update,
+                )
     finally:
         bar.close()
     summary = summarize(output.requests, output.end_s, config.slo_ttft_s, config.slo_tpot_s)

@@ -17,6 +17,7 @@ from records.run_dir import load_run, records_from_result
 from reports.html import write_report
 from sim.cli.options import add_run_arguments, config_from_args
 from sim.costmodel.base import CostModelConfig
+from sim.costmodel.expert_parallel import weight_bytes_per_gpu
 from sim.run import RunConfig, RunResult, simulate
 from sim.specs.hardware_file import load_hardware
 from sim.specs.kv_capacity import vllm_kv_capacity
@@ -123,6 +124,7 @@ def kv_capacity_line(run_dir: str | Path, config: RunConfig) -> str:
             return f"KV cache: {config.num_blocks} GPU blocks/rank, as the run recorded ({source})"
         return f"KV cache: {config.num_blocks} GPU blocks/rank, as given (--num-blocks)"
     model = load_model_spec(config.model)
+    dp = config.data_parallel_size
     capacity = vllm_kv_capacity(
         model,
         load_hardware(config.hardware),
@@ -131,6 +133,7 @@ def kv_capacity_line(run_dir: str | Path, config: RunConfig) -> str:
         config.gpu_memory_utilization,
         config.max_num_batched_tokens,
         config.max_num_seqs,
+        weight_bytes=weight_bytes_per_gpu(model, config.tp, dp) if model.is_moe else None,
     )
     return (
         f"KV cache: {capacity.num_gpu_blocks} GPU blocks/rank, derived as vLLM does (the run "
@@ -149,8 +152,11 @@ def validate_command(args: argparse.Namespace) -> int:
     comparison, result = validate_run(args.measured, config)
     measured = load_run(args.measured).summary
     if not args.quiet:
+        dp = (
+            f", data parallel x{config.data_parallel_size}" if config.data_parallel_size > 1 else ""
+        )
         print(
-            f"{config.model} on {config.hardware} x{config.tp}, {config.policy}, "
+            f"{config.model} on {config.hardware} x{config.tp}{dp}, {config.policy}, "
             f"max_num_seqs {config.max_num_seqs}, budget {config.max_num_batched_tokens}, "
             f"prefix caching {'on' if config.enable_prefix_caching else 'off'}"
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from core.model.presets import preset_names
+from core.model.presets import preset_for_model_id
 from core.model.spec import ModelSpec, check_tp
 from sim.costmodel.profile import FORMAT_VERSION
 from sim.costmodel.step_attention import ATTENTION_AXES, SKEW_AXES
@@ -243,10 +243,9 @@ def _check_shape(meta: dict[str, Any], model: ModelSpec, root: Path) -> None:
 def _model_name(meta: dict[str, Any], root: Path) -> str:
     """Our preset named by meta.yaml's ``model`` (its last path part, any case)."""
     name = str(meta.get("model") or "")
-    tail = name.rstrip("/").rsplit("/", 1)[-1].lower()
-    for preset in preset_names():
-        if preset.lower() == tail:
-            return preset
+    preset = preset_for_model_id(name)
+    if preset is not None:
+        return preset
     raise ProfileBundleError(
         f"{root / 'meta.yaml'}: model {name!r} matches no preset; pass --model (a preset or a "
         "config.json)"

@@ -100,9 +100,12 @@ def vllm_kv_capacity(
     max_num_batched_tokens: int = 8192,
     max_num_seqs: int = 256,
     cuda_graph_bytes: int = 0,
+    weight_bytes: int | None = None,
 ) -> KvCapacity:
     """vLLM's rule: total x utilization - weights - peak activation of the profiling run -
-    non-torch memory, in whole blocks. Raises ModelDoesNotFitError when no block fits."""
+    non-torch memory, in whole blocks. Raises ModelDoesNotFitError when no block fits.
+    ``weight_bytes``: this GPU's weights, when not the model's TP shard (experts spread over
+    data-parallel ranks too)."""
     check_tp(model, tp)
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(
@@ -119,7 +122,7 @@ def vllm_kv_capacity(
     block_bytes = model.kv_bytes_per_block(block_size, tp)
     partial = KvCapacity(
         budget_bytes=int(hardware.hbm_capacity_bytes * gpu_memory_utilization),
-        weight_bytes=model.weight_bytes_per_shard(tp),
+        weight_bytes=model.weight_bytes_per_shard(tp) if weight_bytes is None else weight_bytes,
         forward_peak_bytes=forward_peak_bytes(model, tp, max_num_batched_tokens),
         # Logits are gathered whole on every rank before sampling.
         sampler_peak_bytes=int(
@@ -194,6 +197,7 @@ def derive_num_blocks(
     activation_reserve_bytes: int | None = None,
     max_num_batched_tokens: int = 8192,
     max_num_seqs: int = 256,
+    weight_bytes: int | None = None,
 ) -> int:
     """vLLM's `num_gpu_blocks` on one rank (`sim.specs.kv_capacity.vllm_kv_capacity`): its block
     pool keeps one of them as the null block. `activation_reserve_bytes`, when given, stands
@@ -212,6 +216,7 @@ def derive_num_blocks(
             gpu_memory_utilization,
             max_num_batched_tokens,
             max_num_seqs,
+            weight_bytes=weight_bytes,
         )
         return capacity.num_gpu_blocks
     if activation_reserve_bytes < 0:
@@ -221,7 +226,7 @@ def derive_num_blocks(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}"
         )
     budget = int(hardware.hbm_capacity_bytes * gpu_memory_utilization)
-    weights = model.weight_bytes_per_shard(tp)
+    weights = model.weight_bytes_per_shard(tp) if weight_bytes is None else weight_bytes
     block_bytes = model.kv_bytes_per_block(block_size, tp)
     free = budget - weights - activation_reserve_bytes
     if free < 2 * block_bytes:  # the null block and one a request can use

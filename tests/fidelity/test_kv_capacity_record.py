@@ -42,7 +42,7 @@ def test_a_v1_log_gives_tokens_a_v0_log_blocks(tmp_path: Path) -> None:
         kv_capacity_from_log(log, 16)
 
 
-def test_metadata_states_blocks_in_three_places() -> None:
+def test_metadata_states_blocks_in_several_places() -> None:
     assert kv_capacity_from_metadata({}, "m.json") is None
     found = kv_capacity_from_metadata({"num_gpu_blocks": 900}, "m.json")
     assert found is not None and (found.num_gpu_blocks, found.source) == (
@@ -53,6 +53,12 @@ def test_metadata_states_blocks_in_three_places() -> None:
     assert found is not None and found.source == "m engine_kwargs.num_gpu_blocks_override"
     found = kv_capacity_from_metadata({"cache_config": {"num_gpu_blocks": 5}}, "m")
     assert found is not None and found.num_gpu_blocks == 5
+    # LLMServingSim's later runs: vLLM's resolved config and its kv_cache summary.
+    meta = {"resolved_config": {"cache_config": {"num_gpu_blocks": 2588}}}
+    found = kv_capacity_from_metadata(meta, "m")
+    assert found is not None and found.source == "m resolved_config.cache_config.num_gpu_blocks"
+    found = kv_capacity_from_metadata({"kv_cache": {"num_gpu_blocks": 2588}}, "m")
+    assert found is not None and found.source == "m kv_cache.num_gpu_blocks"
     with pytest.raises(ValueError, match=r"m: field 'num_gpu_blocks' must be an integer"):
         kv_capacity_from_metadata({"num_gpu_blocks": "many"}, "m")
 

@@ -283,3 +283,27 @@ def test_real_llmservingsim_runs_import(name: str) -> None:
     assert run.requests["ttft_ms"].median() == pytest.approx((ttft_ms[149] + ttft_ms[150]) / 2)
     assert run.replay["max_num_seqs"] == 128 and run.replay["max_num_batched_tokens"] == 2048
     assert run.replay["tp"] == (1 if "Llama" in name else 2)
+
+
+def test_a_data_parallel_expert_parallel_run_imports_and_replays(
+    llmservingsim_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    meta = json.loads((llmservingsim_dir / "meta.json").read_text())
+    meta["model"] = "Qwen/Qwen3-30B-A3B-Instruct-2507"  # a release of a preset: its shapes
+    meta["engine_kwargs"] |= {
+        "model": meta["model"],
+        "data_parallel_size": 2,
+        "enable_expert_parallel": True,
+    }
+    (llmservingsim_dir / "meta.json").write_text(json.dumps(meta))
+    run = import_llmservingsim(llmservingsim_dir)
+    assert run.replay["model"] == "Qwen3-30B-A3B"
+    assert run.replay["data_parallel_size"] == 2 and run.replay["enable_expert_parallel"]
+    out = write_measured_run(run, tmp_path / "measured")
+    assert main(["measured", "validate", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "x1, data parallel x2" in printed
+    meta["engine_kwargs"]["data_parallel_size"] = 0
+    (llmservingsim_dir / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"data_parallel_size must be a positive integer"):
+        import_llmservingsim(llmservingsim_dir)
