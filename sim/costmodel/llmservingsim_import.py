@@ -222,11 +222,10 @@ def _check_shape(meta: dict[str, Any], model: ModelSpec, root: Path) -> None:
     ours = {
         "num_attention_heads": model.num_heads,
         "num_key_value_heads": model.num_kv_heads,
-        "intermediate_size": model.moe_intermediate_size
-        if model.is_moe
-        else model.intermediate_size,
         "vocab_size": model.vocab_size,
     }
+    if not model.is_moe:  # a MoE config's intermediate_size is not one our ModelSpec keeps
+        ours["intermediate_size"] = model.intermediate_size
     ratios = {}
     for key, full in ours.items():
         value = overrides.get(key)
