@@ -10,6 +10,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from engine.llm_engine import CLOCKS, POLICIES, PREEMPTION_MODES, EngineConfig
 from traces.options import non_negative_float, non_negative_int
@@ -118,7 +119,54 @@ def build_parser() -> argparse.ArgumentParser:
     add_out_argument(run)
     add_report_and_quiet_arguments(run, {"--report": "write a self-contained HTML report here"})
     run.set_defaults(func=run_command)
+    add_gpu_check_command(commands)
     return parser
+
+
+def add_gpu_check_command(commands: Any) -> None:
+    check = commands.add_parser(
+        "gpu-check",
+        help="measure everything a GPU should: tests, kernels, engine, calibrate, validate",
+        description="On a CUDA machine, run in turn, each in its own process: the gpu tests, "
+        "kernels.bench, benchmarks/bench_engine.py (with and without CUDA graphs where the "
+        "engine has them), torch.profiler over decode steps, sim calibrate, sim validate on "
+        "the bundled traces, and the engine twice on example.csv. A part that fails or runs "
+        "past its limit is recorded and the next one runs; parts that no longer fit the time "
+        "budget are skipped and named. Writes DIR/<part>/ and DIR/summary.md, summary.json.",
+    )
+    check.add_argument("--out", required=True, help="folder for the parts and the summary")
+    check.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the parts and check their commands' flags; runs nothing, needs no GPU",
+    )
+    check.add_argument(
+        "--budget-s",
+        type=non_negative_float,
+        default=480.0,
+        help="seconds for the whole check (default: %(default)s)",
+    )
+    check.add_argument("--only", default=None, help="run only these parts (comma-separated)")
+    check.add_argument("--skip", default=None, help="leave out these parts (comma-separated)")
+    check.add_argument("--model", default="llama-3-8b", help="model (default: %(default)s)")
+    check.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["float32", "float16", "bfloat16"],
+        help="weights and KV dtype (default: %(default)s)",
+    )
+    check.add_argument(
+        "--hardware",
+        default=None,
+        help="the roofline's hardware preset (default: from the device, H200 or H100-SXM)",
+    )
+    check.set_defaults(func=run_gpu_check)
+
+
+def run_gpu_check(args: argparse.Namespace) -> int:
+    from engine.gpu_check.command import run_gpu_check as check
+
+    return check(args)
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from core.request import Request, RequestStatus
@@ -77,23 +78,22 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (all arrive now); outputs come back in prompt order."""
+        prompts = token_id_lists(prompt_token_ids)
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
-            params = [sampling_params] * len(prompt_token_ids)
+            params = [sampling_params] * len(prompts)
         else:
             params = list(sampling_params)
-            if len(params) != len(prompt_token_ids):
-                raise ValueError(
-                    f"{len(params)} sampling params for {len(prompt_token_ids)} prompts"
-                )
+            if len(params) != len(prompts):
+                raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
         engine = self.engine
         now = engine.clock()
         requests: list[Request] = []
-        for prompt, param in zip(prompt_token_ids, params, strict=True):
+        for prompt, param in zip(prompts, params, strict=True):
             request_id = str(self._next_id)
             self._next_id += 1
-            request = engine.add_request(request_id, list(prompt), param, now)
+            request = engine.add_request(request_id, prompt, param, now)
             if request.status is RequestStatus.REJECTED:
                 for queued in requests:
                     engine.scheduler.abort(queued.request_id, now)
@@ -106,6 +106,36 @@ class LLM:
                 time.sleep(max(0.0, batch.next_wakeup_s - engine.clock()))
         engine.scheduler.arrivals_done = False
         return [_output(request, engine.eos_token_ids) for request in requests]
+
+
+def token_id_lists(prompts: object) -> list[list[int]]:
+    """``prompts`` as lists of token ids, or a ``TypeError`` that says what was given: this
+    engine has no tokenizer, so a prompt is a list of ints (a ``str`` is the usual mistake)."""
+    hint = (
+        "LLM.generate takes prompts as lists of token ids (list[list[int]]); this engine has "
+        "no tokenizer, so encode text first (e.g. with the model's Hugging Face tokenizer)"
+    )
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"{hint}; got {type(prompts).__name__} {_preview(prompts)}")
+    out = []
+    for index, prompt in enumerate(prompts):
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Iterable):
+            raise TypeError(f"{hint}; prompt {index} is {type(prompt).__name__} {_preview(prompt)}")
+        ids = []
+        for position, token in enumerate(prompt):
+            if isinstance(token, bool) or not hasattr(token, "__index__"):
+                raise TypeError(
+                    f"{hint}; prompt {index} holds {type(token).__name__} {_preview(token)} "
+                    f"at position {position}"
+                )
+            ids.append(operator.index(token))
+        out.append(ids)
+    return out
+
+
+def _preview(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _output(request: Request, eos_token_ids: frozenset[int]) -> RequestOutput:

@@ -11,9 +11,13 @@ Every step runs (no fast-forward: that is the simulator's privilege).
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 
@@ -23,6 +27,7 @@ from core.model.spec import ModelSpec
 from core.request import Request
 from core.scheduler import Scheduler
 from engine.kv_cache import KVCache
+from engine.memory import check_memory, profile_batch, run_profiling_pass
 from engine.model.weights import load_model
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
@@ -36,6 +41,7 @@ CLOCKS = ("wall", "cpu")
 loaded machine; CPU device with one torch thread only)."""
 WARMUP_PROMPT_TOKENS = 32
 WARMUP_OUTPUT_TOKENS = 3
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +158,7 @@ class LLMEngine:
         self.config = config
         if config.cpu_threads and torch.device(config.device).type == "cpu":
             torch.set_num_threads(config.cpu_threads)
+        check_memory(config)  # refuse what cannot fit before allocating any of it
         dtype = getattr(torch, config.dtype) if config.dtype else None
         self.model = load_model(
             config.model,
@@ -201,9 +208,10 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.model,
             self.kv_cache,
-            # Through the engine, so that ``warm_up`` can run on a scratch scheduler.
-            lambda request: self.scheduler.block_tables(request),
-            self._params_of,
+            # Through the engine, so that ``warm_up`` can run on a scratch scheduler; held
+            # weakly, so that no cycle keeps a dropped engine (and its cache) alive.
+            _weak_method(self._block_tables_of),
+            _weak_method(self._params_of),
             eos_token_ids=self.eos_token_ids,
             backend=config.backend,
         )
@@ -240,6 +248,9 @@ class LLMEngine:
         if not self.scheduler.add_request(request, arrival_s if now_s is None else now_s):
             self._sampling.pop(request_id)
         return request
+
+    def _block_tables_of(self, request: Request) -> tuple[Sequence[int], ...]:
+        return self.scheduler.block_tables(request)
 
     def _params_of(self, request: Request) -> tuple[SamplingParams, int]:
         entry = self._sampling[request.request_id]
@@ -279,6 +290,20 @@ class LLMEngine:
         for request in finished:
             self._sampling.pop(request.request_id, None)
         return StepOutput(batch, finished, record)
+
+    @contextmanager
+    def scheduled_by(
+        self, cache_config: CacheConfig, scheduler_config: SchedulerConfig
+    ) -> Iterator[Scheduler]:
+        """The block runs under a fresh scheduler of these configurations, on this engine's
+        model and cache (calibration's workloads); the engine's own scheduler comes back
+        after. Every request added inside must have finished by the end of the block."""
+        own = self.scheduler
+        self.scheduler = Scheduler(cache_config, scheduler_config)
+        try:
+            yield self.scheduler
+        finally:
+            self.scheduler = own
 
     def warm_up(self) -> int:
         """Run one short request (a prefill, then decodes) on a scratch scheduler, so that
@@ -323,32 +348,17 @@ class LLMEngine:
     def _profile_gpu_blocks(self, block_bytes: int) -> int:
         """vLLM's rule: run the largest step once, then give the KV cache
         ``gpu_memory_utilization`` of total memory less the peak the pass reached."""
-        from engine.attention import build_metadata
-
         config = self.config
+        # An engine its caller dropped may still hold its cache through a reference cycle:
+        # collected now, it is not counted in this engine's peak.
+        gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        num_tokens = config.max_num_batched_tokens
-        block_size = config.block_size
-        blocks = -(-num_tokens // block_size)
-        layers = self.model.make_kv_caches(blocks, block_size)
-        meta = build_metadata(
-            [],
-            [],
-            [(0, num_tokens)],
-            [list(range(blocks))],
-            block_size,
-            self.device,
-            config.backend,
-        )
-        ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
-        positions = torch.arange(num_tokens, dtype=torch.int64, device=self.device)
-        last = torch.tensor([num_tokens - 1], dtype=torch.int64, device=self.device)
-        with torch.inference_mode():
-            self.model(ids, positions, layers, meta, last)
+        max_len = config.max_model_len or self.model.config.max_model_len
+        lens = profile_batch(config.max_num_batched_tokens, config.max_num_seqs, max_len)
+        run_profiling_pass(self.model, lens, config.block_size, config.backend)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
-        del layers
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).total_memory
         free_for_kv = total * config.gpu_memory_utilization - peak
@@ -359,6 +369,18 @@ class LLMEngine:
                 f"gpu_memory_utilization {config.gpu_memory_utilization}"
             )
         return num_blocks
+
+
+def _weak_method(method: Callable[[Request], _T]) -> Callable[[Request], _T]:
+    """``method`` as a callable that does not keep its object alive."""
+    ref = weakref.WeakMethod(method)
+
+    def call(request: Request) -> _T:
+        bound = ref()
+        assert bound is not None, "the engine was freed while its runner still ran"
+        return bound(request)
+
+    return call
 
 
 def _eos_ids(model_config: ModelSpec) -> frozenset[int]:

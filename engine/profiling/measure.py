@@ -79,7 +79,7 @@ def measure(
     grid: CalibrationGrid,
     on_point: Callable[[str], None] | None = None,
 ) -> Measurements:
-    """Time every part of ``config``'s engine over ``grid``."""
+    """Time every part of ``config``'s engine over ``grid``, all on one engine."""
     engine = LLMEngine(config)
     device = engine.device
     timer = Timer(device, grid, config.clock)
@@ -164,10 +164,11 @@ def measure(
         times.append(timer.median_s(parts.prepare(s)))
         tick(f"prepare {s}")
     out.tables_1d["prepare"] = ([float(s) for s in grid.decode_seqs], times)
-    del parts, engine
-    out.steps = check_steps(config, grid)
+    # The whole steps run on this same engine (each under a scheduler of their own): one
+    # model and one KV cache for the whole calibration.
+    out.steps = check_steps(engine, grid)
     tick("whole steps")
-    out.steps += grid_steps(config, grid, on_point=tick)
+    out.steps += grid_steps(engine, grid, on_point=tick)
     return out
 
 

@@ -1,82 +1,89 @@
 """Whole engine steps as calibration points: a small mixed workload as check points
 (``check_steps``) and the step grid the calibrated cost model is fitted to (``grid_steps``),
-each step's shape and busy time as a profile ``steps`` entry."""
+each step's shape and busy time as a profile ``steps`` entry. Both run on the calibration's
+one engine, each under a fresh scheduler of its own (``_scheduled_as``): a second engine would
+hold a second model and KV cache, and on CUDA its memory profiling would count the first's."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from engine.llm_engine import EngineConfig, LLMEngine, StepRecord
+from core.scheduler import Scheduler
+from engine.llm_engine import LLMEngine, StepRecord
 from engine.profiling.grid import CalibrationGrid
 from engine.sampling import SamplingParams
 
+CHECK_BUDGET_TOKENS = 512
 
-def check_steps(config: EngineConfig, grid: CalibrationGrid) -> list[dict[str, Any]]:
-    """Whole steps of a real, warmed-up engine (schedule, prepare, execute, update) on a small
-    synthetic workload of mixed prompt lengths under chunked prefill: each step's shape and busy
-    time on the engine's clock (``config.clock``)."""
-    from dataclasses import replace
 
-    budget = min(config.max_num_batched_tokens, 512)
-    engine = LLMEngine(
-        replace(
-            config,
-            policy="chunked",
-            max_num_batched_tokens=budget,
-            preemption_mode="recompute",
-            swap_space_gib=0.0,
-        )
-    )
-    engine.warm_up()
-    max_len = engine.cache_config.max_model_len
-    rng = torch.Generator().manual_seed(1)
-    vocab = engine.model.config.vocab_size
-    for i in range(grid.check_requests):
-        prompt = min(max_len // 2, 32 * (1 + (i * 7) % 24))
-        outputs = min(max_len - prompt, 24 + 8 * (i % 5))
-        ids = torch.randint(0, vocab, (prompt,), generator=rng).tolist()
-        params = SamplingParams(max_tokens=outputs, ignore_eos=True)
-        engine.add_request(f"c{i}", ids, params, arrival_s=0.0, now_s=0.0)
-    engine.scheduler.mark_arrivals_done()
-    return [_step_entry(record) for record in _run_to_end(engine)]
+def check_steps(engine: LLMEngine, grid: CalibrationGrid) -> list[dict[str, Any]]:
+    """Whole steps of ``engine`` (schedule, prepare, execute, update), warmed up, on a small
+    synthetic workload of mixed prompt lengths under chunked prefill at a budget of at most
+    ``CHECK_BUDGET_TOKENS``: each step's shape and busy time on the engine's clock."""
+    budget = min(engine.scheduler_config.max_num_batched_tokens, CHECK_BUDGET_TOKENS)
+    with _scheduled_as(engine, budget):
+        engine.warm_up()
+        max_len = engine.cache_config.max_model_len
+        rng = torch.Generator().manual_seed(1)
+        vocab = engine.model.config.vocab_size
+        for i in range(grid.check_requests):
+            prompt = min(max_len // 2, 32 * (1 + (i * 7) % 24))
+            outputs = min(max_len - prompt, 24 + 8 * (i % 5))
+            ids = torch.randint(0, vocab, (prompt,), generator=rng).tolist()
+            params = SamplingParams(max_tokens=outputs, ignore_eos=True)
+            engine.add_request(f"c{i}", ids, params, arrival_s=0.0, now_s=0.0)
+        engine.scheduler.mark_arrivals_done()
+        return [_step_entry(record) for record in _run_to_end(engine)]
 
 
 def grid_steps(
-    config: EngineConfig,
+    engine: LLMEngine,
     grid: CalibrationGrid,
     on_point: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Whole steps of a real, warmed-up engine over the step grid: for each (num_seqs,
+    """Whole steps of ``engine``, warmed up, over the step grid: for each (num_seqs,
     context) of ``grid.step_seqs`` x ``grid.step_context``, that many requests of a
     ``context``-token synthetic prompt, prefilled under chunked prefill at the engine's own
     token budget, then decoded ``grid.step_decodes`` steps. Each step's shape and busy time on
     the engine's clock, as ``check_steps``. These are the steps the calibrated model fits its
     terms to (``sim.costmodel.calibrated``), so they cover decode batches and prefill chunks
     alike."""
-    from dataclasses import replace
-
     tick = on_point or (lambda _: None)
-    engine = LLMEngine(
-        replace(config, policy="chunked", preemption_mode="recompute", swap_space_gib=0.0)
+    with _scheduled_as(engine, engine.scheduler_config.max_num_batched_tokens):
+        engine.warm_up()
+        max_len = engine.cache_config.max_model_len
+        rng = torch.Generator().manual_seed(2)
+        vocab = engine.model.config.vocab_size
+        steps: list[dict[str, Any]] = []
+        for num_seqs in grid.step_seqs:
+            for context in grid.step_context:
+                prompt = min(context, max_len - grid.step_decodes - 1)
+                for i in range(num_seqs):
+                    ids = torch.randint(0, vocab, (prompt,), generator=rng).tolist()
+                    params = SamplingParams(max_tokens=grid.step_decodes + 1, ignore_eos=True)
+                    engine.add_request(f"g{num_seqs}x{context}.{i}", ids, params, 0.0, now_s=0.0)
+                steps += [_step_entry(record) for record in _run_to_end(engine)]
+                tick(f"whole steps {num_seqs}x{context}")
+        return steps
+
+
+def _scheduled_as(engine: LLMEngine, budget_tokens: int) -> AbstractContextManager[Scheduler]:
+    """``engine`` under a fresh scheduler (``LLMEngine.scheduled_by``): chunked prefill at
+    ``budget_tokens``, preemption by recompute, no host swap space and no prefix cache, so
+    that every step is a plain step of the engine's own model and cache."""
+    cache = replace(engine.cache_config, num_cpu_blocks=0, enable_prefix_caching=False)
+    config = replace(
+        engine.scheduler_config,
+        policy="chunked",
+        max_num_batched_tokens=budget_tokens,
+        preemption_mode="recompute",
     )
-    engine.warm_up()
-    max_len = engine.cache_config.max_model_len
-    rng = torch.Generator().manual_seed(2)
-    vocab = engine.model.config.vocab_size
-    steps: list[dict[str, Any]] = []
-    for num_seqs in grid.step_seqs:
-        for context in grid.step_context:
-            prompt = min(context, max_len - grid.step_decodes - 1)
-            for i in range(num_seqs):
-                ids = torch.randint(0, vocab, (prompt,), generator=rng).tolist()
-                params = SamplingParams(max_tokens=grid.step_decodes + 1, ignore_eos=True)
-                engine.add_request(f"g{num_seqs}x{context}.{i}", ids, params, 0.0, now_s=0.0)
-            steps += [_step_entry(record) for record in _run_to_end(engine)]
-            tick(f"whole steps {num_seqs}x{context}")
-    return steps
+    return engine.scheduled_by(cache, config)
 
 
 def _run_to_end(engine: LLMEngine) -> list[StepRecord]:

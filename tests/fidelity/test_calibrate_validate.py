@@ -117,3 +117,25 @@ def test_validate_refuses_a_run_of_other_requests(
     argv = ["validate", str(trace), "--profile", str(small_profile), "--replay", str(run)]
     assert sim_main([*argv, "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_validate_frees_its_engine_before_calibrating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without --profile, validate replays the trace on one engine and then calibrates on
+    # another: on CUDA, the replay's engine still alive made the calibration's memory
+    # profiling find no room for a KV cache.
+    from engine import profiling
+    from tests.engine.engine_lifetimes import engine_lifetimes
+
+    monkeypatch.setattr(profiling, "CalibrationGrid", lambda: profiling.SMALL_GRID)
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "request_id,arrival_s,prompt_tokens,output_tokens,num_samples\n"
+        + "".join(f"q{i},0.0,{8 + i},3,1\n" for i in range(4))
+    )
+    with engine_lifetimes(monkeypatch) as built:
+        argv = ["validate", str(trace), "--out", str(tmp_path / "val"), "--quiet"]
+        assert sim_main(argv) == 0
+    # Two engines, the replay's then the calibration's, each built with no other alive.
+    assert built.alive_at_build == [0, 0]

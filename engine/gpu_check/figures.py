@@ -1,0 +1,158 @@
+"""What each part of the GPU check measured, read from its folder as a small dict of figures
+for the summary. Each reader raises ``ValueError`` naming the file when its output is missing
+or unreadable."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+LOG_FILE = "log.txt"
+BENCH_ENGINE_FILE = "bench_engine.json"
+PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: not readable as JSON ({error})") from error
+
+
+def environment(folder: Path) -> dict[str, Any]:
+    info = _json(folder / "environment.json")
+    missing = sorted(name for name, present in info.get("modules", {}).items() if not present)
+    keys = ("device", "hardware", "torch", "triton", "cuda", "commit", "cpu_count")
+    return {**{key: info.get(key) for key in keys}, "missing_modules": missing}
+
+
+def pytest_counts(folder: Path) -> dict[str, Any]:
+    """The counts of pytest's last summary line (``3 failed, 71 passed in 49.46s``)."""
+    path = folder / LOG_FILE
+    lines = [line for line in path.read_text().splitlines() if PYTEST_COUNT.search(line)]
+    if not lines:
+        raise ValueError(f"{path}: no pytest summary line")
+    counts = {kind.rstrip("s") if kind.startswith("error") else kind: int(num)
+              for num, kind in PYTEST_COUNT.findall(lines[-1])}  # fmt: skip
+    if not counts.get("passed") and not counts.get("failed"):
+        # All skipped (no CUDA, or TRITON_INTERPRET=1): the part must not read as passed.
+        raise ValueError(f"{path}: no test ran ({lines[-1].strip(' =')})")
+    return counts
+
+
+def bench_engine(folder: Path) -> dict[str, Any]:
+    """Per section: each shape's time and its share of the bound (HBM for decode and whole
+    steps, tensor cores for prefill), and the trace's tokens/s."""
+    data = _json(folder / BENCH_ENGINE_FILE)
+    out: dict[str, Any] = {"cuda_graphs": data.get("environment", {}).get("cuda_graphs")}
+    for section in ("decode", "steps"):
+        rows = data.get(section, [])
+        if rows:
+            out[f"{section}_ms"] = {f"b{r['batch']}x{r['context']}": _round(r["ms"]) for r in rows}
+            out[f"{section}_share_pct"] = {
+                f"b{r['batch']}x{r['context']}": _round(r["share_pct"]) for r in rows
+            }
+    if data.get("prefill"):
+        out["prefill_share_pct"] = {
+            str(r["tokens"]): _round(r["share_pct"]) for r in data["prefill"]
+        }
+    if data.get("trace"):
+        out["trace_tokens_per_s"] = _round(data["trace"][0]["tokens_per_s"])
+    return out
+
+
+def decode_profiles(folder: Path) -> dict[str, Any]:
+    """Per mode (graphs, eager) and batch: kernels and launches per step, the step's time and
+    the host's time split into prepare, forward and the rest."""
+    files = sorted(folder.glob("*.json"))
+    if not files:
+        raise ValueError(f"{folder}: no decode profile written")
+    out: dict[str, Any] = {}
+    for path in files:
+        for batch, entry in _json(path)["batches"].items():
+            out[f"{path.stem}_b{batch}"] = {
+                "kernels_per_step": _round(entry["cuda_kernels_per_step"]),
+                "launches_per_step": _round(entry["launch_calls_per_step"]),
+                "step_ms": _round(entry["step_ms_median"]),
+                "gpu_kernel_ms": _round(entry["cuda_kernel_ms_per_step"]),
+                "host_ms": {k: _round(v) for k, v in entry["host_ms_per_step"].items()},
+            }
+    return out
+
+
+def calibration(folder: Path) -> dict[str, Any]:
+    profile = _json(folder / "profile.json")
+    return {
+        "timer": profile.get("timer"),
+        "whole_steps": len(profile.get("steps", [])),
+        "decode_attention_context": profile.get("decode_attention_context"),
+        "device": profile.get("device", {}).get("name"),
+    }
+
+
+def validation(folder: Path) -> dict[str, Any]:
+    """Per cost model: the median per-request |error| of TTFT, TPOT and E2E, and of the
+    engine's own steps, in percent."""
+    result = _json(folder / "validation.json")
+    out: dict[str, Any] = {}
+    for name, model in result["models"].items():
+        metrics = model["requests"]["metrics"]
+        out[name] = {
+            metric: _round(metrics[metric]["median_abs_pct"])
+            for metric in ("ttft", "tpot", "e2e")
+            if metric in metrics
+        }
+        out[name]["steps"] = _round(model["steps"]["all"]["median_abs_pct"])
+    return out
+
+
+def engine_against_itself(folder: Path) -> dict[str, Any]:
+    """Two runs of the same trace: per request, |first - second| / second of TTFT, TPOT and
+    E2E (the second run is the reference, as in the H200 runs' README); the medians in
+    percent (issue 29's target: TPOT and E2E within 2%)."""
+    import pandas as pd
+
+    frames = []
+    for run in ("run1", "run2"):
+        path = folder / run / "requests.csv"
+        try:
+            frames.append(pd.read_csv(path).set_index("request_id"))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{path}: not readable ({error})") from error
+    first, second = frames
+    out: dict[str, Any] = {}
+    for column, label in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("e2el_ms", "e2el")):
+        a, b = first[column].align(second[column], join="inner")
+        keep = a.notna() & b.notna() & (b > 0)
+        diffs = (100 * (a[keep] - b[keep]).abs() / b[keep]).tolist()
+        out[f"median_abs_diff_{label}_pct"] = _round(statistics.median(diffs)) if diffs else None
+        out[f"median_{label}_ms"] = [_round(float(a.median())), _round(float(b.median()))]
+    out["requests_compared"] = len(first.index.intersection(second.index))
+    return out
+
+
+def kernels_bench(folder: Path) -> dict[str, Any]:
+    """Rows timed and the target verdicts that failed (kernel and shape)."""
+    data = _json(folder / "kernels_bench.json")
+    rows = data.get("rows", [])
+    failed = [
+        f"{row['kernel']} {json.dumps(row['shape'])}: {name}"
+        for row in rows
+        for name, ok in row.get("verdicts", {}).items()
+        if not ok
+    ]
+    verdicts = sum(len(row.get("verdicts", {})) for row in rows)
+    return {
+        "rows": len(rows),
+        "verdicts": verdicts,
+        "verdicts_failed": len(failed),
+        "failed": failed[:8],
+        "copy_bandwidth_gbs": _round(data.get("copy_bandwidth_gbs")),
+    }
+
+
+def _round(value: Any) -> Any:
+    return round(float(value), 2) if isinstance(value, (int, float)) else value

@@ -1,0 +1,285 @@
+"""The GPU check's parts (``plan``): each a command line of the project with the time it is
+expected to take, the limit it is stopped at, what it needs (modules, parts before it, input
+files) and the reader of what it measured (``engine.gpu_check.figures``)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.gpu_check import figures
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = "traces/data"
+ENGINE = ("torch", "triton", "safetensors")
+SIM = ("simpy", "pandas", "plotly", "tqdm")
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """``python HEAD... ARGS...``; ``python HEAD... --help`` lists the flags ARGS may use."""
+
+    head: tuple[str, ...]
+    args: tuple[str, ...] = ()
+
+    def argv(self, python: str) -> list[str]:
+        return [python, *self.head, *self.args]
+
+    def help_argv(self, python: str) -> list[str]:
+        return [python, *self.head, "--help"]
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One part of the check. Its commands run in turn in ``DIR/<name>/`` (the log there too);
+    ``read`` turns that folder into the part's figures."""
+
+    name: str
+    about: str
+    commands: tuple[Command, ...]
+    estimate_s: float
+    limit_s: float
+    modules: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()  # parts that must have passed
+    inputs: tuple[str, ...] = ()  # files (from the project root) the commands read
+    read: Callable[[Path], dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ValueError(f"Part.name must be a plain folder name, got {self.name!r}")
+        if not self.commands:
+            raise ValueError(f"Part {self.name}: commands must not be empty")
+        if not 0 < self.estimate_s <= self.limit_s:
+            raise ValueError(
+                f"Part {self.name}: need 0 < estimate_s <= limit_s, got {self.estimate_s!r} "
+                f"and {self.limit_s!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSettings:
+    """What the check runs on: the model, the roofline's hardware preset (from the device),
+    whether the engine has CUDA graphs, whether ``kernels.bench`` times kernels in a CUDA
+    graph and the flag that asks it to (None: it does by default, or cannot), and the pytest
+    workers (pytest-xdist, 0 = none)."""
+
+    out: Path
+    model: str = "llama-3-8b"
+    dtype: str = "bfloat16"
+    hardware: str = "H100-SXM"
+    graphs: bool = False
+    bench_graphs: bool = False
+    bench_graph_flag: str | None = None
+    pytest_workers: int = 0
+    python: str = field(default_factory=lambda: sys.executable)
+
+    def __post_init__(self) -> None:
+        if self.pytest_workers < 0:
+            raise ValueError(f"pytest_workers must be >= 0, got {self.pytest_workers!r}")
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+
+
+def environment_part(settings: CheckSettings) -> Part:
+    out = settings.out / "environment" / "environment.json"
+    return Part(
+        "environment",
+        "device, software and installed modules",
+        (Command(("-m", "engine.gpu_check.environment"), ("--out", str(out))),),
+        estimate_s=15,
+        limit_s=60,
+        modules=("torch",),
+        read=figures.environment,
+    )
+
+
+def plan(settings: CheckSettings) -> list[Part]:
+    """The parts after ``environment``, most wanted first (the budget drops the last)."""
+    return [
+        _gpu_tests(settings),
+        *_bench_engine(settings),
+        _profile_decode(settings),
+        _calibrate(settings),
+        _validate(settings, "example", "chunked", 0.25),
+        _engine_self(settings),
+        _kernels_bench(settings),
+        # The other traces' first 100 requests: all four in about the time of one whole trace.
+        _validate(settings, "example", "continuous", 0.25, max_requests=100),
+        _validate(settings, "shared_prefix", "chunked", 0.25, True, max_requests=100),
+        _validate(settings, "parallel_sampling", "chunked", 0.25, True, max_requests=100),
+        _validate(settings, "bursty", "chunked", 1.0, max_requests=100),
+    ]
+
+
+def _gpu_tests(settings: CheckSettings) -> Part:
+    args = ["-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]
+    if settings.pytest_workers:
+        args += ["-n", str(settings.pytest_workers)]
+    return Part(
+        "gpu-tests",
+        "the tests marked gpu (kernels against their references, engine on CUDA)",
+        (Command(("-m", "pytest"), tuple(args)),),
+        # 74 kernel tests took 49 s on 8 workers on the H200; one worker compiles them in turn.
+        estimate_s=90 if settings.pytest_workers else 180,
+        limit_s=240,
+        modules=(*ENGINE, "pytest", "hypothesis"),
+        read=figures.pytest_counts,
+    )
+
+
+def _model_args(settings: CheckSettings) -> tuple[str, ...]:
+    return ("--model", settings.model, "--device", "cuda", "--dtype", settings.dtype)
+
+
+def _bench_engine(settings: CheckSettings) -> list[Part]:
+    """``bench_engine``: the model's forward, whole engine decode steps and the trace figure;
+    where the engine has CUDA graphs, the engine sections once more with ``--enforce-eager``."""
+    common = (
+        *_model_args(settings), "--hardware", settings.hardware, "--batches", "1,32,64,256",
+        "--contexts", "512,2048", "--prefill-tokens", "512,2048", "--step-batches", "1,32,64",
+        "--step-contexts", "512,2048", "--repeats", "5",
+    )  # fmt: skip
+    script = ("benchmarks/bench_engine.py",)
+    mode = "with CUDA graphs" if settings.graphs else "eager (this engine has no CUDA graphs)"
+    json_out = ("--json", str(settings.out / "bench-engine" / figures.BENCH_ENGINE_FILE))
+    parts = [
+        Part(
+            "bench-engine",
+            f"decode/prefill forward, whole decode steps and trace tokens/s, {mode}",
+            (Command(script, (*common, *json_out)),),
+            estimate_s=70,
+            limit_s=180,
+            modules=ENGINE,
+            read=figures.bench_engine,
+        )
+    ]
+    if settings.graphs:
+        eager = ("--sections", "steps,trace", "--enforce-eager")
+        json_out = ("--json", str(settings.out / "bench-engine-eager" / figures.BENCH_ENGINE_FILE))
+        parts.append(
+            Part(
+                "bench-engine-eager",
+                "whole decode steps and trace tokens/s with --enforce-eager",
+                (Command(script, (*common, *eager, *json_out)),),
+                estimate_s=50,
+                limit_s=150,
+                modules=ENGINE,
+                read=figures.bench_engine,
+            )
+        )
+    return parts
+
+
+def _profile_decode(settings: CheckSettings) -> Part:
+    """The decode profile in the engine's own mode, and eager too where it has CUDA graphs."""
+    folder = settings.out / "profile-decode"
+    args = (*_model_args(settings), "--batches", "1,32", "--context", "512", "--steps", "20")
+    modes = {"graphs": (), "eager": ("--enforce-eager",)} if settings.graphs else {"eager": ()}
+    commands = tuple(
+        Command(
+            ("-m", "engine.profiling.decode"), (*args, *flags, "--out", f"{folder}/{mode}.json")
+        )
+        for mode, flags in modes.items()
+    )
+    return Part(
+        "profile-decode",
+        "torch.profiler over 20 decode steps at batch 1 and 32: kernels per step, host time",
+        commands,
+        estimate_s=45 * len(commands),
+        limit_s=150 * len(commands),
+        modules=ENGINE,
+        read=figures.decode_profiles,
+    )
+
+
+def _calibrate(settings: CheckSettings) -> Part:
+    out = settings.out / "calibrate" / "profile.json"
+    args = ("--model", settings.model, "--device", "cuda", "--out", str(out), "--quiet")
+    return Part(
+        "calibrate",
+        "python -m sim calibrate: the engine's parts and whole steps as a cost-model profile",
+        (Command(("-m", "sim", "calibrate"), args),),
+        estimate_s=60,
+        limit_s=180,
+        modules=(*ENGINE, *SIM),
+        read=figures.calibration,
+    )
+
+
+def _validate(
+    settings: CheckSettings,
+    trace: str,
+    policy: str,
+    time_scale: float,
+    prefix_caching: bool = False,
+    max_requests: int | None = None,
+) -> Part:
+    name = f"validate-{trace.replace('_', '-')}-{policy}"
+    path = f"{TRACES}/{trace}.csv"
+    args = [
+        path, "--policy", policy, "--model", settings.model, "--device", "cuda",
+        "--profile", str(settings.out / "calibrate" / "profile.json"),
+        "--hardware", settings.hardware, "--time-scale", str(time_scale),
+        "--out", str(settings.out / name), "--quiet",
+    ]  # fmt: skip
+    if prefix_caching:
+        args.append("--prefix-caching")
+    if max_requests:
+        args += ["--max-requests", str(max_requests)]
+    about = f"python -m sim validate {trace}.csv, {policy}"
+    about += ", prefix caching" if prefix_caching else ""
+    about += f", first {max_requests} requests" if max_requests else ""
+    return Part(
+        name,
+        f"{about}, time scale {time_scale}",
+        (Command(("-m", "sim", "validate"), tuple(args)),),
+        estimate_s=(50 if time_scale >= 1 else 35) if max_requests else 50,
+        limit_s=150,
+        modules=(*ENGINE, *SIM),
+        after=("calibrate",),
+        inputs=(path,),
+        read=figures.validation,
+    )
+
+
+def _engine_self(settings: CheckSettings) -> Part:
+    path = f"{TRACES}/example.csv"
+    folder = settings.out / "engine-self"
+    common: tuple[str, ...] = (path, "--model", settings.model, "--device", "cuda")
+    common += ("--weights", "random", "--dtype", settings.dtype, "--time-scale", "0.25", "--quiet")
+    return Part(
+        "engine-self",
+        "python -m engine run example.csv twice: the engine against itself",
+        tuple(
+            Command(("-m", "engine", "run"), (*common, "--out", f"{folder}/run{i}")) for i in (1, 2)
+        ),
+        estimate_s=90,
+        limit_s=200,
+        modules=(*ENGINE, "tqdm", "pandas"),
+        inputs=(path,),
+        read=figures.engine_against_itself,
+    )
+
+
+def _kernels_bench(settings: CheckSettings) -> Part:
+    out = settings.out / "kernels-bench" / "kernels_bench.json"
+    args: tuple[str, ...] = ("--quick", "--out", str(out))
+    if settings.bench_graph_flag:
+        args += (settings.bench_graph_flag,)
+    graphs = (
+        "with small shapes also in a CUDA graph"
+        if settings.bench_graphs
+        else "(this kernels.bench times nothing in a CUDA graph)"
+    )
+    return Part(
+        "kernels-bench",
+        f"python -m kernels.bench --quick {graphs}",
+        (Command(("-m", "kernels.bench"), args),),
+        estimate_s=60,
+        limit_s=150,
+        modules=("torch", "triton"),
+        read=figures.kernels_bench,
+    )

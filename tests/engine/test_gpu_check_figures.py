@@ -1,0 +1,129 @@
+"""What the GPU check reads from each part's folder: on the recorded H200 runs of
+``../shared/gpu-runs`` (the engine against itself gives the README's table back), on a pytest
+log, and on the decode profile and ``bench_engine`` JSON that this machine's CPU writes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from engine.gpu_check import figures
+from engine.llm_engine import EngineConfig, LLMEngine
+from engine.profiling import decode
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = ROOT.parent / "shared" / "gpu-runs" / "h200-2026-11-27"
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"recorded GPU runs not found at {path}")
+    return path
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize(
+    ("first", "second", "ttft", "tpot", "e2e"),
+    [(1, 2, 22.7, 21.6, 21.5), (2, 3, 16.9, 5.5, 5.5), (3, 4, 13.2, 4.2, 4.1)],
+)
+def test_the_engine_against_itself_gives_the_readmes_table(
+    tmp_path: Path, first: int, second: int, ttft: float, tpot: float, e2e: float
+) -> None:
+    runs = _need(H200 / "engine-runs")
+    for name, index in (("run1", first), ("run2", second)):
+        (tmp_path / name).mkdir()
+        shutil.copy(runs / f"example-chunked-run{index}" / "requests.csv", tmp_path / name)
+    found = figures.engine_against_itself(tmp_path)
+    assert found["requests_compared"] == 200
+    assert round(found["median_abs_diff_ttft_pct"], 1) == ttft
+    assert round(found["median_abs_diff_tpot_pct"], 1) == tpot
+    assert round(found["median_abs_diff_e2el_pct"], 1) == e2e
+
+
+@pytest.mark.shared
+def test_a_recorded_validation_and_kernel_sweep_are_read(tmp_path: Path) -> None:
+    recorded = _need(H200 / "validation" / "example-chunked-run2-cal1.json")
+    shutil.copy(recorded, tmp_path / "validation.json")
+    found = figures.validation(tmp_path)
+    # The README's table: example, chunked, run2 against cal1.
+    calibrated = [round(found["calibrated"][k], 1) for k in ("ttft", "tpot", "e2e", "steps")]
+    assert calibrated == [21.0, 8.0, 8.2, 4.9]
+    assert set(found) == {"calibrated", "roofline"}
+    shutil.copy(H200 / "kernels_bench.json", tmp_path / "kernels_bench.json")
+    bench = figures.kernels_bench(tmp_path)
+    assert bench["copy_bandwidth_gbs"] == 4245.65
+    assert bench["rows"] > 20 and 0 < bench["verdicts_failed"] < bench["verdicts"]
+    assert any("decode" in failed and "batch" in failed for failed in bench["failed"])
+
+
+def test_pytest_counts_come_from_the_last_summary_line(tmp_path: Path) -> None:
+    (tmp_path / "log.txt").write_text(
+        "$ python -m pytest -m gpu\n....F.\n3 passed in a docstring\n"
+        "=== 2 failed, 71 passed, 3 skipped, 1 error in 49.46s ===\n"
+    )
+    assert figures.pytest_counts(tmp_path) == {
+        "failed": 2, "passed": 71, "skipped": 3, "error": 1,
+    }  # fmt: skip
+    (tmp_path / "log.txt").write_text("ImportError: no module named triton\n")
+    with pytest.raises(ValueError, match="no pytest summary line"):
+        figures.pytest_counts(tmp_path)
+    # Every gpu test skipped (no CUDA, or the kernels interpreted) is not a pass.
+    (tmp_path / "log.txt").write_text("74 skipped, 900 deselected in 9.1s\n")
+    with pytest.raises(ValueError, match="no test ran"):
+        figures.pytest_counts(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def engine() -> LLMEngine:
+    return LLMEngine(EngineConfig(weights="random", cpu_kv_cache_gib=0.02, max_num_seqs=8))
+
+
+def test_the_decode_profile_splits_host_time(engine: LLMEngine, tmp_path: Path) -> None:
+    decode.fill_decode_batch(engine, 3, 40, 6)
+    profiled = decode.profile_decode_steps(engine, 3)
+    decode.finish(engine)
+    assert profiled["num_steps"] == 3 and profiled["num_seqs"] == 3
+    host = profiled["host_ms_per_step"]
+    assert {"prepare_ms", "execute_ms", "forward_ms", "update_ms"} <= set(host)
+    # The forward runs inside execute; the profile on CPU counts aten ops, not kernels.
+    assert 0 < host["forward_ms"] <= host["execute_ms"]
+    assert profiled["forward_calls_per_step"] == 1.0
+    assert profiled["cuda_kernels_per_step"] is None and profiled["cpu_ops_per_step"] > 50
+    (tmp_path / "eager.json").write_text(json.dumps({"batches": {"3": profiled}}))
+    read = figures.decode_profiles(tmp_path)["eager_b3"]
+    assert read["kernels_per_step"] is None and read["host_ms"]["forward_ms"] > 0
+
+
+def test_a_decode_batch_the_cache_cannot_hold_is_refused(engine: LLMEngine) -> None:
+    with pytest.raises(ValueError, match="KV blocks"):
+        decode.fill_decode_batch(engine, 8, 4000, 10)
+    assert not engine.has_unfinished()
+
+
+@pytest.mark.slow
+def test_bench_engine_writes_its_figures_as_json(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_engine
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / figures.BENCH_ENGINE_FILE
+    argv = [
+        "--batches", "1", "--contexts", "32", "--prefill-tokens", "32", "--repeats", "2",
+        "--step-batches", "1,2", "--step-contexts", "32", "--sections", "decode,prefill,steps",
+        "--json", str(out),
+    ]  # fmt: skip
+    assert bench_engine.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert [(r["batch"], r["context"]) for r in data["steps"]] == [(1, 32), (2, 32)]
+    assert data["environment"]["cuda_graphs"] is False and "trace" not in data
+    read = figures.bench_engine(tmp_path)
+    assert set(read["steps_ms"]) == {"b1x32", "b2x32"} and read["decode_share_pct"] == {
+        "b1x32": None
+    }
