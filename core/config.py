@@ -8,10 +8,16 @@ from typing import Literal
 MemoryModel = Literal["paged", "contiguous"]
 ReservationRule = Literal["max", "pow2", "oracle"]
 PreemptionMode = Literal["recompute", "swap"]
+ParallelSampling = Literal["fan_out", "fork"]
 
 MEMORY_MODELS: tuple[MemoryModel, ...] = ("paged", "contiguous")
 RESERVATION_RULES: tuple[ReservationRule, ...] = ("max", "pow2", "oracle")
 PREEMPTION_MODES: tuple[PreemptionMode, ...] = ("recompute", "swap")
+PARALLEL_SAMPLING: tuple[ParallelSampling, ...] = ("fan_out", "fork")
+"""How a request with n > 1 samples runs: ``fan_out``, as vLLM v1 runs it, n child requests
+scheduled each on its own that share only through the prefix cache; ``fork``, as the vLLM paper
+and vLLM v0 run it, the prompt computed once and its blocks shared copy-on-write by n
+sequences that decode together (``core.parallel_sampling``)."""
 
 
 def _require_positive(name: str, value: int | float) -> None:
@@ -89,7 +95,8 @@ class SchedulerConfig:
 
     ``max_num_batched_tokens`` is the per-step token budget (the chunk budget for ``chunked``);
     ``max_num_seqs`` caps the requests in one step. ``batch_size`` and ``max_wait_s`` are the
-    static/dynamic batching parameters.
+    static/dynamic batching parameters. ``parallel_sampling`` says how n > 1 runs
+    (PARALLEL_SAMPLING; vLLM v1's fan-out by default).
     """
 
     policy: str = "continuous"
@@ -98,6 +105,7 @@ class SchedulerConfig:
     preemption_mode: PreemptionMode = "recompute"
     batch_size: int = 8
     max_wait_s: float = 1.0
+    parallel_sampling: ParallelSampling = "fan_out"
 
     def __post_init__(self) -> None:
         _require_positive("max_num_seqs", self.max_num_seqs)
@@ -108,4 +116,9 @@ class SchedulerConfig:
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(
                 f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"
+            )
+        if self.parallel_sampling not in PARALLEL_SAMPLING:
+            raise ValueError(
+                f"parallel_sampling must be one of {PARALLEL_SAMPLING}, "
+                f"got {self.parallel_sampling!r}"
             )
