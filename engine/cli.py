@@ -185,6 +185,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.prefix_caching,
         preemption_mode=args.preemption,
+        parallel_sampling=args.parallel_sampling,
         batch_size=args.batch_size,
         max_wait_s=args.max_wait_s,
         seed=args.seed,

@@ -22,8 +22,9 @@ from typing import TypeVar
 import torch
 
 from core.batch import ScheduledBatch, StepResult
-from core.config import CacheConfig, SchedulerConfig
+from core.config import PARALLEL_SAMPLING, CacheConfig, SchedulerConfig
 from core.model.spec import ModelSpec
+from core.parallel_sampling import child_id
 from core.request import Request
 from core.scheduler import Scheduler
 from engine.kv_cache import KVCache
@@ -65,6 +66,8 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = False
     preemption_mode: str = "recompute"
+    # n > 1: vLLM v1's fan-out into child requests, or the copy-on-write fork.
+    parallel_sampling: str = "fan_out"
     batch_size: int = 8
     max_wait_s: float = 1.0
     seed: int = 0
@@ -85,6 +88,11 @@ class EngineConfig:
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(
                 f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}"
+            )
+        if self.parallel_sampling not in PARALLEL_SAMPLING:
+            raise ValueError(
+                f"parallel_sampling must be one of {PARALLEL_SAMPLING}, "
+                f"got {self.parallel_sampling!r}"
             )
         if self.cpu_threads < 0:
             raise ValueError(f"cpu_threads must be >= 0, got {self.cpu_threads!r}")
@@ -200,6 +208,7 @@ class LLMEngine:
             preemption_mode=config.preemption_mode,  # type: ignore[arg-type]
             batch_size=config.batch_size,
             max_wait_s=config.max_wait_s,
+            parallel_sampling=config.parallel_sampling,  # type: ignore[arg-type]
         )
         self.scheduler = Scheduler(self.cache_config, self.scheduler_config)
         self.eos_token_ids = _eos_ids(model_config)
@@ -244,10 +253,24 @@ class LLMEngine:
         )
         seed = params.seed if params.seed is not None else hash((self.config.seed, request_id))
         self._sampling[request_id] = _Sampling(params, seed)
+        if params.n > 1 and self.scheduler.config.parallel_sampling == "fan_out":
+            # vLLM v1's children: one sample each, a seed given becomes seed + index.
+            one = replace(params, n=1)
+            for index in range(params.n):
+                child = child_id(request_id, index)
+                child_seed = seed + index if params.seed is not None else hash((seed, child))
+                self._sampling[child] = _Sampling(one, child_seed)
         self._num_added += 1
         if not self.scheduler.add_request(request, arrival_s if now_s is None else now_s):
-            self._sampling.pop(request_id)
+            self._forget(request)
         return request
+
+    def _forget(self, request: Request) -> None:
+        """Drop a request's sampling settings (and its fanned-out children's)."""
+        self._sampling.pop(request.request_id, None)
+        if request.n > 1:
+            for index in range(request.n):
+                self._sampling.pop(child_id(request.request_id, index), None)
 
     def _block_tables_of(self, request: Request) -> tuple[Sequence[int], ...]:
         return self.scheduler.block_tables(request)
@@ -288,7 +311,7 @@ class LLMEngine:
             record.update_s = (cpu_2 - cpu_1) if cpu_mode else (wall_2 - wall_1)
             record.wall_s, record.cpu_s = wall_2 - wall_0, cpu_2 - cpu_0
         for request in finished:
-            self._sampling.pop(request.request_id, None)
+            self._forget(request)
         return StepOutput(batch, finished, record)
 
     @contextmanager

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from core.config import (
     CacheConfig,
     MemoryModel,
+    ParallelSampling,
     PreemptionMode,
     ReservationRule,
     SchedulerConfig,
@@ -69,6 +70,8 @@ class RunConfig:
     batch_size: int = 8
     max_wait_s: float = 1.0
     preemption_mode: PreemptionMode = "recompute"
+    # n > 1: vLLM v1's fan-out into child requests, or the copy-on-write fork (PARALLEL_SAMPLING).
+    parallel_sampling: ParallelSampling = "fan_out"
     enable_prefix_caching: bool = False
     max_model_len: int | None = None  # None: the model's
     profile: str | None = None
@@ -300,6 +303,7 @@ def simulate(
         preemption_mode=config.preemption_mode,
         batch_size=config.batch_size,
         max_wait_s=config.max_wait_s,
+        parallel_sampling=config.parallel_sampling,
     )
     if cost_config is None:
         cost_config = CostModelConfig(async_scheduling=config.async_scheduling)

@@ -8,6 +8,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from core.config import PARALLEL_SAMPLING, SchedulerConfig
 from traces.loaders import FORMATS
 from traces.options import fraction, non_negative_float, positive_float, positive_int
 from traces.rows import ON_ERROR_CHOICES
@@ -162,6 +163,14 @@ def add_scheduling_arguments(
         choices=preemption_modes,
         default=defaults.preemption_mode,
         help="preemption mode (default: %(default)s)",
+    )
+    options.add(
+        "--parallel-sampling",
+        choices=PARALLEL_SAMPLING,
+        default=SchedulerConfig().parallel_sampling,
+        help="n > 1 samples: fan_out, n child requests each scheduled on its own (vLLM v1), or "
+        "fork, the prompt's KV shared copy-on-write (the vLLM paper, vLLM v0) "
+        "(default: %(default)s)",
     )
     options.add(
         "--prefix-caching", action="store_true", help="enable prefix caching (paged memory)"

@@ -183,6 +183,7 @@ def base_config_from_args(args: argparse.Namespace) -> RunConfig:
         batch_size=args.batch_size,
         max_wait_s=args.max_wait_s,
         preemption_mode=args.preemption,
+        parallel_sampling=args.parallel_sampling,
         enable_prefix_caching=args.prefix_caching,
         max_model_len=args.max_model_len,
         profile=args.profile,
