@@ -13,7 +13,7 @@ passes their arrival; vLLM gets each request before the same step.
 --setup (vLLM is never a dependency of this project; it lives in its own environment, ~6 GB,
 outside the repository and outside CI)::
 
-    python -m venv /work/vllm-env
+    python -m venv /work/vllm-env   # (any folder outside the repository will do)
     /work/vllm-env/bin/pip install --no-deps vllm==0.33.0 torch==2.14.0
     # torch 2.14.0 from PyPI is the CUDA build: importing it needs its CUDA library wheels
     # even on CPU (else "libcudnn.so.9: cannot open shared object file").
