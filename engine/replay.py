@@ -88,6 +88,7 @@ class EngineRunResult:
     command: str | None = None
     step_shapes: list[StepShapeRecord] = field(default_factory=list)
     load_average: tuple[float | None, float | None] = (None, None)  # at start, at end
+    dtype: str | None = None  # the model's, as torch names it without "torch."
 
     def requests_frame(self) -> Any:
         return request_frame(self.requests)
@@ -115,6 +116,7 @@ class EngineRunResult:
             "command": self.command,
             "servesim_version": _version(),
             "device_name": self.device_name,
+            "dtype": self.dtype,
             "torch_version": torch.__version__,
             "clock": self.config.engine.clock,
             "load_average_1m": {"start": self.load_average[0], "end": self.load_average[1]},
@@ -243,6 +245,7 @@ def replay(
         prepare_s=prepare_s,
         step_shapes=shapes,
         load_average=(load_at_start, _load_average()),
+        dtype=str(engine.dtype).removeprefix("torch."),
     )
 
 

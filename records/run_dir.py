@@ -36,6 +36,11 @@ class RunRecords:
     trace_stats: dict[str, float] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     source: str | None = None
+    # What ran it, where the config alone cannot say: the device (and dtype) of an engine run,
+    # or a hardware file's own name; and where its times come from when no cost model priced
+    # them (an engine run, an imported measured run). None: the config's hardware, simulated.
+    hardware: str | None = None
+    timing: str | None = None
 
 
 def default_label(config: dict[str, Any], memory_model: str) -> str:
@@ -111,7 +116,33 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunRecords:
         trace_stats=dict(stats) if isinstance(stats, dict) else None,
         notes=tuple(str(n) for n in payload.get("notes") or ()),
         source=str(root),
+        hardware=hardware_text(payload, config),
+        timing=timing_text(payload),
     )
+
+
+def hardware_text(payload: dict[str, Any], config: dict[str, Any]) -> str | None:
+    """The hardware as summary.json states it beyond ``config.hardware``: an engine run's
+    device and dtype, or the ``name`` inside a hardware file (None: neither is recorded)."""
+    if payload.get("executor") == "engine":
+        device = str(payload.get("device_name") or config.get("device") or UNKNOWN)
+        dtype = payload.get("dtype") or config.get("dtype")
+        return f"{device}, {dtype}" if dtype else f"{device}, dtype not recorded"
+    name = payload.get("hardware_name")
+    return f"{name} ({config.get('hardware', UNKNOWN)})" if name else None
+
+
+def timing_text(payload: dict[str, Any]) -> str | None:
+    """Where the run's times come from when they were measured, not priced (None: priced by
+    the simulator's cost model)."""
+    if payload.get("executor") == "engine":
+        clock = payload.get("clock", "wall")
+        timeline = "thread-CPU time, a virtual timeline" if clock == "cpu" else "the wall clock"
+        return f"measured: the real engine's steps, on {timeline}"
+    measured = payload.get("measured")
+    if isinstance(measured, dict):
+        return f"measured: a {measured.get('format', UNKNOWN)} run, imported"
+    return None
 
 
 def per_step(steps: pd.DataFrame) -> pd.DataFrame:
@@ -155,4 +186,5 @@ def records_from_result(
         trace_stats=dict(stats) if stats else None,
         notes=tuple(str(n) for n in getattr(result, "notes", ())),
         source=source,
+        hardware=hardware_text({"hardware_name": getattr(result, "hardware_name", None)}, config),
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,16 @@ from typing import Any
 import pandas as pd
 
 LEAD_COLUMNS = ("point", "run_dir", "status", "error", "num_gpus")
+# What the printed table shows of each point beside its options: (column, header, format).
+PRINTED_METRICS = (
+    ("request_throughput", "req/s", "{:.3f}"),
+    ("request_goodput", "goodput", "{:.3f}"),
+    ("slo_attainment", "in SLO", "{:.1%}"),
+    ("median_ttft_ms", "TTFT p50 ms", "{:,.1f}"),
+    ("p99_ttft_ms", "TTFT p99 ms", "{:,.1f}"),
+    ("median_tpot_ms", "TPOT p50 ms", "{:,.2f}"),
+    ("p99_tpot_ms", "TPOT p99 ms", "{:,.2f}"),
+)
 
 
 def format_value(value: Any) -> str:
@@ -43,6 +54,36 @@ def sweep_csv_text(option_names: Sequence[str], rows: Sequence[Mapping[str, Any]
     for row in rows:
         writer.writerow([format_value(row.get(column)) for column in columns])
     return buffer.getvalue()
+
+
+def points_text(option_names: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> str:
+    """The points as a plain-text table: each point's options as given (empty where a point
+    leaves one at its default), its key metrics, and its error where it failed."""
+    metrics = [m for m in PRINTED_METRICS if any(row.get(m[0]) is not None for row in rows)]
+    table = []
+    for row in rows:
+        line = {"point": str(row.get("point", ""))}
+        line |= {name: option_text(row.get(name)) for name in option_names}
+        for column, header, spec in metrics:
+            value = row.get(column)
+            line[header] = "" if value is None or row.get("status") != "ok" else spec.format(value)
+        line["status"] = str(row.get("status", ""))
+        if row.get("error"):
+            line["status"] += f": {row['error']}"
+        table.append(line)
+    frame = pd.DataFrame(table)
+    text: str = frame.to_string(index=False)
+    return text
+
+
+def option_text(value: Any) -> str:
+    """An option's value as it reads on a command line; empty where the point does not set it
+    (a float column read back from CSV holds NaN there, and 64.0 for 64)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return format_value(value)
 
 
 def write_sweep_csv(

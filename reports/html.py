@@ -17,12 +17,12 @@ import plotly.offline
 from core.memory import MemorySnapshot
 from records import metrics
 from records.run_dir import RunRecords
-from reports import disagg, latency, load, memory
+from reports import disagg, downsample, latency, load, memory
 from reports.assets import ERROR_CAPTURE_JS, RENDER_JS, STYLE
-from reports.downsample import DESCRIPTION as DOWNSAMPLING
 from reports.tables import (
     admission_note,
     latency_table,
+    overload_note,
     rejection_note,
     runs_table,
     throughput_table,
@@ -126,19 +126,27 @@ def _source_doc(obj: object) -> str | None:
     return None
 
 
+def _file(obj: object) -> str:
+    """The source file that defines ``obj`` (a module, or a class of one), from the
+    repository's root: named from the object itself, so that a move cannot leave it stale."""
+    module = obj if inspect.ismodule(obj) else sys.modules[str(getattr(obj, "__module__", ""))]
+    return module.__name__.replace(".", "/") + ".py"
+
+
 def definitions_html() -> str:
     """How every number is computed, from the docstrings of the code that computes it."""
     parts = [
-        ("Latency, throughput and goodput (sim/metrics.py)", _doc(metrics)),
-        ("KV memory slots (engine/core/memory.py, MemorySnapshot)", _doc(MemorySnapshot)),
-        ("KV in use (this report)", _doc(memory.kv_utilisation)),
-        ("Time-averaged breakdown (this report)", _doc(memory.kv_breakdown)),
+        (f"Latency, throughput and goodput ({_file(metrics)})", _doc(metrics)),
+        (f"KV memory slots ({_file(MemorySnapshot)}, MemorySnapshot)", _doc(MemorySnapshot)),
+        (f"KV in use ({_file(memory)})", _doc(memory.kv_utilisation)),
+        (f"Time-averaged breakdown ({_file(memory)})", _doc(memory.kv_breakdown)),
         (
-            "Real-token share of allocated KV (sim/run.py)",
-            "Step-averaged real_token_slots / (real + internal + reservation waste), as stored "
-            "in summary.json (mean_real_token_share).",
+            "Real-token share of allocated KV (sim/run.py; engine/replay.py for engine runs)",
+            "Real token slots summed over all steps / (real + internal fragmentation + "
+            "reservation waste slots) summed over all steps, as stored in summary.json "
+            "(mean_real_token_share).",
         ),
-        ("Downsampling for display (reports/downsample.py)", DOWNSAMPLING),
+        (f"Downsampling for display ({_file(downsample)})", downsample.DESCRIPTION),
     ]
     return "".join(
         f'<h3>{escape(title)}</h3><pre class="definitions">{escape(text)}</pre>'
@@ -152,6 +160,9 @@ def report_sections(runs: Sequence[RunRecords]) -> list[Section]:
         derived = admission_note(run) or rejection_note(run.requests)
         if derived and derived not in notes:
             notes.append(derived if derived.startswith(run.label) else f"{run.label}: {derived}")
+        warning = overload_note(run)
+        if warning:
+            notes.append(f"{run.label}: warning: {warning}")
     notes_html = "".join(f"<li>{escape(n)}</li>" for n in notes)
     header = Section(
         "runs",

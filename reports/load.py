@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 
 from records.run_dir import RunRecords
@@ -29,7 +31,11 @@ def _group_name(group: str, name: str) -> str:
 
 def load_over_time(run: RunRecords) -> go.Figure:
     """How many requests are running, waiting and swapped out at each step? Each step's counts
-    hold from its start to its end; the line breaks where the replica idled."""
+    hold from its start to its end. While the replica idles between steps nothing runs and
+    nothing is swapped out (a swapped request would be swapped in), so those lines drop to 0;
+    the waiting line keeps its last count, since only a policy that holds requests back for a
+    fuller batch (static, dynamic) idles with requests waiting, and steps.csv records no count
+    between steps."""
     fig = new_figure(
         f"Requests running / waiting / swapped: {display_text(run.label)}",
         "time (s)",
@@ -37,7 +43,12 @@ def load_over_time(run: RunRecords) -> go.Figure:
     )
     columns = [c for c in QUEUE_SERIES if c in run.steps.columns]
     for group, steps in replica_groups(run.steps):
-        x, ys = step_points(steps, [per_step(steps, c) for c in columns])
+        x, ys = step_points(steps, [per_step(steps, c) for c in columns], gap_value=0.0)
+        if "num_waiting" in columns:
+            # (the same points, with the gaps holding the count before them)
+            at = columns.index("num_waiting")
+            _, (ys[at],) = step_points(steps, [per_step(steps, "num_waiting")], gap_value=np.nan)
+            ys[at] = pd.Series(ys[at]).ffill().to_numpy()
         keep = decimate_rows(x, ys)
         for column, y in zip(columns, ys, strict=True):
             name, color = QUEUE_SERIES[column]

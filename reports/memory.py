@@ -63,7 +63,9 @@ def kv_utilisation(run: RunRecords) -> tuple[float | None, float | None]:
 
 def kv_memory_over_time(run: RunRecords) -> go.Figure:
     """Where is every KV slot at each step: real tokens, each kind of waste, cache, free? One
-    stack per replica (the first shown, the others one legend click away)."""
+    stack per replica (the first shown, the others one legend click away). A kind that holds no
+    slot in any step of a replica (the prefix cache with prefix caching off, reservation waste
+    under paged memory) is left out: a zero-height band would still draw its edge colour."""
     fig = new_figure(
         f"KV memory over time (stacked share of all slots): {display_text(run.label)}",
         "time (s)",
@@ -77,6 +79,8 @@ def kv_memory_over_time(run: RunRecords) -> go.Figure:
         shares = [pd.Series(y).ffill().to_numpy() for y in series]
         keep = decimate_rows(x, shares)
         for (name, color), share in zip(SLOT_KINDS.values(), shares, strict=True):
+            if not np.nan_to_num(share).any():
+                continue
             fig.add_trace(
                 go.Scatter(
                     x=x[keep],

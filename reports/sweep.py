@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from records.sweep_table import format_value, load_sweep_csv, option_columns
+from records.sweep_table import load_sweep_csv, option_columns, option_text
 from reports.html import Section, render_page
 
 # (column, label, higher is better)
@@ -66,9 +66,15 @@ def point_labels(frame: pd.DataFrame, options: Sequence[str]) -> list[str]:
     """One hover label per row: ``point N: option=value, ...``."""
     return [
         f"point {row['point']}: "
-        + ", ".join(f"{o}={format_value(row[o])}" for o in options if pd.notna(row[o]))
+        + ", ".join(f"{o}={option_text(row[o])}" for o in options if pd.notna(row[o]))
         for _, row in frame.iterrows()
     ]
+
+
+def axis_text(value: Any) -> str:
+    """An option's value on a category axis: as typed on a command line (64, not 64.0), and
+    "default" where a point does not set the option (NaN in the frame)."""
+    return option_text(value) or "default"
 
 
 def pareto_figure(
@@ -122,7 +128,7 @@ def metric_vs_option(
     data = frame[frame["status"] == "ok"]
     present = [m for m in metrics if m[0] in data.columns]
     fig = make_subplots(rows=1, cols=max(1, len(present)), subplot_titles=[m[1] for m in present])
-    values = data[option].map(format_value)
+    values = data[option].map(axis_text)
     for col, (column, label, _) in enumerate(present, start=1):
         fig.add_trace(
             go.Box(
@@ -170,7 +176,7 @@ def _short(value: Any) -> str:
 
 def swept_options(frame: pd.DataFrame, options: Sequence[str]) -> list[str]:
     """The options that take more than one value in the sweep."""
-    return [o for o in options if frame[o].map(format_value).nunique() > 1]
+    return [o for o in options if frame[o].map(axis_text).nunique() > 1]
 
 
 def sweep_sections(frame: pd.DataFrame, options: Sequence[str]) -> list[Section]:
@@ -219,14 +225,24 @@ def write_sweep_report(csv_path: str | Path, path: str | Path, title: str | None
 
 def attainment_vs_rate(probes: pd.DataFrame, goodput: float) -> go.Figure:
     """Share of requests within both SLOs against arrival rate, one line per configuration,
-    with the target drawn across."""
+    each probe with its 95% interval (batch means, where the rows hold it), and the target
+    drawn across."""
     fig = go.Figure()
     for config, group in probes.groupby("config", sort=True):
         group = group.sort_values("rate")
+        error_y = None
+        if {"slo_attainment_low", "slo_attainment_high"} <= set(group.columns):
+            error_y = {
+                "type": "data",
+                "symmetric": False,
+                "array": group["slo_attainment_high"] - group["slo_attainment"],
+                "arrayminus": group["slo_attainment"] - group["slo_attainment_low"],
+            }
         fig.add_trace(
             go.Scatter(
                 x=group["rate"],
                 y=group["slo_attainment"],
+                error_y=error_y,
                 mode="lines+markers",
                 name=f"config {config}",
             )

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from records.overload import frame_overload
 from records.run_dir import UNKNOWN, RunRecords
 from reports.memory import kv_utilisation
 
@@ -131,6 +132,8 @@ def deployment_text(config: dict[str, Any]) -> str:
             f"{config.get('link_latency_us', UNKNOWN):g} us latency, "
             f"{parallel} transfer(s) at a time"
         )
+    if "router" not in config:  # the engine, or a measured run: one replica, nothing routes
+        return "1 replica"
     replicas = config.get("num_replicas", 1)
     return (
         f"{replicas} colocated replica{'s' if replicas != 1 else ''}, "
@@ -181,6 +184,14 @@ def admission_note(run: RunRecords) -> str | None:
     )
 
 
+def overload_note(run: RunRecords) -> str | None:
+    """The run's overload warning (``records.overload``), from its requests, so that a run of
+    any executor, or one written before the check existed, shows it too."""
+    end_s = run.summary.get("duration_s")
+    overload = frame_overload(run.requests, float(end_s)) if end_s is not None else None
+    return overload.warning if overload is not None else None
+
+
 def _config_rows(run: RunRecords) -> list[tuple[str, str]]:
     c = run.config
     memory = run.memory_model
@@ -188,8 +199,8 @@ def _config_rows(run: RunRecords) -> list[tuple[str, str]]:
         memory += f" ({c.get('reservation', UNKNOWN)} reservation)"
     return [
         ("trace", run.trace_name),
-        ("model", f"{c.get('model', UNKNOWN)} (TP{c.get('tp', UNKNOWN)})"),
-        ("hardware", str(c.get("hardware", UNKNOWN))),
+        ("model", f"{c.get('model', UNKNOWN)}" + (f" (TP{c['tp']})" if "tp" in c else "")),
+        ("hardware", run.hardware or str(c.get("hardware", UNKNOWN))),
         ("policy", str(c.get("policy", UNKNOWN))),
         ("deployment", deployment_text(c)),
         ("KV memory", memory),
@@ -201,7 +212,7 @@ def _config_rows(run: RunRecords) -> list[tuple[str, str]]:
             f"{c.get('max_num_seqs', UNKNOWN)} sequences, "
             f"{c.get('max_num_batched_tokens', UNKNOWN)} tokens",
         ),
-        ("cost model", str(c.get("profile") or "roofline")),
+        ("times", run.timing or f"simulated: cost model {c.get('profile') or 'roofline'}"),
         ("servesim version", run.version or UNKNOWN),
         ("command", run.command or UNKNOWN),
         ("run directory", run.source or "(in memory)"),

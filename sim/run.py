@@ -30,6 +30,7 @@ from core.policies import POLICIES
 from core.request import Request
 from core.scheduler import Scheduler
 from records.metrics import summarize
+from records.overload import Overload, request_overload
 from records.run_dir import write_run_dir
 from records.schema import StepRecorder, request_frame
 from sim.costmodel.base import CostModelConfig, make_cost_model
@@ -43,7 +44,7 @@ from sim.data_parallel import LockstepGroup, run_lockstep
 from sim.deployment import ROUTERS, DeploymentOutput, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
 from sim.simulator import Replica
-from sim.specs.hardware_file import load_hardware
+from sim.specs.hardware_file import hardware_is_file, load_hardware
 from sim.specs.kv_capacity import derive_num_blocks
 from traces.schema import Trace
 
@@ -167,6 +168,10 @@ class RunResult:
     trace_stats: dict[str, float] = field(default_factory=dict)
     command: str | None = None
     transfers: list[Transfer] = field(default_factory=list)
+    # A hardware file's own ``name`` (None for a preset, whose name is ``config.hardware``).
+    hardware_name: str | None = None
+    # Set when more load was offered than the deployment served (records.overload).
+    overload: Overload | None = None
 
     @property
     def mean_real_token_share(self) -> float | None:
@@ -181,8 +186,12 @@ class RunResult:
         write_run_dir(out, self.requests_frame(), self.steps.to_frame(), self.payload())
 
     def payload(self) -> dict[str, Any]:
-        """What ``summary.json`` holds for this run."""
-        return {
+        """What ``summary.json`` holds for this run (``hardware_name`` only where a hardware
+        file named the GPU, ``overload`` only where the run was overloaded)."""
+        named: dict[str, Any] = {"hardware_name": self.hardware_name} if self.hardware_name else {}
+        if self.overload is not None:  # (only a run that went wrong gains the key)
+            named["overload"] = self.overload.as_dict()
+        return named | {
             "trace": self.trace_name,
             "config": asdict(self.config),
             "memory_model": self.memory_model,
@@ -382,4 +391,6 @@ def simulate(
         notes=list(trace.notes),
         trace_stats=trace.length_stats(),
         transfers=output.transfers,
+        hardware_name=hardware.name if hardware_is_file(config.hardware) else None,
+        overload=request_overload(output.requests, output.end_s),
     )

@@ -39,6 +39,13 @@ AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 BURSTGPT_FAILURE_CHOICES = ("skip", "error", "keep")
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
+# The columns that identify each CSV format when ``format="auto"``, in the order tried.
+CSV_HEADERS = {
+    "servesim": SERVESIM_REQUIRED,
+    "azure": AZURE_COLUMNS,
+    "vidur": VIDUR_COLUMNS,
+    "burstgpt": BURSTGPT_COLUMNS,
+}
 
 
 def _text(cells: list[str], index: dict[str, int], name: str, line: int, parser: RowParser) -> str:
@@ -346,15 +353,11 @@ def detect_format(path: str | Path) -> str:
             keys = set()
         if set(MOONCAKE_KEYS) <= keys:
             return "mooncake"
-        message = f"JSON record without the Mooncake keys {MOONCAKE_KEYS}"
+        missing = ", ".join(k for k in MOONCAKE_KEYS if k not in keys)
+        message = f"JSON record without the Mooncake keys {MOONCAKE_KEYS} (missing {missing})"
     else:
         names = {name.strip() for name in next(iter(read_csv_rows(path)))[1]}
-        for fmt, required in (
-            ("servesim", SERVESIM_REQUIRED),
-            ("azure", AZURE_COLUMNS),
-            ("vidur", VIDUR_COLUMNS),
-            ("burstgpt", BURSTGPT_COLUMNS),
-        ):
+        for fmt, required in CSV_HEADERS.items():
             if set(required) <= names:
                 return fmt
         if set(LENGTH_TABLE_COLUMNS) <= names:
@@ -363,13 +366,26 @@ def detect_format(path: str | Path) -> str:
                 f" trace generate --lengths table --length-table {path} -o TRACE.csv`"
             )
         else:
-            message = f"unrecognised header {first[:120]!r}"
+            message = f"unrecognised header {first[:120]!r}; {expected_columns(names)}"
     problem = TraceProblem(str(path), 1, "header", message)
     raise TraceFormatError(
         str(path),
         [problem],
-        f"cannot detect the format of {path}; pass format= one of {sorted(FORMATS)}",
+        f"cannot detect the format of {path}; name it with --format (format= in Python), one "
+        f"of {sorted(FORMATS)}",
     )
+
+
+def expected_columns(names: set[str]) -> str:
+    """What each CSV format's header needs and which of those ``names`` lacks, and what a
+    Mooncake file is (a header names none of its keys: it has no header)."""
+    parts = []
+    for fmt, required in CSV_HEADERS.items():
+        missing = [column for column in required if column not in names]
+        lacks = "none present" if len(missing) == len(required) else f"missing {', '.join(missing)}"
+        parts.append(f"{fmt} needs {', '.join(required)} ({lacks})")
+    parts.append(f"mooncake is JSON Lines with the keys {', '.join(MOONCAKE_KEYS)}")
+    return "; ".join(parts)
 
 
 def _existing_file(path: str | Path) -> Path:

@@ -45,7 +45,8 @@ def weight_files(directory: Path) -> list[Path]:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ValueError(
-            f"{directory}: no *.safetensors weights (pass weights='random' for random ones)"
+            f"{directory}: no *.safetensors weights (for seeded random ones: --weights random, "
+            "or weights='random' in Python)"
         )
     return files
 
@@ -129,7 +130,7 @@ def load_model(
     else:
         raise ValueError(
             f"model {str(name_or_dir)!r} is not a directory, so it has no weights to load; "
-            "pass weights='random'"
+            "for seeded random weights give --weights random (weights='random' in Python)"
         )
     model.requires_grad_(False)
     return model.eval()

@@ -1,5 +1,5 @@
 """``python -m sim sweep`` and ``capacity``, the commands that run many configurations; their
-options and handlers live in sim/sweep.py and sim/capacity.py."""
+options and handlers live in sim/experiments/sweep.py and sim/cli/capacity.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 def add_sweep_commands(commands: Any) -> None:
     """Register ``sweep`` and ``capacity`` on `commands` (what `add_subparsers` returned)."""
-    from sim.experiments import capacity, sweep
+    from sim.cli import capacity
+    from sim.experiments import sweep
 
     sweep_parser = commands.add_parser(
         "sweep",
@@ -22,8 +23,10 @@ def add_sweep_commands(commands: Any) -> None:
     capacity_parser = commands.add_parser(
         "capacity",
         help="find the highest arrival rate that meets the SLOs",
-        description="Bracket, then bisect, the arrival rate (time-scaling TRACE's arrivals) to "
-        "the highest rate at which at least --goodput of requests meet both SLOs.",
+        description="Bracket, then bisect, the arrival rate (time-scaling TRACE's arrivals, the "
+        "trace repeated end to end until each probe is long enough to judge the steady state) "
+        "to the highest rate at which at least --goodput of requests meet both SLOs; the answer "
+        "comes with a 95% confidence interval (docs/sweep.md).",
     )
     capacity.add_capacity_arguments(capacity_parser)
     capacity_parser.set_defaults(func=capacity.capacity_command)

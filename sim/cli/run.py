@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -33,16 +34,18 @@ def add_run_command(commands: Any) -> None:
 def print_summary(result: RunResult) -> None:
     s = result.summary
     c = result.config
+    hardware = f"{result.hardware_name} ({c.hardware})" if result.hardware_name else c.hardware
     lines = [
         f"trace        {result.trace_name}: {s['num_requests']} requests ({s['completed']} "
         f"finished, {s['rejected']} rejected, {result.num_skipped_rows} bad rows skipped)",
-        f"config       {c.policy} / {result.memory_model} memory, {c.model} on {c.hardware} "
+        f"config       {c.policy} / {result.memory_model} memory, {c.model} on {hardware} "
         f"TP{c.tp}, {result.num_blocks} KV blocks of {c.block_size} tokens per replica",
         f"deployment   {deployment_text(asdict(c))}",
         f"duration     {s['duration_s']:.3f} s simulated",
-        f"throughput   {s['request_throughput']:.3f} req/s, "
-        f"{s['output_throughput']:.1f} output tok/s, {s['total_token_throughput']:.1f} total tok/s",
+        throughput_line(s),
     ]
+    if not s["completed"]:
+        lines.append("finished     nothing finished: no latency to report")
     for metric in ("ttft", "tpot", "itl", "e2el"):
         mean = s.get(f"mean_{metric}_ms")
         if mean is None:
@@ -66,7 +69,19 @@ def print_summary(result: RunResult) -> None:
     rejected = rejection_note(result.requests_frame())
     if rejected:
         lines.append(f"rejected     {rejected}")
+    if result.overload is not None:
+        lines.append(f"warning      {result.overload.warning}")
     print("\n".join(lines))
+
+
+def throughput_line(s: Mapping[str, Any]) -> str:
+    """Rates over the run, or why there are none (a run that lasts no time has no rate)."""
+    if s["request_throughput"] is None:
+        return "throughput   none: the run lasted no simulated time"
+    return (
+        f"throughput   {s['request_throughput']:.3f} req/s, "
+        f"{s['output_throughput']:.1f} output tok/s, {s['total_token_throughput']:.1f} total tok/s"
+    )
 
 
 def command_line(args: argparse.Namespace | None = None) -> str:

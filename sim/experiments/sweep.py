@@ -23,19 +23,24 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from records.attainment import attainment_interval, good_in_arrival_order
 from records.run_dir import write_run_dir
-from records.sweep_table import write_sweep_csv
+from records.sweep_table import points_text, write_sweep_csv
 from sim.experiments.sweep_spec import (
     RATE,
+    REPEATS,
+    TRACE_OPTIONS,
     OptionValue,
     TraceSource,
     load_spec,
     point_argv,
     point_config,
+    repeat_trace,
     scale_trace,
 )
 
 SWEEP_KEY = "sweep_point"  # summary.json key holding the options a point ran with
+JUDGED_KEY = "sweep_judgement"  # summary.json key holding `point_judgement` (for resume)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +96,9 @@ def slo_attainment(summary: Mapping[str, Any]) -> float | None:
 _TRACE_CACHE: dict[tuple[str, float | None], Any] = {}
 
 
-def _trace(source: TraceSource, rate: float | None) -> Any:
-    """The point's trace: a file is read once per worker and time-scaled per rate; a generator
-    runs again at each rate. Only the latest trace is kept, so memory stays flat."""
+def _trace(source: TraceSource, rate: float | None, repeats: int = 1) -> Any:
+    """The point's trace: a file is read once per worker, repeated and time-scaled per point; a
+    generator runs again at each rate. Only the latest trace is kept, so memory stays flat."""
     described = json.dumps(source.describe(), sort_keys=True)
     key: tuple[str, float | None]
     if source.path is not None:
@@ -101,13 +106,13 @@ def _trace(source: TraceSource, rate: float | None) -> Any:
         if key not in _TRACE_CACHE:
             _TRACE_CACHE.clear()
             _TRACE_CACHE[key] = source.load()
-        base = _TRACE_CACHE[key]
+        base = repeat_trace(_TRACE_CACHE[key], repeats)
         return base if rate is None else scale_trace(base, rate)
     key = (described, rate)
     if key not in _TRACE_CACHE:
         _TRACE_CACHE.clear()
         _TRACE_CACHE[key] = source.load(rate)
-    return _TRACE_CACHE[key]
+    return repeat_trace(_TRACE_CACHE[key], repeats)
 
 
 def run_point(task: PointTask, keep_files: bool = True) -> PointOutput:
@@ -129,7 +134,8 @@ def _run_point(task: PointTask, keep_files: bool) -> PointOutput:
         config = point_config(options)
         row["num_gpus"] = num_gpus(config)
         rate = options.get(RATE)
-        trace = _trace(task.source, float(rate) if rate is not None else None)
+        repeats = int(options.get(REPEATS, 1))
+        trace = _trace(task.source, float(rate) if rate is not None else None, repeats)
         result = simulate(trace, config)
     except Exception as error:  # a failing point is recorded; the sweep goes on
         last = traceback.extract_tb(error.__traceback__)[-1:]
@@ -137,7 +143,7 @@ def _run_point(task: PointTask, keep_files: bool) -> PointOutput:
         row.update(status="error", error=f"{type(error).__name__}: {error}{where}")
         return PointOutput(task.index, row)
     row.update(status="ok", error="")
-    if task.source.path and RATE not in options:
+    if task.source.path and not any(name in options for name in TRACE_OPTIONS):
         # The same run by hand; a time-scaled trace has no file to name.
         source = task.source
         flags = ["--format", source.format] if source.format != "auto" else []
@@ -146,11 +152,27 @@ def _run_point(task: PointTask, keep_files: bool) -> PointOutput:
         result.command = shlex.join(argv)
     row.update(result.summary)
     row["slo_attainment"] = slo_attainment(result.summary)
+    judged = point_judgement(result)
+    row.update(judged)
     files = None
     if keep_files:
-        payload = {**result.payload(), SWEEP_KEY: task.identity}
+        payload = {**result.payload(), SWEEP_KEY: task.identity, JUDGED_KEY: judged}
         files = (result.requests_frame(), result.steps.to_frame(), payload)
     return PointOutput(task.index, row, files)
+
+
+def point_judgement(result: Any) -> dict[str, Any]:
+    """What a sweep row adds to the run's summary to judge it: whether the run was overloaded
+    (``records.overload``), and with SLOs the 95% interval of its SLO attainment by batch
+    means (``records.attainment``)."""
+    judged: dict[str, Any] = {"overloaded": result.overload is not None}
+    config = result.config
+    if config.slo_ttft_s is not None or config.slo_tpot_s is not None:
+        good = good_in_arrival_order(result.requests, config.slo_ttft_s, config.slo_tpot_s)
+        interval = attainment_interval(good)
+        if interval is not None:
+            judged["slo_attainment_low"], judged["slo_attainment_high"] = interval
+    return judged
 
 
 def lost_point(task: PointTask, error: BaseException) -> PointOutput:
@@ -180,6 +202,10 @@ def resumed_output(task: PointTask, out: Path) -> PointOutput | None:
     row.update(status="ok", error="", num_gpus=num_gpus(point_config(options)))
     row.update(summary)
     row["slo_attainment"] = slo_attainment(summary)
+    judged = payload.get(JUDGED_KEY)
+    if not isinstance(judged, dict):  # a point run before rows were judged: run it again
+        return None
+    row.update(judged)
     return PointOutput(task.index, row)
 
 
@@ -420,8 +446,7 @@ def sweep_command(args: argparse.Namespace) -> int:
             f"wrote {outcome.csv_path}: {len(outcome.rows)} points ({outcome.num_resumed} "
             f"resumed, {len(failed)} failed)"
         )
-        for row in failed:
-            print(f"  point {row['point']}: {row['error']}")
+        print(points_text(outcome.option_names, outcome.rows))
     if args.report:
         from reports.sweep import write_sweep_report
 

@@ -26,6 +26,8 @@ OptionValue = str | int | float | bool
 # Options that name the trace or the outputs: the spec's [trace] table or the sweep CLI own them.
 NOT_SWEPT = frozenset({"trace", "format", "on_error", "out", "report", "quiet"})
 RATE = "rate"  # target mean arrival rate in req/s: time-scales a trace, or the generator's rate
+REPEATS = "repeats"  # the trace replayed this many times end to end (``repeat_trace``)
+TRACE_OPTIONS = (RATE, REPEATS)  # point options that shape the trace, not the run
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -90,6 +92,40 @@ class TraceSource:
         return traces_cli.build_trace(args)
 
 
+def repeat_trace(trace: Trace, copies: int) -> Trace:
+    """``trace`` replayed ``copies`` times end to end: copy k starts one mean gap after copy
+    k - 1 ends, and its request ids (``#k``), prefix hash ids and prompt token ids are its own
+    (shifted past the trace's largest), so no copy hits the prefix cache on another's prompts:
+    each copy is a fresh draw of the same workload, not the same requests again."""
+    if not isinstance(copies, int) or isinstance(copies, bool) or copies < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {copies!r}")
+    if copies == 1:
+        return trace
+    n = len(trace.requests)
+    period = trace.duration_s * n / (n - 1) if n > 1 else 0.0
+    hash_span = 1 + max((max(r.prefix_hash_ids or (0,)) for r in trace.requests), default=0)
+    token_span = 1 + max((max(r.prompt_token_ids or (0,)) for r in trace.requests), default=0)
+    requests = list(trace.requests)
+    for k in range(1, copies):
+        for r in trace.requests:
+            hashes = r.prefix_hash_ids
+            tokens = r.prompt_token_ids
+            requests.append(
+                replace(
+                    r,
+                    request_id=f"{r.request_id}#{k}",
+                    arrival_s=r.arrival_s + k * period,
+                    prefix_hash_ids=None
+                    if hashes is None
+                    else tuple(h + k * hash_span for h in hashes),
+                    prompt_token_ids=None
+                    if tokens is None
+                    else tuple(t + k * token_span for t in tokens),
+                )
+            )
+    return replace(trace, requests=tuple(requests))
+
+
 def scale_trace(trace: Trace, rate: float) -> Trace:
     """``trace`` with its arrivals time-scaled so that its mean rate is ``rate`` req/s."""
     if not rate > 0:
@@ -120,8 +156,9 @@ def _argv(options: Mapping[str, OptionValue], actions: Mapping[str, argparse.Act
 
 
 def point_argv(options: Mapping[str, OptionValue]) -> list[str]:
-    """The ``run`` flags these options stand for (``rate`` left out: ``run`` has no such flag)."""
-    run_options = {k: v for k, v in options.items() if _key(k) != RATE}
+    """The ``run`` flags these options stand for (``rate`` and ``repeats`` left out: ``run`` has
+    no such flags)."""
+    run_options = {k: v for k, v in options.items() if _key(k) not in TRACE_OPTIONS}
     return _argv(run_options, _run_options(_run_parser()))
 
 
@@ -160,7 +197,7 @@ def _check_options(where: str, options: Mapping[str, Any], allowed: set[str]) ->
         key = _key(name)
         if key in NOT_SWEPT:
             raise ValueError(f"{where}: {name!r} is set by [trace] or the command line")
-        if key != RATE and key not in allowed:
+        if key not in TRACE_OPTIONS and key not in allowed:
             raise ValueError(f"{where}: unknown run option {name!r}")
         values = value if isinstance(value, list) and where.endswith("[grid]") else [value]
         if not all(isinstance(v, (str, int, float, bool)) for v in values):
@@ -214,6 +251,9 @@ def parse_spec(data: dict[str, Any], root: Path, where: str) -> SweepSpec:
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from error
     for idx, point in enumerate(points):
+        repeats = point.get(REPEATS, 1)
+        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+            raise ValueError(f"{where}: point {idx} {point}: repeats must be an int >= 1")
         try:
             point_config(point)
         except ValueError as error:

@@ -134,8 +134,13 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
         raise ValueError(f"{path}{line}: {error}") from error
 
 
+def hardware_is_file(name_or_path: str) -> bool:
+    """Whether ``--hardware`` names a hardware file rather than a preset."""
+    return name_or_path.endswith(HARDWARE_FILE_SUFFIXES)
+
+
 def load_hardware(name_or_path: str) -> HardwareSpec:
     """A hardware file (a name ending in .json or .toml) or a preset name."""
-    if name_or_path.endswith(HARDWARE_FILE_SUFFIXES):
+    if hardware_is_file(name_or_path):
         return load_hardware_file(name_or_path)
     return get_hardware_preset(name_or_path)

@@ -376,3 +376,29 @@ def test_swap_without_swap_space_is_refused(capsys: pytest.CaptureFixture[str]) 
     code = engine_main(["run", str(trace), "--preemption", "swap", "--swap-space-gib", "0"])
     assert code == 2
     assert "swap_space_gib" in capsys.readouterr().err
+
+
+def test_the_weights_hint_speaks_the_command_lines_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    trace = ROOT / "traces" / "data" / "example.csv"
+    assert engine_main(["run", str(trace), "--model", "tiny-llama", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--weights random" in err
+
+
+def test_an_engine_runs_report_names_its_device_dtype_and_measured_times(
+    tmp_path: Path,
+) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("request_id,arrival_s,prompt_tokens,output_tokens\na,0,12,3\nb,0.01,9,2\n")
+    out, report = tmp_path / "run", tmp_path / "r.html"
+    argv = ["run", str(trace), "--weights", "random", "--clock", "cpu", "--quiet"]
+    assert engine_main([*argv, "--out", str(out), "--report", str(report)]) == 0
+    assert json.loads((out / "summary.json").read_text())["dtype"] == "float32"
+    page = report.read_text()
+    runs = page.split('id="runs"')[2].split("</table>")[0]
+    assert "TPunknown" not in runs and "<td>tiny-llama</td>" in runs
+    assert "<td>cpu, float32</td>" in runs
+    assert "measured: the real engine&#x27;s steps, on thread-CPU time" in runs
+    assert "roofline" not in runs and "unknown router" not in runs

@@ -115,7 +115,7 @@ def test_index_and_directory_errors(saved: Path, tmp_path: Path) -> None:
     (directory / "model.safetensors").unlink()
     with pytest.raises(ValueError, match=r"ckpt: no \*\.safetensors weights"):
         load_model(str(directory))
-    with pytest.raises(ValueError, match="pass weights='random'"):
+    with pytest.raises(ValueError, match="--weights random"):
         load_model("tiny-llama")
     with pytest.raises(ValueError, match="weights must be one of"):
         load_model("tiny-llama", weights="zeros")

@@ -44,15 +44,39 @@ def test_latency_cdf_ends_at_the_largest_finished_value(
         assert trace.y[-1] == pytest.approx(1.0)
 
 
-def test_kv_memory_stack_adds_up_to_all_slots(example_run: RunRecords) -> None:
+def test_kv_memory_stack_adds_up_to_all_slots(
+    example_run: RunRecords, static_run: RunRecords
+) -> None:
     fig = memory.kv_memory_over_time(example_run)
-    assert [t.name for t in fig.data][:3] == [
-        "real tokens",
-        "internal fragmentation",
-        "reservation waste",
-    ]
+    # Paged memory, prefix caching off: no reservation waste, no cached-free band.
+    assert [t.name for t in fig.data] == ["real tokens", "internal fragmentation", "free"]
     total = np.sum([np.asarray(t.y) for t in fig.data], axis=0)
     np.testing.assert_allclose(total, 1.0)
+    names = [t.name for t in memory.kv_memory_over_time(static_run).data]
+    assert "reservation waste" in names and "cached-free (prefix cache)" not in names
+
+
+def test_a_kind_no_step_holds_draws_no_band(fabricated: Callable[..., RunRecords]) -> None:
+    run = fabricated(10, 6)
+    names = [t.name for t in memory.kv_memory_over_time(run).data]
+    assert "cached-free (prefix cache)" not in names and "reservation waste" not in names
+    run.steps["cached_free_slots"] = [0, 0, 16, 0, 0, 0]
+    names = [t.name for t in memory.kv_memory_over_time(run).data]
+    assert "cached-free (prefix cache)" in names
+
+
+def test_queue_lines_run_through_idle_gaps(fabricated: Callable[..., RunRecords]) -> None:
+    run = fabricated(10, 3)
+    run.steps["start_s"] = [0.0, 5.0, 5.5]  # idle from 0.01 s to 5 s
+    run.steps["duration_s"] = [0.01, 0.5, 0.5]
+    run.steps["num_running"] = [3, 2, 1]
+    run.steps["num_waiting"] = [4, 1, 0]
+    lines = {t.name: (list(t.x), list(t.y)) for t in load.load_over_time(run).data}
+    x, running = lines["running"]
+    assert x == [0.0, 0.01, 5.0, 5.5, 6.0]
+    assert running == [3, 0, 2, 1, 1]  # nothing runs while the replica idles
+    assert lines["waiting"][1] == [4, 4, 1, 0, 0]  # the last count holds
+    assert lines["swapped"][1] == [0, 0, 0, 0, 0]
 
 
 def test_breakdown_shows_contiguous_reservations_wasting_memory(

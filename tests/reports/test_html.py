@@ -97,3 +97,31 @@ def test_cli_reports_bad_input(
     assert main([str(example_dir), "-o", out, "--label", "a", "--label", "b"]) == 2
     assert main([str(tmp_path / "missing"), "-o", out]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_definitions_cite_files_that_exist(example_run: RunRecords) -> None:
+    page = render_report([example_run])
+    definitions = page.split('id="definitions"')[1]
+    cited = re.findall(r"\b([a-z_]+(?:/[a-z_]+)+\.py)\b", definitions)
+    assert "records/metrics.py" in cited and "core/memory.py" in cited
+    root = Path(__file__).resolve().parents[2]
+    for path in cited:
+        assert (root / path).is_file(), path
+
+
+def test_an_imported_measured_run_is_not_labelled_as_priced(
+    example_dir: Path, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    from records.run_dir import load_run
+
+    run_dir = tmp_path / "measured"
+    shutil.copytree(example_dir, run_dir)
+    payload = json.loads((run_dir / "summary.json").read_text())
+    payload["measured"] = {"format": "llmservingsim", "source": "x"}
+    (run_dir / "summary.json").write_text(json.dumps(payload))
+    page = render_report([load_run(run_dir)])
+    assert "<td>measured: a llmservingsim run, imported</td>" in page
+    assert "<td>simulated: cost model roofline</td>" in render_report([load_run(example_dir)])

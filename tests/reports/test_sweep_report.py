@@ -95,3 +95,19 @@ def test_sweep_report_renders_in_chromium(tmp_path: Path) -> None:
     assert len(rendered.status["figures"]) == 5
     for fig_id, status in rendered.status["figures"].items():
         assert status["marks"] > 0, fig_id
+
+
+def test_option_axes_read_as_typed_and_name_the_default(tmp_path: Path) -> None:
+    rows = [
+        {"point": 0, "run_dir": "p/0", "status": "ok", "error": "", "policy": "chunked"},
+        {"point": 1, "run_dir": "p/1", "status": "ok", "error": "", "policy": "disagg"},
+    ]
+    metrics = {"num_gpus": 1, "request_goodput": 1.0, "p99_ttft_ms": 9.0, "p99_tpot_ms": 3.0}
+    rows[0].update(max_num_seqs=64, request_throughput=1.0, **metrics)
+    rows[1].update(request_throughput=2.0, **metrics)
+    path = write_sweep_csv(tmp_path / "sweep.csv", ["max_num_seqs", "policy"], rows)
+    frame = pd.read_csv(path)  # max_num_seqs reads back as 64.0 and NaN
+    figure = metric_vs_option(frame, "max_num_seqs")
+    assert sorted(figure.data[0].x) == ["64", "default"]
+    html = write_sweep_report(path, tmp_path / "r.html").read_text()
+    assert "max_num_seqs=64.0" not in html and "max_num_seqs=64" in html

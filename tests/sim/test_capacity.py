@@ -19,10 +19,19 @@ from sim.experiments.capacity import (
     run_searches,
     search,
 )
-from sim.experiments.sweep import PointOutput, PointTask, Workers
-from sim.experiments.sweep_spec import TraceSource
+from sim.experiments.capacity_judgement import (
+    concurrency,
+    confidence_bounds,
+    probe_repeats,
+    probe_requests,
+)
+from sim.experiments.sweep import PointOutput, PointTask, Workers, run_point
+from sim.experiments.sweep_spec import TraceSource, repeat_trace
+from sim.run import RunConfig
+from traces.loaders import load_trace
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "traces" / "data" / "example.csv"
+DATA = Path(__file__).resolve().parents[2] / "traces" / "data"
+EXAMPLE = DATA / "example.csv"
 
 
 def threshold_runner(threshold: float, calls: list[list[float]]):  # type: ignore[no-untyped-def]
@@ -185,7 +194,7 @@ def test_a_second_search_in_the_same_out_reuses_every_probe(
 ) -> None:
     out = tmp_path / "cap"
     argv = ["capacity", str(EXAMPLE), "--slo-ttft", "200", "--slo-tpot", "30"]
-    argv += ["--rate-tol", "0.1", "--out", str(out)]
+    argv += ["--min-probe-requests", "200", "--rate-tol", "0.1", "--out", str(out)]
     assert main(argv) == 0
     first = capsys.readouterr().out
     num_probes = len(load_sweep_csv(out / "capacity_probes.csv"))
@@ -210,9 +219,93 @@ def test_capacity_on_ray_matches_local_processes(tmp_path: Path) -> None:
     spec = tmp_path / "spec.toml"
     spec.write_text(f'[trace]\npath = "{EXAMPLE}"\n[grid]\nmax-num-seqs = [4, 64]\n')
     argv = ["capacity", "--sweep", str(spec), "--slo-ttft", "300", "--slo-tpot", "40"]
-    argv += ["--rate-tol", "0.1", "-j", "2", "--quiet"]
+    argv += ["--rate-tol", "0.1", "-j", "2", "--quiet", "--min-probe-requests", "200"]
     assert main([*argv, "--out", str(tmp_path / "local")]) == 0
     assert main([*argv, "--ray", "--out", str(tmp_path / "ray")]) == 0
     for name in ("capacity.csv", "capacity_probes.csv"):
         local, ray = (tmp_path / "local" / name), (tmp_path / "ray" / name)
         assert ray.read_bytes() == local.read_bytes(), name
+
+
+# -- issue 33: the steady state, not a short trace's transient -------------------------------
+
+
+def test_a_repeated_trace_is_fresh_copies_end_to_end() -> None:
+    trace = load_trace(DATA / "shared_prefix.csv")
+    copies = repeat_trace(trace, 3)
+    n = len(trace)
+    assert len(copies) == 3 * n
+    assert copies.requests[n].request_id == f"{trace.requests[0].request_id}#1"
+    # Copy 1 starts one mean gap after copy 0 ends.
+    gap = trace.duration_s / (n - 1)
+    assert copies.requests[n].arrival_s == pytest.approx(trace.requests[-1].arrival_s + gap)
+    # No copy shares a prefix block with another (a copy is not the same requests again).
+    blocks = [
+        {h for r in copies.requests[k * n : (k + 1) * n] for h in r.prefix_hash_ids or ()}
+        for k in range(3)
+    ]
+    assert blocks[0] and not blocks[0] & blocks[1] and not blocks[1] & blocks[2]
+    assert len(blocks[0]) == len(blocks[1]) == len(blocks[2])  # the same sharing within each
+    assert [r.prompt_tokens for r in copies.requests[n:]] == [
+        r.prompt_tokens for r in trace.requests
+    ] * 2
+    assert repeat_trace(trace, 1) is trace
+    with pytest.raises(ValueError, match="repeats must be an int >= 1"):
+        repeat_trace(trace, 0)
+
+
+def test_a_probe_is_long_enough_by_the_stated_rule() -> None:
+    config = RunConfig(max_num_seqs=64, slo_ttft_s=0.5)
+    assert concurrency(config) == 64
+    assert probe_requests(config, rate=10.0) == 20 * 64
+    assert probe_requests(RunConfig(max_num_seqs=8), rate=10.0) == 1000  # the floor
+    assert concurrency(RunConfig(num_replicas=3, max_num_seqs=10)) == 30
+    assert concurrency(RunConfig(policy="static", batch_size=8)) == 8
+    # At 500 req/s a 0.5 s TTFT SLO asks for 20 × 0.5 s × 500 = 5,000 requests.
+    assert probe_requests(config, rate=500.0) == 5000
+    assert probe_requests(config, rate=10.0, min_requests=300) == 300
+    assert probe_repeats(200, config, rate=10.0) == 7  # 1,280 requests of a 200-request trace
+
+
+def test_an_overloaded_probe_fails_whatever_its_attainment() -> None:
+    assert not passes({"status": "ok", "slo_attainment": 1.0, "overloaded": True}, 0.9)
+    assert passes({"status": "ok", "slo_attainment": 1.0, "overloaded": False}, 0.9)
+
+
+def test_confidence_is_the_clear_passes_and_failures_around_the_answer() -> None:
+    probes = [
+        {"status": "ok", "rate": 10.0, "slo_attainment_low": 0.95, "slo_attainment_high": 1.0},
+        {"status": "ok", "rate": 12.0, "slo_attainment_low": 0.85, "slo_attainment_high": 0.97},
+        {"status": "ok", "rate": 13.0, "slo_attainment_low": 0.7, "slo_attainment_high": 0.95},
+        {"status": "ok", "rate": 14.0, "slo_attainment_low": 0.5, "slo_attainment_high": 0.8},
+        {"status": "ok", "rate": 16.0, "overloaded": True},
+    ]
+    # 12 passed by its estimate but its interval straddles 90%: the answer is 12, the 95%
+    # interval runs from 10 (clearly above) to 14 (clearly below); 13 is not clear either.
+    assert confidence_bounds(probes, 12.0, 0.9) == (10.0, 14.0)
+    assert confidence_bounds(probes[1:3], 12.0, 0.9) == (None, None)
+
+
+@pytest.mark.slow
+def test_the_capacity_of_a_short_trace_is_its_steady_states(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The example's 200 requests alone give about 38 req/s at max_num_seqs 64: a burst the batch
+    # absorbs. Runs 25 times as long (5,000 requests) put the steady state near 30.4 req/s.
+    slos = ["--slo-ttft", "500", "--slo-tpot", "50"]
+    argv = ["capacity", str(EXAMPLE), *slos, "--max-num-seqs", "64", "--rate-tol", "0.02"]
+    assert main([*argv, "-j", "2", "--out", str(tmp_path / "cap")]) == 0
+    printed = capsys.readouterr().out
+    row = load_sweep_csv(tmp_path / "cap" / "capacity.csv").iloc[0]
+    capacity = float(row["capacity_rate"])
+    assert int(row["probe_repeats"]) == 7  # 20 × 64 sequences = 1,280 requests: 7 copies
+    assert "replayed the trace 7 time(s) (1,400 requests)" in printed
+    assert row["confidence_low_rate"] <= capacity < row["confidence_high_rate"]
+
+    def long_run_passes(rate: float) -> bool:
+        options = (("max_num_seqs", 64), ("rate", rate), ("repeats", 25))
+        options += (("slo_tpot", 50), ("slo_ttft", 500))
+        return passes(run_point(PointTask(0, options, TraceSource(str(EXAMPLE)))).row, 0.9)
+
+    assert long_run_passes(0.95 * capacity)
+    assert not long_run_passes(1.05 * capacity)

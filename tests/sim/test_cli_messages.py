@@ -302,3 +302,21 @@ def test_readme_commands_run_from_a_plain_clone() -> None:
         for word in paths:
             if word.startswith(("traces/", "../shared")) and "TRACE" not in word:
                 assert (ROOT / word).exists() and not word.startswith("../"), command
+
+
+# -- issue 33 --------------------------------------------------------------------------------
+
+
+def test_a_run_where_nothing_finishes_at_one_instant_writes_its_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "one.csv"
+    trace.write_text("request_id,arrival_s,prompt_tokens,output_tokens\n0,0,500000,10\n")
+    out, report = tmp_path / "out", tmp_path / "r.html"
+    assert main(["run", str(trace), "--out", str(out), "--report", str(report)]) == 0
+    printed = capsys.readouterr().out
+    assert "nothing finished" in printed
+    assert "throughput   none" in printed
+    assert {p.name for p in out.iterdir()} == {"requests.csv", "steps.csv", "summary.json"}
+    assert json.loads((out / "summary.json").read_text())["summary"]["completed"] == 0
+    assert report.is_file()

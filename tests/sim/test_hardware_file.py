@@ -144,3 +144,24 @@ def test_pcie_only_cards_all_reduce_over_pcie() -> None:
         spec = HARDWARE_PRESETS[name]
         assert spec.nvlink_domain_size == 1
         assert spec.scale_out_bandwidth_bytes_per_s == spec.host_link_bandwidth_bytes_per_s
+
+
+def test_a_hardware_files_name_appears_in_the_summary_files_and_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/hardware_format.md: `name` is "shown in summaries and reports".
+    trace = tmp_path / "t.csv"
+    trace.write_text("request_id,arrival_s,prompt_tokens,output_tokens,num_samples\nr0,0.0,8,2,1\n")
+    path = _write(tmp_path, FULL)
+    out, report = tmp_path / "run", tmp_path / "r.html"
+    assert main(["run", str(trace), "--hardware", str(path), "--out", str(out)]) == 0
+    config_line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("config"))
+    assert f"on test-gpu ({path})" in config_line
+    assert json.loads((out / "summary.json").read_text())["hardware_name"] == "test-gpu"
+    from reports.cli import main as report_main
+
+    assert report_main([str(out), "-o", str(report)]) == 0
+    assert f"<td>test-gpu ({path})</td>" in report.read_text()
+    # A preset's summary.json gains nothing: its name is already the config's hardware.
+    assert main(["run", str(trace), "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    assert "hardware_name" not in json.loads((tmp_path / "p" / "summary.json").read_text())

@@ -21,6 +21,9 @@ def _summary_hash(path: Path) -> str:
     summary = json.loads(path.read_text())
     summary.pop("command")
     summary.pop("servesim_version")
+    # Issue 33: an overloaded run's summary.json gains the overload warning (records.overload),
+    # a judgement of the simulated numbers, none of which it changes.
+    summary.pop("overload", None)
     return hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()
 
 

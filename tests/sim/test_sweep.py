@@ -222,3 +222,35 @@ def test_workers_are_opened_once_for_many_batches(tmp_path: Path) -> None:
     assert [row["point"] for row in rows] == [0, 1, 2, 3, 4]
     assert all(row["status"] == "ok" for row in rows)
     assert all(o.extra["cpu_s"] > 0 for o in [*first, *second])
+
+
+def test_sweep_prints_its_points_as_a_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_spec(tmp_path)
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["point"])
+    assert "policy" in lines[head] and "req/s" in lines[head] and "TTFT p99 ms" in lines[head]
+    rows = load_sweep_csv(tmp_path / "out" / "sweep.csv")
+    body = lines[head + 1 : head + 1 + len(rows)]
+    for line, (_, row) in zip(body, rows.iterrows(), strict=True):
+        cells = line.split()
+        assert cells[0] == str(row["point"]) and row["policy"] in cells
+        assert f"{row['request_throughput']:.3f}" in cells and cells[-1] == "ok"
+
+
+def test_a_point_can_repeat_the_trace_and_rows_are_judged(tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path,
+        f'[trace]\npath = "{EXAMPLE}"\n[run]\nslo-ttft = 300\nslo-tpot = 40\nrate = 30.0\n'
+        "[grid]\nrepeats = [1, 3]\npolicy = ['static', 'chunked']\n",
+    )
+    outcome = run_sweep(spec, tmp_path / "out")
+    rows = {(r["policy"], r["repeats"]): r for r in outcome.rows}
+    assert rows["chunked", 3]["num_requests"] == 3 * rows["chunked", 1]["num_requests"] == 600
+    assert rows["static", 3]["overloaded"] is True and rows["chunked", 1]["overloaded"] is False
+    for row in outcome.rows:
+        assert row["slo_attainment_low"] <= row["slo_attainment"] <= row["slo_attainment_high"]
+    with pytest.raises(ValueError, match="repeats must be an int >= 1"):
+        load_spec(write_spec(tmp_path, f'[trace]\npath = "{EXAMPLE}"\n[run]\nrepeats = 0\n'))

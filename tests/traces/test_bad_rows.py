@@ -245,3 +245,27 @@ def test_length_table_bad_rows(tmp_path: Path) -> None:
     ]
     table = load_length_table(path, on_error="skip")
     assert (table.prompt_tokens, table.output_tokens, table.num_skipped) == ((10,), (5,), 3)
+
+
+def test_an_unknown_header_names_each_formats_columns_and_the_missing_ones(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "near.csv"
+    path.write_text("arrival_s,num_prompt_tokens,num_output_tokens\n0,5,5\n")
+    with pytest.raises(TraceFormatError) as caught:
+        load_trace(path)
+    text = str(caught.value)
+    assert "--format" in text and "format=" in text and "pass format=" not in text
+    (problem,) = caught.value.problems
+    assert (
+        "servesim needs arrival_s, prompt_tokens, output_tokens (missing prompt_tokens, "
+        "output_tokens)" in problem.message
+    )
+    assert "vidur needs arrived_at, num_prefill_tokens, num_decode_tokens" in problem.message
+    assert "azure needs TIMESTAMP, ContextTokens, GeneratedTokens" in problem.message
+    assert "burstgpt needs Timestamp, Request tokens, Response tokens" in problem.message
+    assert "mooncake is JSON Lines with the keys timestamp, input_length" in problem.message
+    record = tmp_path / "near.jsonl"
+    record.write_text('{"timestamp": 0, "input_length": 5}\n')
+    with pytest.raises(TraceFormatError, match=r"missing output_length"):
+        load_trace(record)
