@@ -95,6 +95,7 @@ class Scheduler(StepHost):
             return False
         for child in children:
             self._queue(child, now_s)
+            child.prompt_idx = children[0].internal_idx  # one prompt, content known or not
         group = SampleGroup(parent, children)
         self._parents[parent.request_id] = group
         for child in children:

@@ -26,6 +26,7 @@ from core.config import (
     SchedulerConfig,
 )
 from core.model.presets import load_model_spec
+from core.model.spec import ModelSpec
 from core.policies import POLICIES
 from core.request import Request
 from core.scheduler import Scheduler
@@ -44,6 +45,7 @@ from sim.data_parallel import LockstepGroup, run_lockstep
 from sim.deployment import ROUTERS, DeploymentOutput, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
 from sim.simulator import Replica
+from sim.specs.hardware import HardwareSpec
 from sim.specs.hardware_file import hardware_is_file, load_hardware
 from sim.specs.kv_capacity import derive_num_blocks
 from traces.schema import Trace
@@ -234,6 +236,25 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*threshold)
 
 
+def _derived_num_blocks(
+    model: ModelSpec, hardware: HardwareSpec, config: RunConfig, lockstep: bool
+) -> int:
+    """vLLM's KV blocks per rank for ``config``; a lockstep data-parallel MoE's GPU holds
+    its share of every rank's experts."""
+    return derive_num_blocks(
+        model,
+        hardware,
+        config.tp,
+        config.block_size,
+        config.gpu_memory_utilization,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        weight_bytes=weight_bytes_per_gpu(model, config.tp, config.data_parallel_size)
+        if lockstep
+        else None,
+    )
+
+
 def _run_lockstep(
     trace: Trace,
     config: RunConfig,
@@ -274,16 +295,7 @@ def simulate(
     dp = config.data_parallel_size
     check_data_parallel(model, config.tp, dp)
     lockstep = dp > 1 and model.is_moe
-    num_blocks = config.num_blocks or derive_num_blocks(
-        model,
-        hardware,
-        config.tp,
-        config.block_size,
-        config.gpu_memory_utilization,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-        weight_bytes=weight_bytes_per_gpu(model, config.tp, dp) if lockstep else None,
-    )
+    num_blocks = config.num_blocks or _derived_num_blocks(model, hardware, config, lockstep)
     if config.max_model_len is not None and config.max_model_len > model.max_model_len:
         raise ValueError(
             f"max_model_len {config.max_model_len} exceeds {config.model}'s context of "

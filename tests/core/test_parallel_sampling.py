@@ -59,6 +59,18 @@ def test_children_share_the_prompt_only_through_the_prefix_cache() -> None:
     assert not batch.copies
 
 
+def test_children_of_unknown_content_still_have_one_prompt() -> None:
+    """A trace of lengths only names blocks by request; a parent's children share its name."""
+    s = make_scheduler(
+        "chunked", parallel_sampling="fan_out", prefix_caching=True, block_size=4, budget=64
+    )
+    parent, other = Request("p", 0.0, 22, 2, n=2), Request("q", 0.0, 22, 2)
+    assert s.add_request(parent, 0.0) and s.add_request(other, 0.0)
+    batch, _, _ = step(s, 0.0)
+    shares = [(r.request.request_id, r.num_computed_tokens) for r in batch.requests]
+    assert shares == [("0_p", 0), ("1_p", 20), ("q", 0)]
+
+
 def test_the_parent_is_reported_once_with_what_its_children_did() -> None:
     s = make_scheduler("continuous", parallel_sampling="fan_out", budget=24)
     parent = Request("p", 0.0, 10, 3, n=3)
