@@ -299,12 +299,25 @@ class CalibratedCostModel:
         cost at each sequence's own context: the same as the mean where the cost is linear in
         context, more where it grows faster, as when a long context leaves the CPU's caches)."""
         num_decode, rule = len(contexts), self.profile.decode_attention_context
+        at = self._decode_at if self._roofline_edges else grid
         if rule == "max":
-            return grid(num_decode, float(max(contexts)))
+            return at(num_decode, float(max(contexts)))
         if rule == "per_sequence":
             counts = Counter(contexts)
-            return sum(n * grid(num_decode, float(c)) for c, n in counts.items()) / num_decode
-        return grid(num_decode, sum(contexts) / num_decode)
+            return sum(n * at(num_decode, float(c)) for c, n in counts.items()) / num_decode
+        return at(num_decode, sum(contexts) / num_decode)
+
+    def _decode_at(self, num_seqs: float, context: float) -> float:
+        """The decode table at (num_seqs, context); past its grid, the edge's time scaled by
+        the roofline's ratio (``extrapolation: roofline``)."""
+        grid = self._table2("decode_attention")
+        assert grid is not None
+        n = min(max(num_seqs, grid.xs[0]), grid.xs[-1])
+        c = min(max(context, grid.ys[0]), grid.ys[-1])
+        time_s = grid.within(n, c)
+        if (n, c) != (num_seqs, context) and (edge := self._decode_roof(n, c)) > 0:
+            time_s *= self._decode_roof(num_seqs, context) / edge
+        return time_s
 
     def _overhead_s(self, num_seqs: int) -> float:
         """The fitted overhead, plus the ``prepare`` table where the profile has one (without

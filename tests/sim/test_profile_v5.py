@@ -174,3 +174,43 @@ def test_a_version_4_file_ignores_version_5_keys(profile_path: Path, tmp_path: P
     data["timer"] = "kernel_trace"
     with pytest.raises(ValueError, match=r"'timer': must be one of .* in version 4"):
         load_profile(_write(tmp_path, data))
+
+
+def test_the_two_dimensional_tables_follow_the_roofline_past_their_grid(tmp_path: Path) -> None:
+    data: dict[str, Any] = {
+        "format_version": 5,
+        "device": {"name": "handmade", "driver": "none"},
+        "software": {"torch": "none", "triton": "none", "cuda": "none"},
+        "command": "handmade",
+        "model": "tiny-llama",
+        "tp": 1,
+        "block_size": 16,
+        "extrapolation": "roofline",
+        "ops": {
+            "decode_attention": {
+                "num_seqs": [1, 8],
+                "context_tokens": [16, 256],
+                "time_s": [[1e-5, 2e-5], [3e-5, 9e-5]],
+            },
+            "prefill_attention": {
+                "num_query_tokens": [16, 256],
+                "num_context_tokens": [0, 256],
+                "time_s": [[1e-5, 2e-5], [5e-5, 9e-5]],
+            },
+        },
+    }
+    model = _model(_write(tmp_path, data))
+    roof = RooflineCostModel(TINY, GPU, 1)
+    decode = model.step_breakdown(StepShape(decode_context_tokens=(1000,) * 20))
+    ratio = roof.decode_attention_s(20, 20 * 1000, 20 * 1008) / roof.decode_attention_s(
+        8, 8 * 256, 8 * 256
+    )
+    assert decode["decode_attention"] == pytest.approx(LAYERS * 9e-5 * ratio)
+    prefill = model.step_breakdown(StepShape(prefill_chunks=((1024, 512),)))
+    ratio = roof.prefill_attention_s(((1024, 512),), 16) / roof.prefill_attention_s(
+        ((256, 256),), 16
+    )
+    assert prefill["prefill_attention"] == pytest.approx(LAYERS * 9e-5 * ratio)
+    # Inside the grid the tables read as before.
+    inside = model.step_breakdown(StepShape(decode_context_tokens=(256,) * 8))
+    assert inside["decode_attention"] == pytest.approx(LAYERS * 9e-5)
