@@ -13,7 +13,7 @@ passes their arrival; vLLM gets each request before the same step.
 --setup (vLLM is never a dependency of this project; it lives in its own environment, ~6 GB,
 outside the repository and outside CI)::
 
-    python -m venv /work/vllm-env
+    python -m venv /work/vllm-env   # (any folder outside the repository will do)
     /work/vllm-env/bin/pip install --no-deps vllm==0.33.0 torch==2.14.0
     # torch 2.14.0 from PyPI is the CUDA build: importing it needs its CUDA library wheels
     # even on CPU (else "libcudnn.so.9: cannot open shared object file").
@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from core.batch import StepResult  # noqa: E402
 from core.config import CacheConfig, SchedulerConfig  # noqa: E402
-from core.request import Request  # noqa: E402
+from core.request import Request, RequestStatus  # noqa: E402
 from core.scheduler import Scheduler  # noqa: E402
 from traces.loaders import load_trace  # noqa: E402
 
@@ -78,6 +78,9 @@ class Item:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     output_token: int
+    # Samples: our core gets one request with n and fans it out itself (workloads marked
+    # "n>1"); vLLM gets the n child requests its front end makes (``children``).
+    n: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,13 @@ def token_ids(index: int, prompt_tokens: int, hash_ids: Sequence[int] | None, hb
     return ids
 
 
-def load_items(path: Path, limit: int, at_zero: bool, max_output: int) -> list[Item]:
+def load_items(
+    path: Path, limit: int, at_zero: bool, max_output: int, samples: bool = False
+) -> list[Item]:
+    """The trace's first ``limit`` requests. vLLM v1 fans n > 1 out into n requests with the
+    same prompt before its scheduler (the frontend's ``ParentRequest``): without ``samples``
+    both schedulers get those n requests; with it our core gets one request with n, which its
+    own fan-out (``parallel_sampling="fan_out"``, its default) must turn into the same."""
     trace = load_trace(path)
     items: list[Item] = []
     for index, r in enumerate(trace.requests[:limit]):
@@ -118,13 +127,27 @@ def load_items(path: Path, limit: int, at_zero: bool, max_output: int) -> list[I
         if r.prompt_token_ids is not None:
             ids = list(r.prompt_token_ids)
         arrival = 0.0 if at_zero else r.arrival_s - trace.requests[0].arrival_s
-        # vLLM v1 fans n > 1 out into n requests with the same prompt before its scheduler
-        # (the frontend's ParentRequest); both schedulers get the fanned-out requests.
+        output = min(r.output_tokens, max_output)
+        if samples:
+            token = OUTPUT_TOKEN_BASE + len(items) * 16
+            items.append(Item(r.request_id, arrival, tuple(ids), output, token, r.num_samples))
+            continue
         for sample in range(r.num_samples):
             rid = r.request_id if r.num_samples == 1 else f"{r.request_id}_{sample}"
-            output = min(r.output_tokens, max_output)
             items.append(Item(rid, arrival, tuple(ids), output, OUTPUT_TOKEN_BASE + len(items)))
     return items
+
+
+def children(it: Item) -> list[Item]:
+    """The requests vLLM's front end makes of ``it``: ``{index}_{request_id}`` for n > 1
+    (``ParentRequest.get_child_info``), each sampling its own token id."""
+    if it.n == 1:
+        return [it]
+    return [
+        Item(f"{i}_{it.request_id}", it.arrival_s, it.prompt_token_ids, it.max_tokens,
+             it.output_token + i)
+        for i in range(it.n)
+    ]  # fmt: skip
 
 
 def fit_to(items: list[Item], max_model_len: int) -> list[Item]:
@@ -134,7 +157,7 @@ def fit_to(items: list[Item], max_model_len: int) -> list[Item]:
     for it in items:
         max_tokens = min(it.max_tokens, max(1, max_model_len // 4))
         prompt = it.prompt_token_ids[: max_model_len - max_tokens]
-        out.append(Item(it.request_id, it.arrival_s, prompt, max_tokens, it.output_token))
+        out.append(Item(it.request_id, it.arrival_s, prompt, max_tokens, it.output_token, it.n))
     return out
 
 
@@ -155,7 +178,7 @@ def run_ours(items: list[Item], st: Setting) -> tuple[list[StepRecord], list[lis
     )
     s = Scheduler(cache, config)
     pending = sorted(items, key=lambda it: it.arrival_s)
-    out_token = {it.request_id: it.output_token for it in items}
+    out_token = {c.request_id: c.output_token for it in items for c in children(it)}
     next_idx = 0
     now = 0.0
     records: list[StepRecord] = []
@@ -169,6 +192,7 @@ def run_ours(items: list[Item], st: Setting) -> tuple[list[StepRecord], list[lis
                 it.arrival_s,
                 len(it.prompt_token_ids),
                 it.max_tokens,
+                n=it.n,
                 prompt_token_ids=it.prompt_token_ids,
             )
             if not s.add_request(request, now):
@@ -194,14 +218,16 @@ def run_ours(items: list[Item], st: Setting) -> tuple[list[StepRecord], list[lis
         finished = s.update(batch, StepResult(duration, sampled_token_ids=sampled), now + duration)
         now += duration
         hits = sum(c for rid, (c, _) in scheduled.items() if rid in was_waiting)
+        # The scheduler's own requests that finished: a fanned-out request's children as
+        # they end (``update`` reports their parent once, when the last one has).
+        done = {r.request_id for r in finished if r.n == 1}
+        done |= {
+            r.request.request_id
+            for r in batch.requests
+            if r.request.status is RequestStatus.FINISHED
+        }
         records.append(
-            (
-                scheduled,
-                tuple(sorted(batch.preempted_ids)),
-                tuple(sorted(r.request_id for r in finished)),
-                free,
-                hits,
-            )
+            (scheduled, tuple(sorted(batch.preempted_ids)), tuple(sorted(done)), free, hits)
         )
         added.append(to_add)
         to_add = []
@@ -369,7 +395,8 @@ def run_vllm(
     records: list[StepRecord] = []
     for ids in added:
         for rid in ids:
-            driver.add(by_id[rid])
+            for child in children(by_id[rid]):
+                driver.add(child)
         records.append(driver.step())
         if not records[-1][0]:
             break  # vLLM scheduled nothing where our core did: stop, it is a mismatch
@@ -460,6 +487,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         workloads[f"{name}@t0"] = load_items(path, args.limit, True, args.max_output)
         workloads[f"{name}@arrivals"] = load_items(path, args.limit, False, args.max_output)
+        for timing, at_zero in (("t0", True), ("arrivals", False)):
+            items = load_items(path, args.limit, at_zero, args.max_output, samples=True)
+            if any(it.n > 1 for it in items):
+                workloads[f"{name}@{timing} n>1"] = items
     if args.only:
         workloads = {k: v for k, v in workloads.items() if args.only in k}
         if not workloads:
@@ -469,7 +500,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"vLLM {vllm.__version__}; block_size {BLOCK_SIZE}; our core with its defaults")
     print(
         f"{args.limit} requests per trace, outputs cut to {args.max_output} tokens; n > 1 is "
-        "fanned out into n requests for both schedulers, as vLLM v1's frontend does"
+        "fanned out into n requests for both schedulers, as vLLM v1's frontend does, except in "
+        "the workloads marked n>1, where our core gets the request with n and fans it out itself"
     )
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     total = same = 0
@@ -483,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         preempted = sum(len(r[1]) for r in ours)
         hits = sum(r[4] for r in ours)
         label = (
-            f"{name:26s} {st.policy:10s} budget {st.budget:4d} seqs {st.max_num_seqs:3d} "
+            f"{name:30s} {st.policy:10s} budget {st.budget:4d} seqs {st.max_num_seqs:3d} "
             f"blocks {st.num_blocks:4d} caching {'on ' if st.prefix_caching else 'off'} "
             f"len {st.max_model_len:5d}: {len(ours):5d} steps {preempted:4d} preempted "
             f"{hits:7d} hit tokens"

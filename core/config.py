@@ -14,11 +14,17 @@ from core.errors import ConfigError
 MemoryModel = Literal["paged", "contiguous"]
 ReservationRule = Literal["max", "pow2", "oracle"]
 PreemptionMode = Literal["recompute", "swap"]
+ParallelSampling = Literal["fan_out", "fork"]
 
 MEMORY_MODELS: tuple[MemoryModel, ...] = ("paged", "contiguous")
 RESERVATION_RULES: tuple[ReservationRule, ...] = ("max", "pow2", "oracle")
 PREEMPTION_MODES: tuple[PreemptionMode, ...] = ("recompute", "swap")
 GIB = 1 << 30
+PARALLEL_SAMPLING: tuple[ParallelSampling, ...] = ("fan_out", "fork")
+"""How a request with n > 1 samples runs: ``fan_out``, as vLLM v1 runs it, n child requests
+scheduled each on its own that share only through the prefix cache; ``fork``, as the vLLM paper
+and vLLM v0 run it, the prompt computed once and its blocks shared copy-on-write by n
+sequences that decode together (``core.parallel_sampling``)."""
 
 # Field metadata of what is not a setting: no flag, not among a run's recorded settings.
 NOT_A_SETTING = {"setting": False}
@@ -172,6 +178,7 @@ class SchedulerConfig:
     policies, which import it). ``max_num_batched_tokens`` is the per-step token budget (the
     chunk budget for ``chunked``); ``max_num_seqs`` caps the requests in one step.
     ``batch_size`` and ``max_wait_s`` are the static/dynamic batching parameters.
+    ``parallel_sampling`` says how n > 1 runs (PARALLEL_SAMPLING; vLLM v1's fan-out by default).
     """
 
     policy: str = "chunked"
@@ -180,6 +187,7 @@ class SchedulerConfig:
     preemption_mode: PreemptionMode = "recompute"
     batch_size: int = 8
     max_wait_s: float = 1.0
+    parallel_sampling: ParallelSampling = "fan_out"
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -339,6 +347,14 @@ SETTINGS: tuple[Setting, ...] = (
         float,
         "dynamic batching: start a batch once its oldest request has waited this many seconds",
         finite_non_negative,
+    ),
+    Setting(
+        "parallel_sampling",
+        str,
+        "how a request with n > 1 samples runs: fan_out (vLLM v1: n child requests scheduled "
+        "each on its own, sharing only through the prefix cache) or fork (the vLLM paper and "
+        "v0: the prompt computed once, its blocks shared copy-on-write by n sequences)",
+        choices=PARALLEL_SAMPLING,
     ),
 )
 SETTINGS_BY_FIELD: dict[str, Setting] = {row.field: row for row in SETTINGS}

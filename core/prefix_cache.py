@@ -3,7 +3,8 @@
 A block's content is known from the prompt's token ids, from a trace's prefix-block hash ids
 (Mooncake gives one id per 512 prompt tokens), or from the engine's sampled token ids. When
 it is not known (a synthetic trace with lengths only) the block is named by its request, sample
-and index, so it can only ever hit its own request again (after a recompute preemption).
+and index, so it can only ever hit its own request again (after a recompute preemption), or, for
+a prompt block, a sibling of a fanned-out request (``Request.prompt_idx``).
 Keys are built from ints only, so Python's ``hash`` gives the same value in every process.
 """
 
@@ -36,7 +37,8 @@ def block_content(
             first, last = start // hb, (end - 1) // hb
             if last < len(request.prefix_hash_ids):
                 return (start % hb, *request.prefix_hash_ids[first : last + 1])
-        return (-1 - request.internal_idx, -1, block_idx)
+        owner = request.prompt_idx if request.prompt_idx >= 0 else request.internal_idx
+        return (-1 - owner, -1, block_idx)
     if request.prompt_token_ids is not None and len(output_ids) >= end - prompt_len:
         tokens = list(request.prompt_token_ids[start:prompt_len]) if start < prompt_len else []
         tokens.extend(output_ids[max(0, start - prompt_len) : end - prompt_len])

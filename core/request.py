@@ -138,8 +138,11 @@ class Request:
     # Sampled token ids by sequence (the engine's; the simulator samples no ids). Until the
     # first, one shared empty map: most requests in a simulation never need a dict of their own.
     output_token_ids: Mapping[int, list[int]] = field(default_factory=_no_output_ids)
-    # Set by the scheduler: a unique int used to name blocks whose content is unknown.
+    # Set by the scheduler: a unique int used to name blocks whose content is unknown, and
+    # (``prompt_idx``, when not -1) the one naming its prompt's blocks instead: the children
+    # of a fanned-out request have one prompt, whatever the trace says of its content.
     internal_idx: int = -1
+    prompt_idx: int = -1
     # Disaggregated serving. Prefill side: keep the KV after finishing, until it has been
     # sent (``Scheduler.release_kv``). Decode side: the prompt's KV comes over a link, and
     # the request cannot run until it is there (``Scheduler.kv_arrived``).
@@ -192,6 +195,7 @@ class Request:
         self.forked = False
         self.output_token_ids = _NO_OUTPUT_IDS
         self.internal_idx = -1
+        self.prompt_idx = -1
         self.hold_kv_on_finish = False
         self.kv_ready = True
         self.first_scheduled_s = None

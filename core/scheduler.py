@@ -13,6 +13,7 @@ from core.contiguous_allocator import ContiguousKVManager
 from core.kv_manager import KVCacheManager, PagedKVManager
 from core.kv_state import KVState
 from core.memory import MemorySnapshot
+from core.parallel_sampling import SampleGroup, fan_out
 from core.policies import POLICIES, Policy, check_policy
 from core.request import Request, RequestStatus, TokenTimeline
 from core.step import Step, StepHost, arrival_order, insert_by_arrival
@@ -65,6 +66,9 @@ class Scheduler(StepHost):
         self.step_idx = 0
         self.num_held_samples = 0
         self._requests: dict[str, Request] = {}
+        # Fanned-out requests (n > 1 under ``parallel_sampling="fan_out"``): by child id.
+        self._groups: dict[str, SampleGroup] = {}
+        self._parents: dict[str, SampleGroup] = {}
         # End time of every executed step; token timelines point into it.
         self.step_end_s: array[float] = array("d")
         self._changed_since_schedule = False  # an arrival or abort the last schedule missed
@@ -77,7 +81,35 @@ class Scheduler(StepHost):
     # -- arrivals and removal --------------------------------------------------------------
 
     def add_request(self, request: Request, now_s: float) -> bool:
-        """Queue ``request``; False if it is rejected (``request.reject_reason`` says why)."""
+        """Queue ``request``; False if it is rejected (``request.reject_reason`` says why).
+        With n > 1 and ``parallel_sampling="fan_out"`` its n children are queued instead, and
+        ``update`` returns the request itself once they have all finished."""
+        if request.n > 1 and self.config.parallel_sampling == "fan_out":
+            return self._fan_out(request, now_s)
+        return self._queue(request, now_s)
+
+    def _fan_out(self, parent: Request, now_s: float) -> bool:
+        if parent.request_id in self._parents or parent.request_id in self._requests:
+            raise ValueError(f"request id {parent.request_id!r} is already in the scheduler")
+        if parent.status is not RequestStatus.WAITING or parent.seq_ids:
+            raise ValueError(f"request {parent.request_id!r} was already added somewhere")
+        children = fan_out(parent)
+        reason = self.rejection_reason(children[0])  # (all n alike)
+        if reason is not None:
+            parent.status = RequestStatus.REJECTED
+            parent.reject_reason = reason
+            parent.finish_s = now_s
+            return False
+        for child in children:
+            self._queue(child, now_s)
+            child.prompt_idx = children[0].internal_idx  # one prompt, content known or not
+        group = SampleGroup(parent, children)
+        self._parents[parent.request_id] = group
+        for child in children:
+            self._groups[child.request_id] = group
+        return True
+
+    def _queue(self, request: Request, now_s: float) -> bool:
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
         if request.status is not RequestStatus.WAITING or request.seq_ids:
@@ -136,8 +168,9 @@ class Scheduler(StepHost):
         """Decode side: a request whose prompt was computed (and first token sampled at
         ``first_token_s``) elsewhere. It waits in ``incoming`` until its KV fits; the step that
         reserves the blocks lists it in ``batch.transfers``, and it runs once ``kv_arrived``.
-        Returns False if it could never fit here (``request.reject_reason``)."""
-        if not self.add_request(request, now_s):
+        Returns False if it could never fit here (``request.reject_reason``). Its n samples
+        fork the KV that came once, whatever ``parallel_sampling`` says."""
+        if not self._queue(request, now_s):
             return False
         self.waiting.remove(request)
         request.kv_ready = False
@@ -178,7 +211,15 @@ class Scheduler(StepHost):
         self.arrivals_done = True
 
     def abort(self, request_id: str, now_s: float) -> Request | None:
-        """Stop a request wherever it is and free everything it holds."""
+        """Stop a request wherever it is and free everything it holds (a fanned-out
+        request: each of its children)."""
+        group = self._parents.pop(request_id, None)
+        if group is not None:
+            for child in group.children:
+                self._groups.pop(child.request_id, None)
+                self.abort(child.request_id, now_s)
+            group.abort(now_s)
+            return group.parent
         request = self._requests.pop(request_id, None)
         if request is None:
             return None
@@ -368,13 +409,24 @@ class Scheduler(StepHost):
             self.kv_held[request.request_id] = request
         else:
             self.kv.free(request)
-        finished.append(request)
+        self._report(request, now_s, finished)
+
+    def _report(self, request: Request, now_s: float, finished: list[Request]) -> None:
+        """``request`` finished: it is what ``update`` returns, unless it is a fanned-out
+        child, whose parent is returned once its last child has finished."""
+        group = self._groups.pop(request.request_id, None) if self._groups else None
+        if group is None:
+            finished.append(request)
+        elif group.child_done(now_s):
+            del self._parents[group.parent.request_id]
+            finished.append(group.parent)
 
     def _release_held(self, now_s: float) -> list[Request]:
-        released = self.held
+        released: list[Request] = []
+        held = self.held
         self.held = []
         self.num_held_samples = 0
-        for request in released:
+        for request in held:
             request.status = RequestStatus.FINISHED
             request.finish_s = now_s
             del self._requests[request.request_id]
@@ -382,6 +434,7 @@ class Scheduler(StepHost):
                 self.kv_held[request.request_id] = request
             else:
                 self.kv.free(request)
+            self._report(request, now_s, released)
         return released
 
     # -- steps applied in bulk (sim.fastforward) -----------------------------------------------

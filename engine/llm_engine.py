@@ -26,6 +26,7 @@ import torch
 from core.batch import ScheduledBatch, StepResult
 from core.config import GIB, CacheConfig, SchedulerConfig, check_serving
 from core.model.spec import ModelSpec
+from core.parallel_sampling import child_id
 from core.policies import check_policy
 from core.request import Request
 from core.scheduler import Scheduler
@@ -274,10 +275,24 @@ class LLMEngine:
             # crc32, not hash(): a str's hash changes from process to process.
             seed = hash((self.config.seed, zlib.crc32(request_id.encode())))
         self._sampling[request_id] = _Sampling(params, seed)
+        if params.n > 1 and self.scheduler.config.parallel_sampling == "fan_out":
+            # vLLM v1's children: one sample each, a seed given becomes seed + index.
+            one = replace(params, n=1)
+            for index in range(params.n):
+                child = child_id(request_id, index)
+                child_seed = seed + index if params.seed is not None else hash((seed, child))
+                self._sampling[child] = _Sampling(one, child_seed)
         self._num_added += 1
         if not self.scheduler.add_request(request, arrival_s if now_s is None else now_s):
-            self._sampling.pop(request_id)
+            self._forget(request)
         return request
+
+    def _forget(self, request: Request) -> None:
+        """Drop a request's sampling settings (and its fanned-out children's)."""
+        self._sampling.pop(request.request_id, None)
+        if request.n > 1:
+            for index in range(request.n):
+                self._sampling.pop(child_id(request.request_id, index), None)
 
     def _params_of(self, request: Request) -> tuple[SamplingParams, int]:
         entry = self._sampling[request.request_id]
@@ -315,8 +330,8 @@ class LLMEngine:
             record.update_s = (cpu_2 - cpu_1) if cpu_mode else (wall_2 - wall_1)
             record.wall_s, record.cpu_s = wall_2 - wall_0, cpu_2 - cpu_0
         for request in finished:
-            self._sampling.pop(request.request_id, None)
-            self.runner.forget(request.seq_ids)
+            self._forget(request)
+            self.runner.forget(request.seq_ids)  # a fanned-out parent's: its children's
         return StepOutput(batch, finished, record)
 
     @contextmanager

@@ -18,7 +18,9 @@ class SamplingParams:
     """How to sample one request's outputs.
 
     ``temperature`` 0 is greedy. ``top_k`` -1 and ``top_p`` 1.0 keep every token. ``n`` samples
-    share the prompt's KV and fork with copy-on-write. Generation stops at ``max_tokens`` or, unless
+    run as the scheduler's ``parallel_sampling`` says: n child requests as in vLLM v1 (a seed
+    given becomes seed + index for child index), or the prompt's KV forked copy-on-write.
+    Generation stops at ``max_tokens`` or, unless
     ``ignore_eos``, at the model's end-of-sequence token. ``seed`` None takes the engine's seed and
     the request's id (the same in every process).
     """

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fidelity.vllm_log import KvCapacityRecord
 from records.run_dir import write_run_dir
 from records.schema import STEP_COLUMNS
 from traces.schema import Trace
@@ -36,6 +37,8 @@ class MeasuredRun:
     replay: dict[str, Any] = field(default_factory=dict)
     reported: dict[str, Any] = field(default_factory=dict)  # the source's own summary
     hardware: dict[str, Any] | None = None  # a hardware file's table, when the source has one
+    # The number of GPU blocks the run's log or metadata states (vLLM's count, null included).
+    kv_capacity: KvCapacityRecord | None = None
 
     def __post_init__(self) -> None:
         if len(self.requests) != len(self.trace.requests):
@@ -74,21 +77,29 @@ def measured_summary(frame: pd.DataFrame) -> dict[str, float | int | None]:
 
 def write_measured_run(run: MeasuredRun, out: str | Path) -> Path:
     """Write the run directory (requests.csv, an empty steps.csv, summary.json), the replay
-    trace (trace.csv) and, when the source describes its GPU, hardware.json."""
+    trace (trace.csv) and, when the source describes its GPU, hardware.json. A KV capacity the
+    run recorded becomes the replay's ``num_blocks``, its source in summary.json."""
     root = Path(out)
     replay = dict(run.replay)
     if run.hardware is not None:
         root.mkdir(parents=True, exist_ok=True)
         (root / HARDWARE_FILE).write_text(json.dumps(run.hardware, indent=2) + "\n")
         replay["hardware"] = HARDWARE_FILE  # relative to the run directory
-    payload = {
+    notes = [f"measured run imported from {run.source} ({run.format})"]
+    payload: dict[str, Any] = {
         "trace": run.name,
         "config": replay,
         "memory_model": "paged",
         "summary": measured_summary(run.requests),
         "measured": {"format": run.format, "source": run.source, "reported": run.reported},
-        "notes": [f"measured run imported from {run.source} ({run.format})"],
+        "notes": notes,
     }
+    if run.kv_capacity is not None:
+        replay["num_blocks"] = payload["num_blocks"] = run.kv_capacity.num_gpu_blocks
+        payload["measured"]["kv_capacity_source"] = run.kv_capacity.source
+        notes.append(
+            f"{run.kv_capacity.num_gpu_blocks} GPU KV blocks, from {run.kv_capacity.source}"
+        )
     write_run_dir(root, run.requests, pd.DataFrame(columns=list(STEP_COLUMNS)), payload)
     write_trace(run.trace, root / TRACE_FILE)
     return root

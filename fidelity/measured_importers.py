@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.model.presets import preset_names
+from core.model.presets import preset_for_model_id
 from fidelity.measured import MeasuredRun
+from fidelity.vllm_log import KvCapacityRecord, kv_capacity_from_log, kv_capacity_from_metadata
 from sim.specs.hardware import HARDWARE_PRESETS
 from traces.schema import Trace, TraceRequest
 
@@ -171,14 +172,6 @@ def _trace(
     return Trace(name, tuple(ordered))
 
 
-def _model_preset(model: str | None) -> str | None:
-    """The preset whose name is the model's last path part (meta-llama/Llama-3.1-8B)."""
-    if not model:
-        return None
-    tail = model.rstrip("/").rsplit("/", 1)[-1].lower()
-    return next((name for name in preset_names() if name.lower() == tail), None)
-
-
 def _hardware_preset(name: str) -> str | None:
     """The preset whose name, ignoring case and punctuation, equals ``name`` (RTXPRO6000)."""
     key = "".join(c for c in name.lower() if c.isalnum())
@@ -199,14 +192,19 @@ def _replay_settings(engine: dict[str, Any], where: str) -> dict[str, Any]:
         ("block_size", "block_size"),
         ("enable_prefix_caching", "enable_prefix_caching"),
         ("gpu_memory_utilization", "gpu_memory_utilization"),
-        ("num_blocks", "num_gpu_blocks_override"),
     ):
         value = engine.get(theirs)
         if value is not None:
             replay[ours] = value
-    if engine.get("data_parallel_size", 1) not in (1, None):
-        raise ValueError(f"{where}: data_parallel_size > 1 is not modelled")
-    model = _model_preset(engine.get("model"))
+    dp = engine.get("data_parallel_size")
+    if dp is not None:
+        if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+            raise ValueError(f"{where}: data_parallel_size must be a positive integer, got {dp!r}")
+        if dp > 1:
+            replay["data_parallel_size"] = dp
+    if engine.get("enable_expert_parallel"):
+        replay["enable_expert_parallel"] = True
+    model = preset_for_model_id(engine.get("model"))
     if model:
         replay["model"] = model
     return replay
@@ -255,18 +253,21 @@ def _llmservingsim_hardware(run_dir: Path, replay: dict[str, Any]) -> dict[str, 
 def _llmservingsim_link(config: dict[str, Any], path: Path) -> dict[str, Any]:
     """The GPU-to-GPU link a cluster config states, as HardwareSpec fields, or nothing.
 
-    LLMServingSim's `link_bw` (GiB/s) and `link_latency` (ns, per ring hop) are what its
-    hardware profiler measured on that machine and fitted as a single-chunk ring: an effective
-    bandwidth and hop latency, so the bus efficiency is 1. They describe every link of a
-    single-node config, within the NVLink domain or beyond it."""
+    LLMServingSim's ``link_bw`` (GB/s) and ``link_latency`` (ns) describe each link of the
+    topology its network simulator (ASTRA-Sim's analytical backend) prices a ring collective
+    on: every ring step costs the link's latency plus its share of the message at the link's
+    bandwidth, and nothing else. So they become our ring's hop latency and bandwidth with a
+    bus efficiency of 1, and no per-call latency on top (the link's latency holds every fixed
+    cost of a step in that description). They are the config's statement of the link, which
+    LLMServingSim's example configs all give as 16 GB/s and 20 us: not a measurement."""
     if "link_bw" not in config and "link_latency" not in config:
         return {}
     try:
-        bandwidth = float(config["link_bw"]) * (1 << 30)
+        bandwidth = float(config["link_bw"]) * 1e9
         latency = float(config["link_latency"]) * 1e-9
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(
-            f"{path}: link_bw (GiB/s) and link_latency (ns) must both be numbers ({error})"
+            f"{path}: link_bw (GB/s) and link_latency (ns) must both be numbers ({error})"
         ) from None
     if not (bandwidth > 0 and latency >= 0):
         raise ValueError(
@@ -275,7 +276,7 @@ def _llmservingsim_link(config: dict[str, Any], path: Path) -> dict[str, Any]:
         )
     if config.get("num_nodes", 1) != 1:
         return {}  # a multi-node config's link is the network's, not the GPUs' within a node
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {"allreduce_call_latency_s": 0.0}
     for prefix in ("interconnect", "scale_out"):
         fields[f"{prefix}_bandwidth_bytes_per_s"] = bandwidth
         fields[f"{prefix}_latency_s"] = latency
@@ -283,13 +284,17 @@ def _llmservingsim_link(config: dict[str, Any], path: Path) -> dict[str, Any]:
     return fields
 
 
-def import_llmservingsim(run_dir: str | Path, workload: str | Path | None = None) -> MeasuredRun:
+def import_llmservingsim(
+    run_dir: str | Path, workload: str | Path | None = None, vllm_log: str | Path | None = None
+) -> MeasuredRun:
     """An LLMServingSim measured run folder: ``requests.jsonl`` (request_id ``bench-<i>`` =
     workload line i; monotonic ``queued_ts``, ``scheduled_ts``, ``first_token_ts``,
     ``last_token_ts``), ``meta.json`` (engine arguments, ``dataset_path`` relative to the
     folder's parent) and optionally ``config.json`` (the GPU).
 
     Arrivals are the ``queued_ts`` the engine saw, as the run defines TTFT and E2E from them.
+    The KV capacity comes from ``vllm_log`` (the server's log) when given, else from a block
+    count meta.json states, else it is left for the replay to derive.
     """
     root = Path(run_dir)
     if not root.is_dir():
@@ -334,11 +339,27 @@ def import_llmservingsim(run_dir: str | Path, workload: str | Path | None = None
     frame = _request_rows(ids, times, (np.array(prompt), np.array(output)), None)
     replay = _replay_settings(engine, str(root / "meta.json"))
     hardware = _llmservingsim_hardware(root, replay)
+    capacity = _kv_capacity(vllm_log, meta, str(root / "meta.json"), replay)
     name = root.name
     return MeasuredRun(
         name, str(root), "llmservingsim", frame, _trace(name, frame, rows, idx), replay, {},
-        hardware,
+        hardware, capacity,
     )  # fmt: skip
+
+
+def _kv_capacity(
+    log: str | Path | None, meta: dict[str, Any], where: str, replay: dict[str, Any]
+) -> KvCapacityRecord | None:
+    """The run's block count: from its log when one is given (which must state it), else
+    from its metadata, else None."""
+    if log is not None:
+        found = kv_capacity_from_log(log, int(replay.get("block_size", 16)))
+        if found is None:
+            raise ValueError(
+                f"{log}: no 'GPU KV cache size: N tokens' (vLLM v1) or '# GPU blocks: N' line"
+            )
+        return found
+    return kv_capacity_from_metadata(meta, where)
 
 
 def _workload_index(request_id: str, where: str, rows: list[WorkloadRow], prompt: int) -> int:
@@ -368,7 +389,9 @@ def _list(payload: dict[str, Any], key: str, path: Path, size: int | None) -> li
     return value
 
 
-def import_vllm_bench(path: str | Path, workload: str | Path | None = None) -> MeasuredRun:
+def import_vllm_bench(
+    path: str | Path, workload: str | Path | None = None, vllm_log: str | Path | None = None
+) -> MeasuredRun:
     """A ``vllm bench serve`` / ``benchmark_serving.py`` result JSON with per-request lists
     (``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``errors``; ``start_times`` in
     recent vLLM). Request i is workload line i; without ``start_times`` the workload's
@@ -418,15 +441,18 @@ def import_vllm_bench(path: str | Path, workload: str | Path | None = None) -> M
             )
     reported = {k: v for k, v in payload.items() if not isinstance(v, list)}
     replay: dict[str, Any] = {"policy": "chunked"}
-    model = _model_preset(str(payload.get("model_id") or ""))
+    model = preset_for_model_id(str(payload.get("model_id") or ""))
     if model:
         replay["model"] = model
     name = path.stem
     trace = _trace(name, frame, rows, list(range(size)))
-    return MeasuredRun(name, str(path), "vllm-bench", frame, trace, replay, reported)
+    capacity = _kv_capacity(vllm_log, payload, str(path), {"block_size": 16})
+    return MeasuredRun(
+        name, str(path), "vllm-bench", frame, trace, replay, reported, None, capacity
+    )
 
 
-IMPORTERS: dict[str, Callable[[str | Path, str | Path | None], MeasuredRun]] = {
+IMPORTERS: dict[str, Callable[[str | Path, str | Path | None, str | Path | None], MeasuredRun]] = {
     "llmservingsim": import_llmservingsim,
     "vllm-bench": import_vllm_bench,
 }

@@ -10,10 +10,12 @@ import simpy
 
 from core.request import Request, RequestStatus
 from records.schema import StepRecorder
+from sim.data_parallel import DataParallelRouter
 from sim.simulator import Replica, to_request
 from traces.schema import Trace
 
-ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
+ROUTERS = ("round_robin", "least_outstanding", "prefix_aware", "data_parallel")
+"""``data_parallel``: vLLM v1's balancer over data-parallel ranks (`DataParallelRouter`)."""
 
 
 def _ignore_count(count: int) -> None:
@@ -29,6 +31,9 @@ class Router:
         self.kind = kind
         self.replicas = replicas
         self._next = 0
+        self._data_parallel = (
+            DataParallelRouter([r.scheduler for r in replicas]) if kind == "data_parallel" else None
+        )
 
     def pick(self, request: Request) -> Replica:
         if len(self.replicas) == 1:
@@ -37,6 +42,8 @@ class Router:
             replica = self.replicas[self._next % len(self.replicas)]
             self._next += 1
             return replica
+        if self._data_parallel is not None:
+            return self.replicas[self._data_parallel.pick(self.replicas[0].env.now)]
         if self.kind == "least_outstanding":
             return min(self.replicas, key=lambda r: (r.scheduler.num_unfinished, r.index))
         # Prefix-aware: the longest cached prefix wins; ties go to the least loaded.

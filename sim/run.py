@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from core.config import CacheConfig, MemoryModel, SchedulerConfig, check_serving
 from core.model.presets import load_model_spec
+from core.model.spec import ModelSpec
 from core.policies import POLICIES, check_policy
 from core.request import Request
 from core.scheduler import Scheduler
@@ -28,9 +29,17 @@ from records.overload import Overload, request_overload
 from records.run_dir import write_run_dir
 from records.schema import StepRecorder, request_frame
 from sim.costmodel.base import CostModelConfig, make_cost_model
-from sim.deployment import ROUTERS, KvLink, Transfer, run_deployment
+from sim.costmodel.expert_parallel import (
+    ExpertParallelCost,
+    check_data_parallel,
+    weight_bytes_per_gpu,
+)
+from sim.costmodel.roofline import RooflineCostModel
+from sim.data_parallel import LockstepGroup, run_lockstep
+from sim.deployment import ROUTERS, DeploymentOutput, KvLink, Transfer, run_deployment
 from sim.executor import CostModelExecutor
 from sim.simulator import Replica
+from sim.specs.hardware import HardwareSpec
 from sim.specs.hardware_file import hardware_is_file, load_hardware
 from sim.specs.kv_capacity import derive_num_blocks
 from traces.schema import Trace
@@ -61,6 +70,12 @@ class RunConfig:
     # Price each step as max(GPU work, host work) as vLLM >= 0.14 does by default; False adds
     # them, as older vLLM and servesim's own engine do (see `CostModelConfig.async_scheduling`).
     async_scheduling: bool = True
+    # Data parallelism as vLLM's: ranks with their own scheduler and KV cache behind vLLM's
+    # balancer; a mixture of experts steps them in lockstep, its experts over all their GPUs.
+    data_parallel_size: int = 1
+    # vLLM's --enable-expert-parallel: whole experts per GPU rather than shards of each; the
+    # same work and bytes per GPU in expectation, so it prices the same (recorded as given).
+    enable_expert_parallel: bool = False
     # Deployment: colocated replicas behind a router, or (policy "disagg") two pools.
     num_replicas: int = 1
     router: str = "round_robin"
@@ -77,7 +92,13 @@ class RunConfig:
         check_serving(self.cache, self.scheduler)
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
-        for name in ("num_replicas", "num_prefill", "num_decode", "link_parallel_transfers"):
+        for name in (
+            "num_replicas",
+            "num_prefill",
+            "num_decode",
+            "link_parallel_transfers",
+            "data_parallel_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         # ``not x > 0`` (rather than ``x <= 0``) is also true for NaN.
@@ -88,6 +109,12 @@ class RunConfig:
         if not 0 <= self.link_latency_us < math.inf:
             raise ValueError(
                 f"link_latency_us must be a finite number >= 0, got {self.link_latency_us!r}"
+            )
+        policy = self.scheduler.policy
+        if self.data_parallel_size > 1 and (policy == "disagg" or self.num_replicas > 1):
+            raise ValueError(
+                "data_parallel_size > 1 is one deployment of its own: not with policy 'disagg' "
+                f"or num_replicas > 1 (got policy {policy!r}, {self.num_replicas} replicas)"
             )
 
     @property
@@ -184,6 +211,48 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*threshold)
 
 
+def _derived_num_blocks(
+    model: ModelSpec, hardware: HardwareSpec, config: RunConfig, lockstep: bool
+) -> int:
+    """vLLM's KV blocks per rank for ``config``; a lockstep data-parallel MoE's GPU holds
+    its share of every rank's experts."""
+    return derive_num_blocks(
+        model,
+        hardware,
+        config.tp,
+        config.cache.block_size,
+        config.cache.gpu_memory_utilization,
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        weight_bytes=weight_bytes_per_gpu(model, config.tp, config.data_parallel_size)
+        if lockstep
+        else None,
+    )
+
+
+def _run_lockstep(
+    trace: Trace,
+    config: RunConfig,
+    configs: tuple[CacheConfig, SchedulerConfig],
+    cost_model: Any,
+    recorder: StepRecorder,
+    on_done: Callable[[int], None] | None,
+) -> DeploymentOutput:
+    """A mixture of experts on ``data_parallel_size`` ranks stepping together (vLLM's
+    data-parallel attention with its experts over every rank's GPUs)."""
+    if not isinstance(cost_model, RooflineCostModel):
+        raise ValueError(
+            "data_parallel_size > 1 with a mixture of experts is priced by the roofline: a "
+            "--profile's tables hold one rank's experts, not a share of every rank's"
+        )
+    env = simpy.Environment()
+    schedulers = [Scheduler(*configs) for _ in range(config.data_parallel_size)]
+    cost = ExpertParallelCost(cost_model, config.data_parallel_size)
+    group = LockstepGroup(env, schedulers, cost, recorder, config.cache.block_size, on_done)
+    requests, end_s = run_lockstep(trace, group, on_done)
+    return DeploymentOutput(requests=requests, end_s=end_s, transfers=[])
+
+
 def simulate(
     trace: Trace,
     config: RunConfig,
@@ -198,18 +267,13 @@ def simulate(
     model = load_model_spec(config.model)
     hardware = load_hardware(config.hardware)
     settings, block_size = config.cache, config.cache.block_size
+    dp = config.data_parallel_size
+    check_data_parallel(model, config.tp, dp)
+    lockstep = dp > 1 and model.is_moe
     scheduler_config = replace(config.scheduler, policy=config.pools_policy)
     cache = settings.resolve(
         scheduler_config,
-        size_blocks=lambda: derive_num_blocks(
-            model,
-            hardware,
-            config.tp,
-            block_size,
-            settings.gpu_memory_utilization,
-            max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
-            max_num_seqs=scheduler_config.max_num_seqs,
-        ),
+        size_blocks=lambda: _derived_num_blocks(model, hardware, config, lockstep),
         block_bytes=model.kv_bytes_per_block(block_size, config.tp),
         memory_model=config.resolved_memory_model(),
         model=(config.model, model.max_model_len),
@@ -251,18 +315,28 @@ def simulate(
 
     try:
         with _fewer_collections():
-            output = run_deployment(
-                trace,
-                make_replica,
-                recorder,
-                num_replicas=config.num_replicas,
-                router=config.router,
-                disagg=(config.num_prefill, config.num_decode)
-                if config.scheduler.policy == "disagg"
-                else None,
-                link=make_link,
-                on_done=None if bar.disable else bar.update,
-            )
+            if lockstep:
+                output = _run_lockstep(
+                    trace,
+                    config,
+                    (cache, scheduler_config),
+                    cost_model,
+                    recorder,
+                    None if bar.disable else bar.update,
+                )
+            else:
+                output = run_deployment(
+                    trace,
+                    make_replica,
+                    recorder,
+                    num_replicas=dp if dp > 1 else config.num_replicas,
+                    router="data_parallel" if dp > 1 else config.router,
+                    disagg=(config.num_prefill, config.num_decode)
+                    if config.scheduler.policy == "disagg"
+                    else None,
+                    link=make_link,
+                    on_done=None if bar.disable else bar.update,
+                )
     finally:
         bar.close()
     summary = summarize(output.requests, output.end_s, config.slo_ttft_s, config.slo_tpot_s)

@@ -17,6 +17,20 @@ def preset_names() -> list[str]:
     return sorted(path.stem for path in PRESETS_DIR.glob("*.json"))
 
 
+def preset_for_model_id(model_id: str | None) -> str | None:
+    """The preset a Hugging Face model id names (meta-llama/Llama-3.1-8B): its last path part,
+    any case; for a release of a preset (Qwen3-30B-A3B-Instruct-2507), the longest preset that
+    part starts with followed by a dash, as a release keeps its base model's shapes."""
+    if not model_id:
+        return None
+    tail = model_id.rstrip("/").rsplit("/", 1)[-1].lower()
+    names = preset_names()
+    exact = next((name for name in names if name.lower() == tail), None)
+    if exact is not None:
+        return exact
+    return max((n for n in names if tail.startswith(n.lower() + "-")), key=len, default=None)
+
+
 def _preset_file(name: str) -> Path | None:
     return next(
         (

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core.model.presets import load_model_spec
 from core.settings import flat_settings, with_settings
 from fidelity.measured import HARDWARE_FILE, TRACE_FILE, write_measured_run
 from fidelity.measured_importers import IMPORTERS
@@ -17,7 +18,10 @@ from records.run_dir import load_run, records_from_result
 from reports.html import write_report
 from sim.cli.options import add_run_arguments, config_from_args
 from sim.costmodel.base import CostModelConfig
+from sim.costmodel.expert_parallel import weight_bytes_per_gpu
 from sim.run import RunConfig, RunResult, simulate
+from sim.specs.hardware_file import load_hardware
+from sim.specs.kv_capacity import vllm_kv_capacity
 from traces.loaders import load_trace
 
 _DEFAULTS = flat_settings(RunConfig())
@@ -49,6 +53,13 @@ def add_measured_commands(commands: Any) -> None:
         help="workload JSONL (input_toks, output_toks, arrival_time_ns, input_tok_ids); "
         "llmservingsim: default is meta.json's dataset_path",
     )
+    importer.add_argument(
+        "--vllm-log",
+        default=None,
+        help="the vLLM server's log of the run: its 'GPU KV cache size: N tokens' (v1) or "
+        "'# GPU blocks: N' (v0) line gives the replay's KV capacity (default: a block count in "
+        "the run's metadata, else vLLM's rule derives one when replaying)",
+    )
     importer.add_argument("--out", required=True, help="run directory to write")
     importer.set_defaults(func=import_command)
 
@@ -68,9 +79,12 @@ def add_measured_commands(commands: Any) -> None:
 
 
 def import_command(args: argparse.Namespace) -> int:
-    run = IMPORTERS[args.format](args.source, args.workload)
+    run = IMPORTERS[args.format](args.source, args.workload, args.vllm_log)
     root = write_measured_run(run, args.out)
     print(f"wrote {root}/requests.csv, summary.json, {TRACE_FILE} ({len(run.requests)} requests)")
+    if run.kv_capacity is not None:
+        blocks, source = run.kv_capacity.num_gpu_blocks, run.kv_capacity.source
+        print(f"KV capacity: {blocks} GPU blocks, from {source}")
     return 0
 
 
@@ -101,18 +115,55 @@ def validate_run(
     return compare_requests(measured.requests, result.requests_frame()), result
 
 
+def kv_capacity_line(run_dir: str | Path, config: RunConfig) -> str:
+    """Where the replay's KV capacity comes from: the run's own record (its log or metadata),
+    a --num-blocks given, or vLLM's rule on the run's memory settings, term by term."""
+    records = load_run(run_dir)
+    source = _measured_payload(run_dir).get("kv_capacity_source")
+    num_blocks = config.cache.num_blocks
+    if num_blocks is not None:
+        if source is not None and num_blocks == records.num_blocks:
+            return f"KV cache: {num_blocks} GPU blocks/rank, as the run recorded ({source})"
+        return f"KV cache: {num_blocks} GPU blocks/rank, as given (--num-blocks)"
+    model = load_model_spec(config.model)
+    dp = config.data_parallel_size
+    capacity = vllm_kv_capacity(
+        model,
+        load_hardware(config.hardware),
+        config.tp,
+        config.cache.block_size,
+        config.cache.gpu_memory_utilization,
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        weight_bytes=weight_bytes_per_gpu(model, config.tp, dp) if model.is_moe else None,
+    )
+    return (
+        f"KV cache: {capacity.num_gpu_blocks} GPU blocks/rank, derived as vLLM does (the run "
+        f"records none): {capacity.describe(config.cache.gpu_memory_utilization)}"
+    )
+
+
+def _measured_payload(run_dir: str | Path) -> dict[str, Any]:
+    payload = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+    measured = payload.get("measured") if isinstance(payload, dict) else None
+    return measured if isinstance(measured, dict) else {}
+
+
 def validate_command(args: argparse.Namespace) -> int:
     config = replay_config(args.measured, config_from_args(args))
     comparison, result = validate_run(args.measured, config)
     measured = load_run(args.measured).summary
     if not args.quiet:
+        dp = (
+            f", data parallel x{config.data_parallel_size}" if config.data_parallel_size > 1 else ""
+        )
         print(
-            f"{config.model} on {config.hardware} x{config.tp}, {config.scheduler.policy}, "
+            f"{config.model} on {config.hardware} x{config.tp}{dp}, {config.scheduler.policy}, "
             f"max_num_seqs {config.scheduler.max_num_seqs}, "
             f"budget {config.scheduler.max_num_batched_tokens}, "
-            f"prefix caching {'on' if config.cache.enable_prefix_caching else 'off'}, "
-            f"{result.num_blocks} KV blocks"
+            f"prefix caching {'on' if config.cache.enable_prefix_caching else 'off'}"
         )
+        print(kv_capacity_line(args.measured, config))
     print(format_comparison(comparison))
     sim = result.summary
     print(

@@ -9,6 +9,7 @@ from typing import Any
 
 from core.model.presets import load_model_spec
 from sim.costmodel.check import add_check_arguments, check_command
+from sim.costmodel.llmservingsim_import import llmservingsim_profile, write_profile
 from sim.costmodel.profile_import import vidur_profile, write_vidur_profile
 
 
@@ -42,6 +43,23 @@ def add_costmodel_commands(commands: Any) -> None:
     importer.add_argument("--gpu", default=None, help="folder under compute/ (default: the only)")
     importer.add_argument("--node", default=None, help="network node type (default: dgx)")
     importer.set_defaults(func=import_vidur_command)
+    bundle: argparse.ArgumentParser = profile_commands.add_parser(
+        "import-llmservingsim",
+        help="convert an LLMServingSim per-layer profile bundle into a --profile file",
+        description="Write the linear, elementwise, LM-head and sampler tables, the 4-D "
+        "attention table and the skew fit that an LLMServingSim profile bundle (DIR: the folder "
+        "holding meta.yaml and tp<N>/, e.g. profiler/perf/<GPU>/<org>/<model>/bf16) holds at TP "
+        "into our profile format, version 5 (docs/profile_format.md). Past the measured sizes the "
+        "tables follow the roofline's shape; the all-reduce, copies and swaps come from the "
+        "roofline on the run's hardware.",
+    )
+    bundle.add_argument("bundle", metavar="DIR", help="an LLMServingSim profile bundle folder")
+    bundle.add_argument("--tp", type=int, required=True, help="tensor-parallel degree (tp<N>/)")
+    bundle.add_argument("--out", required=True, help="profile JSON to write")
+    bundle.add_argument(
+        "--model", default=None, help="model preset or config.json (default: meta.yaml's model)"
+    )
+    bundle.set_defaults(func=import_llmservingsim_command)
 
 
 def import_vidur_command(args: argparse.Namespace) -> int:
@@ -55,4 +73,21 @@ def import_vidur_command(args: argparse.Namespace) -> int:
     profile = vidur_profile(args.vidur_dir, model, args.tp, command, args.gpu, args.node)
     write_vidur_profile(profile, args.out)
     print(f"wrote {args.out}: {', '.join(profile['ops'])} (the rest from the roofline)")
+    return 0
+
+
+def import_llmservingsim_command(args: argparse.Namespace) -> int:
+    model = load_model_spec(args.model) if args.model else None
+    words = [args.bundle, "--tp", str(args.tp), "--out", args.out]
+    if args.model:
+        words += ["--model", args.model]
+    command = "python -m sim profile import-llmservingsim " + shlex.join(words)
+    profile = llmservingsim_profile(args.bundle, args.tp, command, model)
+    write_profile(profile, args.out)
+    points = len(profile["ops"]["attention"]["time_s"])
+    skew = "with its skew fit" if "decode_skew" in profile else "without a skew fit"
+    print(
+        f"wrote {args.out}: {profile['model']} at tp={args.tp}, linear, elementwise, lm_head and "
+        f"{points} attention points, {skew}"
+    )
     return 0

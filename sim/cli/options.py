@@ -102,6 +102,20 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
         help="how arrivals are spread over replicas (default: %(default)s)",
     )
     deployment.add_argument(
+        "--data-parallel-size",
+        type=positive_int,
+        default=DEFAULTS.data_parallel_size,
+        help="vLLM's data parallelism: ranks with their own scheduler and KV cache behind vLLM's "
+        "balancer; a mixture of experts steps them together, its experts over all their GPUs "
+        "(default: %(default)s)",
+    )
+    deployment.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="vLLM's expert parallelism (whole experts per GPU); recorded, priced as the same "
+        "share of expert work per GPU",
+    )
+    deployment.add_argument(
         "--prefill-replicas",
         type=positive_int,
         default=DEFAULTS.num_prefill,
@@ -168,6 +182,8 @@ def base_config_from_args(args: argparse.Namespace) -> RunConfig:
             "seed": args.seed,
             "fast_forward": not args.no_fast_forward,
             "async_scheduling": not args.no_async_scheduling,
+            "data_parallel_size": args.data_parallel_size,
+            "enable_expert_parallel": args.enable_expert_parallel,
             "num_replicas": args.replicas,
             "router": args.router,
             "num_prefill": args.prefill_replicas,

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 
 from sim.costmodel.calibrated_host import calibrated_host, host_args
 from sim.costmodel.profile import Profile, StepTiming, Table1D, Table2D
 from sim.costmodel.roofline import TERMS, RooflineCostModel
+from sim.costmodel.step_attention import step_attention_s
 from sim.costmodel.step_shape import StepShape
 
 
@@ -39,6 +41,7 @@ class CalibratedCostModel:
             )
         self.profile, self.fallback = profile, fallback
         self.block_size = fallback.block_size
+        self._roofline_edges = profile.extrapolation == "roofline"
         self._layers = fallback.model.num_layers
         self._kv_bytes_per_token_per_layer = fallback.kv_bytes_per_token / self._layers
         self._fixed_overhead_s = fallback.config.step_overhead_s
@@ -192,34 +195,45 @@ class CalibratedCostModel:
         num_seqs = num_decode + len(shape.prefill_chunks)
         layers = self._layers
         terms = list(analytic)
+        fallback = self.fallback
         if (table := self._table1("linear")) is not None:
-            terms[0] = layers * table(num_tokens)
-        if shape.prefill_chunks and (grid := self._table2("prefill_attention")) is not None:
-            terms[1] = layers * sum(
-                self._prefill_attention_s(grid, new, context)
-                for new, context in shape.prefill_chunks
-            )
-        if num_decode and (grid := self._table2("decode_attention")) is not None:
-            terms[2] = layers * self._decode_attention_s(grid, shape.decode_context_tokens)
+            terms[0] = layers * self._at(table, num_tokens, fallback.linear_s)
+        if self.profile.attention is not None:
+            if shape.prefill_chunks or num_decode:
+                prefill, decode = step_attention_s(
+                    self.profile.attention,
+                    self.profile.decode_skew,
+                    shape.prefill_chunks,
+                    shape.decode_context_tokens,
+                    self._attention_roof if self._roofline_edges else None,
+                )
+                terms[1], terms[2] = layers * prefill, layers * decode
+            terms[3] = 0.0  # the table's attention layer writes the KV cache itself
+        else:
+            terms[1], terms[2] = self._attention_terms(shape, terms[1], terms[2])
         if (table := self._table1("store_kv")) is not None:
-            terms[3] = layers * table(num_tokens * self._kv_bytes_per_token_per_layer)
-        if (table := self._table1("elementwise")) is not None:
-            terms[4] = layers * table(num_tokens)
-        if (table := self._table1("lm_head")) is not None:
-            terms[5] = table(num_seqs)
-        if self.fallback.tp > 1 and (table := self._table1("allreduce")) is not None:
-            call_bytes = (
-                num_tokens * self.fallback.model.hidden_size * self.fallback.model.dtype_bytes
+            terms[3] = layers * self._at(
+                table, num_tokens * self._kv_bytes_per_token_per_layer, self._store_kv_roof
             )
-            terms[6] = 2 * layers * table(call_bytes)
+        if (table := self._table1("elementwise")) is not None:
+            terms[4] = layers * self._at(table, num_tokens, fallback.elementwise_s)
+        if (table := self._table1("lm_head")) is not None:
+            terms[5] = self._at(table, num_seqs, fallback.lm_head_s)
+        if fallback.tp > 1 and (table := self._table1("allreduce")) is not None:
+            call_bytes = num_tokens * fallback.model.hidden_size * fallback.model.dtype_bytes
+            terms[6] = 2 * layers * self._at(table, call_bytes, fallback.allreduce_call_s)
         block_bytes = self.fallback.block_bytes
         if shape.num_copy_blocks and (table := self._table1("copy_blocks")) is not None:
             terms[7] = table(shape.num_copy_blocks * block_bytes)
         terms[8] = self._swap_s(shape, block_bytes, terms[8])
-        terms[9] = self._overhead_s(num_seqs)
         if self._joint and not self._fitting:
             for i, scale in ((0, 0), (1, 1), (2, 2), (3, 0), (4, 0)):
                 terms[i] *= self._scales[scale]
+        terms[9] = self._overhead_s(num_seqs)
+        if self.profile.timer == "kernel_trace":
+            # Kernel times alone: the host's work is in no table, and runs beside the kernels
+            # or before them as the roofline's host term does (``async_scheduling``).
+            terms[9] = fallback.host_wait_s(terms[9], sum(terms[:9]))
         return tuple(terms)
 
     def _tables_device_s(self, shape: StepShape) -> float:
@@ -243,6 +257,53 @@ class CalibratedCostModel:
         )
         return (*device, duration - device_s)
 
+    def _attention_terms(
+        self, shape: StepShape, prefill_s: float, decode_s: float
+    ) -> tuple[float, float]:
+        """Prefill and decode attention (all layers) from the 2-D tables where the profile has
+        them; ``prefill_s`` and ``decode_s`` (the roofline's) where it does not."""
+        layers = self._layers
+        if shape.prefill_chunks and (grid := self._table2("prefill_attention")) is not None:
+            prefill_s = 0.0
+            for new, context in shape.prefill_chunks:
+                if self._roofline_edges:
+                    roof = self._prefill_roof
+                    q, c = min(max(new, grid.xs[0]), grid.xs[-1]), min(context, grid.ys[-1])
+                    chunk_s = self._prefill_attention_s(grid, int(q), int(c))
+                    if (q, c) != (new, context) and (edge := roof(q, c)) > 0:
+                        chunk_s *= roof(new, context) / edge
+                else:
+                    chunk_s = self._prefill_attention_s(grid, new, context)
+                prefill_s += layers * chunk_s
+        if shape.decode_context_tokens and (grid := self._table2("decode_attention")) is not None:
+            decode_s = layers * self._decode_attention_s(grid, shape.decode_context_tokens)
+        return prefill_s, decode_s
+
+    def _at(self, table: Table1D, x: float, roof: Callable[[int], float]) -> float:
+        """``table`` at ``x``; past its measured sizes, by the profile's ``extrapolation``:
+        the edge's throughput, or the edge's time scaled by the roofline's ratio."""
+        if not self._roofline_edges or x <= 0:
+            return table(x)
+        edge = min(max(x, table.xs[0]), table.xs[-1])
+        time_s = table.within(edge)
+        if edge != x and (at_edge := roof(round(edge))) > 0:
+            time_s *= roof(round(x)) / at_edge
+        return time_s
+
+    def _attention_roof(self, pc: float, kp: float, nd: float, kvd: float) -> float:
+        """The roofline's attention of one chunk and ``nd`` decodes of ``kvd`` cached tokens."""
+        return (self._prefill_roof(pc, kp) if pc else 0.0) + self._decode_roof(nd, kvd + 1)
+
+    def _prefill_roof(self, new: float, context: float) -> float:
+        return self.fallback.prefill_attention_s(((round(new), round(context)),))
+
+    def _decode_roof(self, num_seqs: float, context: float) -> float:
+        n, c, bs = round(num_seqs), round(context), self.profile.block_size
+        return self.fallback.decode_attention_s(n, n * c, n * -(-c // bs) * bs)
+
+    def _store_kv_roof(self, num_bytes: int) -> float:
+        return self.fallback.store_kv_s(round(num_bytes / self._kv_bytes_per_token_per_layer))
+
     def _prefill_attention_s(self, grid: Table2D, new: int, context: int) -> float:
         """One chunk's prefill attention, per layer. A chunk's cost grows as new x (new / 2 +
         context): quadratic in its length, so a straight line between two timed lengths lies
@@ -261,12 +322,25 @@ class CalibratedCostModel:
         cost at each sequence's own context: the same as the mean where the cost is linear in
         context, more where it grows faster, as when a long context leaves the CPU's caches)."""
         num_decode, rule = len(contexts), self.profile.decode_attention_context
+        at = self._decode_at if self._roofline_edges else grid
         if rule == "max":
-            return grid(num_decode, float(max(contexts)))
+            return at(num_decode, float(max(contexts)))
         if rule == "per_sequence":
             counts = Counter(contexts)
-            return sum(n * grid(num_decode, float(c)) for c, n in counts.items()) / num_decode
-        return grid(num_decode, sum(contexts) / num_decode)
+            return sum(n * at(num_decode, float(c)) for c, n in counts.items()) / num_decode
+        return at(num_decode, sum(contexts) / num_decode)
+
+    def _decode_at(self, num_seqs: float, context: float) -> float:
+        """The decode table at (num_seqs, context); past its grid, the edge's time scaled by
+        the roofline's ratio (``extrapolation: roofline``)."""
+        grid = self._table2("decode_attention")
+        assert grid is not None
+        n = min(max(num_seqs, grid.xs[0]), grid.xs[-1])
+        c = min(max(context, grid.ys[0]), grid.ys[-1])
+        time_s = grid.within(n, c)
+        if (n, c) != (num_seqs, context) and (edge := self._decode_roof(n, c)) > 0:
+            time_s *= self._decode_roof(num_seqs, context) / edge
+        return time_s
 
     def _overhead_s(self, num_seqs: int) -> float:
         """The fitted overhead, plus the ``prepare`` table where the profile has one (without

@@ -14,11 +14,23 @@ from typing import Any
 from core.text_files import read_text
 from sim.costmodel.host_time import HostParams
 from sim.costmodel.profile_v5 import v5_fields
+from sim.costmodel.step_attention import (
+    DecodeSkew,
+    StepAttentionTable,
+    read_decode_skew,
+    read_step_attention,
+)
 
 FORMAT_VERSION = 5
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
 DECODE_CONTEXT_RULES = ("mean", "max", "per_sequence")
-TIMERS = ("cuda_events", "wall", "thread_cpu", "unknown")
+TIMERS = ("cuda_events", "wall", "thread_cpu", "kernel_trace", "unknown")
+"""How a profile's times were taken (v3 ``timer``); ``kernel_trace`` (v5): each kernel's own
+duration from a profiler trace, without the host's time between kernels (LLMServingSim's)."""
+EXTRAPOLATIONS = ("proportional", "roofline")
+"""Past a table's measured sizes (v5 ``extrapolation``): ``proportional``, the throughput at the
+table's edge holds (before v5, always); ``roofline``, the time at the edge scaled by the
+analytic model's ratio between the size asked and the edge, on both sides of the table."""
 STEP_FITS = ("overhead", "joint")
 """How the calibrated model uses a profile's whole ``steps`` (v4 ``step_fit``): ``overhead``
 fits only the step overhead to them; ``joint`` fits the token and attention terms' scales and
@@ -82,9 +94,12 @@ class Table1D:
     def __call__(self, x: float) -> float:
         if x <= 0:
             return 0.0
+        return self.within(x) * _beyond_edge(self.xs, x)
+
+    def within(self, x: float) -> float:
+        """The time at ``x`` clamped to the measured sizes (no scaling past the edge)."""
         i, w = _segment(self.xs, x)
-        t = self.times_s[i] if w == 0.0 else (1 - w) * self.times_s[i] + w * self.times_s[i + 1]
-        return t * _beyond_edge(self.xs, x)
+        return self.times_s[i] if w == 0.0 else (1 - w) * self.times_s[i] + w * self.times_s[i + 1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +114,17 @@ class Table2D:
     def __call__(self, x: float, y: float) -> float:
         if x <= 0:
             return 0.0
+        return self.within(x, y) * _beyond_edge(self.xs, x) * _beyond_edge(self.ys, y)
+
+    def within(self, x: float, y: float) -> float:
+        """The time at (x, y) clamped to the measured grid (no scaling past its edges)."""
         i, wx = _segment(self.xs, x)
         j, wy = _segment(self.ys, y)
         rows = self.times_s
         i1, j1 = min(i + 1, len(self.xs) - 1), min(j + 1, len(self.ys) - 1)
         low = (1 - wy) * rows[i][j] + wy * rows[i][j1]
         high = (1 - wy) * rows[i1][j] + wy * rows[i1][j1]
-        return ((1 - wx) * low + wx * high) * _beyond_edge(self.xs, x) * _beyond_edge(self.ys, y)
+        return (1 - wx) * low + wx * high
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +190,13 @@ class Profile:
     tables_time: str = "span"
     spreads: dict[str, Any] = field(default_factory=dict)
     commit: str | None = None
+    # v5: a step's whole attention layer from one 4-D table (``ops.attention``), which then
+    # prices prefill and decode attention and the KV write together; and the correction of
+    # uneven decode contexts that goes with it.
+    attention: StepAttentionTable | None = None
+    decode_skew: DecodeSkew | None = None
+    # v5: how tables are read past their measured sizes (EXTRAPOLATIONS).
+    extrapolation: str = "proportional"
 
 
 class _Reader:
@@ -314,7 +340,10 @@ def load_profile(path: str | Path) -> Profile:
         reader.get(device, key, str, f"device.{key}")
     for key in ("torch", "triton", "cuda"):
         reader.get(software, key, str, f"software.{key}")
-    ops = reader.get(data, "ops", dict, "ops")
+    ops = dict(reader.get(data, "ops", dict, "ops"))
+    attention = None
+    if version >= 5 and "attention" in ops:
+        attention = read_step_attention(ops.pop("attention"), reader.fail)
     known_ops = OP_AXES if version >= 2 else {k: v for k, v in OP_AXES.items() if k in _V1_OPS}
     unknown = sorted(set(ops) - set(known_ops))
     if unknown:
@@ -325,29 +354,6 @@ def load_profile(path: str | Path) -> Profile:
         if value <= 0:
             raise reader.fail(key, f"must be positive, got {value}")
     steps = reader.get(data, "steps", list, "steps") if "steps" in data else []
-    rule = "mean"
-    if version >= 2 and "decode_attention_context" in data:
-        rule = reader.get(data, "decode_attention_context", str, "decode_attention_context")
-        rules = DECODE_CONTEXT_RULES if version >= 3 else ("mean", "max")
-        if rule not in rules:
-            raise reader.fail(
-                "decode_attention_context",
-                f"must be one of {rules} in version {version}, got {rule!r}",
-            )
-    timer = "unknown"
-    if version >= 3 and "timer" in data:
-        timer = reader.get(data, "timer", str, "timer")
-        if timer not in TIMERS:
-            raise reader.fail("timer", f"must be one of {TIMERS}, got {timer!r}")
-    checks: list[DecodeCheck] = []
-    if version >= 3 and "decode_attention_checks" in data:
-        raw_checks = reader.get(data, "decode_attention_checks", list, "decode_attention_checks")
-        checks = [reader.decode_check(i, c) for i, c in enumerate(raw_checks)]
-    step_fit = "overhead"
-    if version >= 4 and "step_fit" in data:
-        step_fit = reader.get(data, "step_fit", str, "step_fit")
-        if step_fit not in STEP_FITS:
-            raise reader.fail("step_fit", f"must be one of {STEP_FITS}, got {step_fit!r}")
     engine = None
     if version >= 2 and "engine" in data:
         engine_obj = reader.get(data, "engine", dict, "engine")
@@ -363,10 +369,49 @@ def load_profile(path: str | Path) -> Profile:
         ops={op: reader.table(op, table) for op, table in ops.items()},
         steps=tuple(reader.step(i, step) for i, step in enumerate(steps)),
         format_version=version,
-        decode_attention_context=rule,
         engine=engine,
-        timer=timer,
-        decode_attention_checks=tuple(checks),
-        step_fit=step_fit,
+        attention=attention,
+        **_later_fields(reader, data, version),
         **(v5_fields(data, reader.fail) if version >= 5 else {}),
     )
+
+
+def _later_fields(reader: _Reader, data: dict[str, Any], version: int) -> dict[str, Any]:
+    """The optional settings versions 2 to 5 added, as ``Profile`` fields; a key of a later
+    version than the file's is ignored."""
+    fields: dict[str, Any] = {}
+    if version >= 2 and "decode_attention_context" in data:
+        rule = reader.get(data, "decode_attention_context", str, "decode_attention_context")
+        rules = DECODE_CONTEXT_RULES if version >= 3 else ("mean", "max")
+        if rule not in rules:
+            raise reader.fail(
+                "decode_attention_context",
+                f"must be one of {rules} in version {version}, got {rule!r}",
+            )
+        fields["decode_attention_context"] = rule
+    if version >= 3 and "timer" in data:
+        timer = reader.get(data, "timer", str, "timer")
+        timers = TIMERS if version >= 5 else tuple(t for t in TIMERS if t != "kernel_trace")
+        if timer not in timers:
+            raise reader.fail(
+                "timer", f"must be one of {timers} in version {version}, got {timer!r}"
+            )
+        fields["timer"] = timer
+    if version >= 3 and "decode_attention_checks" in data:
+        raw_checks = reader.get(data, "decode_attention_checks", list, "decode_attention_checks")
+        fields["decode_attention_checks"] = tuple(
+            reader.decode_check(i, c) for i, c in enumerate(raw_checks)
+        )
+    if version >= 4 and "step_fit" in data:
+        step_fit = reader.get(data, "step_fit", str, "step_fit")
+        if step_fit not in STEP_FITS:
+            raise reader.fail("step_fit", f"must be one of {STEP_FITS}, got {step_fit!r}")
+        fields["step_fit"] = step_fit
+    if version >= 5 and "decode_skew" in data:
+        fields["decode_skew"] = read_decode_skew(data["decode_skew"], reader.fail)
+    if version >= 5 and "extrapolation" in data:
+        rule = reader.get(data, "extrapolation", str, "extrapolation")
+        if rule not in EXTRAPOLATIONS:
+            raise reader.fail("extrapolation", f"must be one of {EXTRAPOLATIONS}, got {rule!r}")
+        fields["extrapolation"] = rule
+    return fields

@@ -64,6 +64,21 @@ class KvCapacity:
     def num_usable_blocks(self) -> int:
         return self.num_gpu_blocks - 1
 
+    def describe(self, gpu_memory_utilization: float) -> str:
+        """The rule's terms, in GiB: budget less weights, peak activation and memory outside
+        PyTorch (and CUDA graphs when counted), over the bytes of one block."""
+        total = self.budget_bytes / gpu_memory_utilization / GIB
+        graphs = (
+            f" - CUDA graphs {self.cuda_graph_bytes / GIB:.2f}" if self.cuda_graph_bytes else ""
+        )
+        return (
+            f"{total:.2f} GiB x gpu_memory_utilization {gpu_memory_utilization:g} = "
+            f"{self.budget_bytes / GIB:.2f} - weights {self.weight_bytes / GIB:.2f} - peak "
+            f"activation {self.activation_peak_bytes / GIB:.2f} - outside PyTorch "
+            f"{self.non_torch_bytes / GIB:.2f}{graphs} = {self.kv_bytes / GIB:.2f} GiB of "
+            f"{self.block_bytes / 2**20:.2f} MiB blocks"
+        )
+
 
 def forward_peak_bytes(model: ModelSpec, tp: int, num_tokens: int) -> int:
     """The most activation bytes live at once in one decoder layer: the residual stream and
@@ -85,9 +100,12 @@ def vllm_kv_capacity(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     cuda_graph_bytes: int = 0,
+    weight_bytes: int | None = None,
 ) -> KvCapacity:
     """vLLM's rule: total x utilization - weights - peak activation of the profiling run -
-    non-torch memory, in whole blocks. Raises ModelDoesNotFitError when no block fits."""
+    non-torch memory, in whole blocks. Raises ModelDoesNotFitError when no block fits.
+    ``weight_bytes``: this GPU's weights, when not the model's TP shard (experts spread over
+    data-parallel ranks too)."""
     check_tp(model, tp)
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(
@@ -104,7 +122,7 @@ def vllm_kv_capacity(
     block_bytes = model.kv_bytes_per_block(block_size, tp)
     partial = KvCapacity(
         budget_bytes=int(hardware.hbm_capacity_bytes * gpu_memory_utilization),
-        weight_bytes=model.weight_bytes_per_shard(tp),
+        weight_bytes=model.weight_bytes_per_shard(tp) if weight_bytes is None else weight_bytes,
         forward_peak_bytes=forward_peak_bytes(model, tp, max_num_batched_tokens),
         # Logits are gathered whole on every rank before sampling.
         sampler_peak_bytes=int(
@@ -180,6 +198,7 @@ def derive_num_blocks(
     *,
     max_num_batched_tokens: int,
     max_num_seqs: int,
+    weight_bytes: int | None = None,
 ) -> int:
     """vLLM's `num_gpu_blocks` on one rank (`sim.specs.kv_capacity.vllm_kv_capacity`): its block
     pool keeps one of them as the null block. `activation_reserve_bytes`, when given, stands
@@ -198,6 +217,7 @@ def derive_num_blocks(
             gpu_memory_utilization,
             max_num_batched_tokens,
             max_num_seqs,
+            weight_bytes=weight_bytes,
         )
         return capacity.num_gpu_blocks
     if activation_reserve_bytes < 0:
@@ -207,7 +227,7 @@ def derive_num_blocks(
             f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}"
         )
     budget = int(hardware.hbm_capacity_bytes * gpu_memory_utilization)
-    weights = model.weight_bytes_per_shard(tp)
+    weights = model.weight_bytes_per_shard(tp) if weight_bytes is None else weight_bytes
     block_bytes = model.kv_bytes_per_block(block_size, tp)
     free = budget - weights - activation_reserve_bytes
     if free < 2 * block_bytes:  # the null block and one a request can use

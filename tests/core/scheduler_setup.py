@@ -29,7 +29,10 @@ def make_scheduler(
     batch_size: int = 1,
     max_wait_s: float = 0.0,
     reservation: str = "oracle",
+    parallel_sampling: str = "fork",
 ) -> Scheduler:
+    """A scheduler for the targeted scenarios; n > 1 forks by default here (most scenarios
+    are about copy-on-write sharing; ``test_parallel_sampling`` covers the fan-out)."""
     cache = CacheConfig(
         num_blocks=num_blocks,
         block_size=block_size,
@@ -46,6 +49,7 @@ def make_scheduler(
         preemption_mode=preemption,  # type: ignore[arg-type]
         batch_size=batch_size,
         max_wait_s=max_wait_s,
+        parallel_sampling=parallel_sampling,  # type: ignore[arg-type]
     )
     return Scheduler(cache, config)
 

@@ -66,6 +66,7 @@ def test_a_mirror_updated_from_batches_holds_the_live_tables(policy: str, case: 
     cache = CacheConfig(
         num_blocks=40,
         block_size=4,
+        memory_model="paged",
         num_cpu_blocks=int(opts["num_cpu_blocks"]),  # type: ignore[call-overload]
         enable_prefix_caching=bool(opts["prefix"]),
         max_model_len=128,
@@ -104,7 +105,7 @@ def test_a_mirror_updated_from_batches_holds_the_live_tables(policy: str, case: 
 
 def test_a_batch_names_nothing_unless_the_scheduler_records() -> None:
     requests = make_workload(seed=1, num_requests=5)
-    cache = CacheConfig(num_blocks=64, block_size=4, max_model_len=512)
+    cache = CacheConfig(num_blocks=64, block_size=4, memory_model="paged", max_model_len=512)
     batches: list[ScheduledBatch] = []
     replay(
         requests, cache, SchedulerConfig(policy="chunked"), on_step=lambda s, b: batches.append(b)
@@ -113,6 +114,6 @@ def test_a_batch_names_nothing_unless_the_scheduler_records() -> None:
 
 
 def test_recording_needs_paged_memory() -> None:
-    cache = CacheConfig(num_blocks=64, memory_model="contiguous")
+    cache = CacheConfig(num_blocks=64, memory_model="contiguous", max_model_len=512)
     with pytest.raises(ValueError, match="record_block_tables needs paged memory"):
         Scheduler(cache, SchedulerConfig(), record_block_tables=True)

@@ -48,7 +48,11 @@ def cache_config(
     )
 
 
-def scheduler_config(policy: str, preemption: str, max_num_seqs: int = 8) -> SchedulerConfig:
+def scheduler_config(
+    policy: str, preemption: str, max_num_seqs: int = 8, parallel_sampling: str = "fork"
+) -> SchedulerConfig:
+    """The invariant tests' settings; their n > 1 requests fork (the fan-out, whose children
+    are plain requests, has its own invariants in ``test_parallel_sampling``)."""
     return SchedulerConfig(
         policy=policy,
         max_num_seqs=max_num_seqs,
@@ -56,6 +60,7 @@ def scheduler_config(policy: str, preemption: str, max_num_seqs: int = 8) -> Sch
         preemption_mode=preemption,  # type: ignore[arg-type]
         batch_size=4,
         max_wait_s=0.05,
+        parallel_sampling=parallel_sampling,  # type: ignore[arg-type]
     )
 
 

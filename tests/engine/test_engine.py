@@ -121,14 +121,37 @@ def test_greedy_outputs_equal_transformers(
         assert sum(o.num_prefix_hit_tokens for o in outputs) > 0, "no prefix-cache hit"
 
 
-def test_parallel_samples_fork_with_copy_on_write(
-    model_dir: Path, prompts: list[list[int]], expected: list[list[int]]
+@pytest.mark.parametrize("parallel_sampling", ["fan_out", "fork"])
+def test_parallel_samples_fan_out_or_fork_with_copy_on_write(
+    model_dir: Path, prompts: list[list[int]], expected: list[list[int]], parallel_sampling: str
 ) -> None:
-    llm = _generate(model_dir, prompts, block_size=4, policy="chunked", max_num_batched_tokens=40)
+    llm = _generate(
+        model_dir,
+        prompts,
+        block_size=4,
+        policy="chunked",
+        max_num_batched_tokens=40,
+        parallel_sampling=parallel_sampling,
+    )
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, n=3)
     outputs = llm.generate(prompts[:6], params)
     for output, want in zip(outputs, expected[:6], strict=True):
         assert [s.token_ids for s in output.outputs] == [want] * 3
+
+
+def test_fanned_out_children_sample_as_requests_of_seed_plus_index(
+    model_dir: Path, prompts: list[list[int]]
+) -> None:
+    """vLLM v1 gives child i of a seeded request the seed + i: it samples what a lone request
+    of that seed samples."""
+    sampled = SamplingParams(max_tokens=6, temperature=1.0, ignore_eos=True, n=2, seed=7)
+    llm = _generate(model_dir, prompts, block_size=4, policy="chunked")
+    pair = llm.generate([prompts[2]], sampled)[0].outputs
+    for index in range(2):
+        alone = SamplingParams(max_tokens=6, temperature=1.0, ignore_eos=True, seed=7 + index)
+        single = _generate(model_dir, prompts, block_size=4).generate([prompts[2]], alone)
+        assert pair[index].token_ids == single[0].outputs[0].token_ids
+    assert pair[0].token_ids != pair[1].token_ids
 
 
 def test_parallel_samples_under_preemption(

@@ -137,6 +137,7 @@ def test_persistent_inputs_equal_inputs_rebuilt_from_live_state(policy: str, cas
     cache = CacheConfig(
         num_blocks=36,
         block_size=BLOCK_SIZE,
+        memory_model="paged",
         num_cpu_blocks=int(opts["num_cpu_blocks"]),  # type: ignore[call-overload]
         enable_prefix_caching=bool(opts["prefix"]),
         max_model_len=MAX_LEN,

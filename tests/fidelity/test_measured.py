@@ -16,91 +16,14 @@ from records.compare import compare_requests, format_comparison
 from records.run_dir import load_run
 from sim.cli.main import main
 from sim.specs.hardware_file import load_hardware_file
+from tests.fidelity.llmservingsim_run import workload_line, write_llmservingsim_run
 from traces.loaders import load_trace
-
-T0 = 1000.0  # monotonic seconds at the first arrival
-
-
-def _request(i: int, queued: float, first: float, last: float, prompt: int, out: int) -> str:
-    return json.dumps(
-        {
-            "request_id": f"bench-{i}",
-            "input_toks": prompt,
-            "output_toks": out,
-            "arrival_time": 1.7e9 + queued,
-            "queued_ts": T0 + queued,
-            "scheduled_ts": T0 + queued + 0.001,
-            "first_token_ts": T0 + first,
-            "last_token_ts": T0 + last,
-        }
-    )
-
-
-def _workload_line(prompt: int, out: int, arrival_ns: int, first_id: int) -> str:
-    ids = list(range(first_id, first_id + prompt))
-    return json.dumps(
-        {
-            "input_toks": prompt,
-            "output_toks": out,
-            "arrival_time_ns": arrival_ns,
-            "input_tok_ids": ids,
-        }
-    )
 
 
 @pytest.fixture
 def llmservingsim_dir(tmp_path: Path) -> Path:
     """root/run (meta.json, requests.jsonl, config.json) and root/workloads/w.jsonl."""
-    (tmp_path / "workloads").mkdir()
-    (tmp_path / "workloads" / "w.jsonl").write_text(
-        "\n".join(
-            [
-                _workload_line(8, 3, 0, 100),
-                _workload_line(4, 2, 500_000_000, 200),
-                _workload_line(6, 1, 900_000_000, 300),
-            ]
-        )
-        + "\n"
-    )
-    run = tmp_path / "run"
-    run.mkdir()
-    meta = {
-        "model": "meta-llama/Llama-3.1-8B",
-        "engine_kwargs": {
-            "model": "meta-llama/Llama-3.1-8B",
-            "tensor_parallel_size": 1,
-            "data_parallel_size": 1,
-            "max_num_seqs": 4,
-            "max_num_batched_tokens": 64,
-            "max_model_len": None,
-        },
-        "dataset_path": "workloads/w.jsonl",
-    }
-    (run / "meta.json").write_text(json.dumps(meta))
-    (run / "requests.jsonl").write_text(
-        "\n".join(
-            [
-                _request(0, 0.0, 0.1, 0.3, 8, 3),  # TTFT 100 ms, TPOT 100 ms, E2E 300 ms
-                _request(1, 0.5, 0.55, 0.65, 4, 2),  # TTFT 50, TPOT 100, E2E 150
-                _request(2, 0.9, 1.1, 1.1, 6, 1),  # TTFT 200, no TPOT, E2E 200
-            ]
-        )
-        + "\n"
-    )
-    cluster = {
-        "nodes": [
-            {
-                "instances": [
-                    {
-                        "hardware": "RTXPRO6000",
-                        "npu_mem": {"mem_size": 96, "mem_bw": 1597, "mem_util": 0.9},
-                    }
-                ]
-            }
-        ]
-    }
-    (run / "config.json").write_text(json.dumps(cluster))
-    return run
+    return write_llmservingsim_run(tmp_path)
 
 
 def test_llmservingsim_import_by_hand(llmservingsim_dir: Path) -> None:
@@ -131,18 +54,20 @@ def test_llmservingsim_import_by_hand(llmservingsim_dir: Path) -> None:
 
 
 def test_llmservingsim_link_becomes_the_gpu_to_gpu_link(llmservingsim_dir: Path) -> None:
-    # LLMServingSim's measured link: GiB/s and ns per ring hop, already effective (bus 1).
+    # LLMServingSim's link: GB/s and ns per ring step, the whole cost of a step (ASTRA-Sim's
+    # analytical network): bus efficiency 1 and no per-call latency on top.
     path = llmservingsim_dir / "config.json"
     cluster = json.loads(path.read_text())
     path.write_text(json.dumps({"num_nodes": 1, "link_bw": 16, "link_latency": 20000, **cluster}))
     hardware = import_llmservingsim(llmservingsim_dir).hardware
     assert hardware is not None
     for prefix in ("interconnect", "scale_out"):
-        assert hardware[f"{prefix}_bandwidth_bytes_per_s"] == 16 * 2**30
+        assert hardware[f"{prefix}_bandwidth_bytes_per_s"] == 16e9
         assert hardware[f"{prefix}_latency_s"] == pytest.approx(20e-6)
         assert hardware[f"{prefix}_bus_efficiency"] == 1.0
+    assert hardware["allreduce_call_latency_s"] == 0.0
     path.write_text(json.dumps({"link_bw": "fast", "link_latency": 20000, **cluster}))
-    with pytest.raises(ValueError, match=r"config\.json: link_bw \(GiB/s\)"):
+    with pytest.raises(ValueError, match=r"config\.json: link_bw \(GB/s\)"):
         import_llmservingsim(llmservingsim_dir)
 
 
@@ -173,11 +98,11 @@ def test_llmservingsim_bad_line_names_file_line_and_field(llmservingsim_dir: Pat
 
 def test_llmservingsim_wrong_workload_is_refused(llmservingsim_dir: Path, tmp_path: Path) -> None:
     other = tmp_path / "other.jsonl"
-    other.write_text("\n".join(_workload_line(5, 3, 0, 0) for _ in range(3)) + "\n")
+    other.write_text("\n".join(workload_line(5, 3, 0, 0) for _ in range(3)) + "\n")
     with pytest.raises(ValueError, match=r"input_toks 8 but workload line 1 has 5; wrong"):
         import_llmservingsim(llmservingsim_dir, other)
     broken = tmp_path / "broken.jsonl"
-    broken.write_text(_workload_line(8, 3, 0, 0) + '\n{"input_toks": 4, "output_toks": \n')
+    broken.write_text(workload_line(8, 3, 0, 0) + '\n{"input_toks": 4, "output_toks": \n')
     with pytest.raises(ValueError, match=r"broken\.jsonl:2: not valid JSON"):
         import_llmservingsim(llmservingsim_dir, broken)
 
@@ -225,9 +150,9 @@ def test_vllm_bench_without_start_times_needs_a_workload(tmp_path: Path) -> None
     workload.write_text(
         "\n".join(
             [
-                _workload_line(8, 3, 0, 1),
-                _workload_line(4, 2, 250_000_000, 1),
-                _workload_line(6, 1, 400_000_000, 1),
+                workload_line(8, 3, 0, 1),
+                workload_line(4, 2, 250_000_000, 1),
+                workload_line(6, 1, 400_000_000, 1),
             ]
         )
     )
@@ -361,3 +286,27 @@ def test_real_llmservingsim_runs_import(name: str) -> None:
     assert run.requests["ttft_ms"].median() == pytest.approx((ttft_ms[149] + ttft_ms[150]) / 2)
     assert run.replay["max_num_seqs"] == 128 and run.replay["max_num_batched_tokens"] == 2048
     assert run.replay["tp"] == (1 if "Llama" in name else 2)
+
+
+def test_a_data_parallel_expert_parallel_run_imports_and_replays(
+    llmservingsim_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    meta = json.loads((llmservingsim_dir / "meta.json").read_text())
+    meta["model"] = "Qwen/Qwen3-30B-A3B-Instruct-2507"  # a release of a preset: its shapes
+    meta["engine_kwargs"] |= {
+        "model": meta["model"],
+        "data_parallel_size": 2,
+        "enable_expert_parallel": True,
+    }
+    (llmservingsim_dir / "meta.json").write_text(json.dumps(meta))
+    run = import_llmservingsim(llmservingsim_dir)
+    assert run.replay["model"] == "Qwen3-30B-A3B"
+    assert run.replay["data_parallel_size"] == 2 and run.replay["enable_expert_parallel"]
+    out = write_measured_run(run, tmp_path / "measured")
+    assert main(["measured", "validate", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "x1, data parallel x2" in printed
+    meta["engine_kwargs"]["data_parallel_size"] = 0
+    (llmservingsim_dir / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"data_parallel_size must be a positive integer"):
+        import_llmservingsim(llmservingsim_dir)
