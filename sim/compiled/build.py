@@ -41,6 +41,8 @@ NOT_COMPILED = frozenset({"core/__init__.py", "core/errors.py", "core/text_files
 HOT_MODULES = (
     "records/schema.py",
     "records/step_shapes.py",
+    # The roofline's settings: a step reads them (`price_padding`), so they stay native.
+    "sim/costmodel/config.py",
     "sim/costmodel/roofline.py",
     "sim/deployment.py",
     "sim/executor.py",

@@ -8,8 +8,9 @@ from typing import Protocol
 
 from core.model.spec import ModelSpec
 from sim.costmodel.calibrated import CalibratedCostModel
+from sim.costmodel.config import CostModelConfig
 from sim.costmodel.profile import Profile, load_profile
-from sim.costmodel.roofline import TERMS, CostModelConfig, RooflineCostModel
+from sim.costmodel.roofline import TERMS, RooflineCostModel
 from sim.costmodel.step_shape import StepShape
 from sim.specs.hardware import HardwareSpec
 

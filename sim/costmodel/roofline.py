@@ -5,13 +5,13 @@ and a step is the sum of its kernels (kernels on one stream do not overlap)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
 
 from core.model.spec import ModelSpec, check_tp
-from sim.costmodel.host_time import ENGINE_KINDS, HostParams, HostTimeModel, host_params
+from sim.costmodel.config import CostModelConfig
+from sim.costmodel.host_time import HostTimeModel
 from sim.costmodel.kernel_costs import allreduce_s, gemm_s, streaming_s
 from sim.costmodel.layer_ops import LayerOps
 from sim.costmodel.step_shape import StepShape
@@ -34,62 +34,6 @@ TERMS: tuple[str, ...] = (
 _LOGIT_BYTES: Final = 4  # logits and the sampler's softmax are fp32 in vLLM and HF alike
 _NO_WORK = (0.0,) * len(TERMS)
 _MAX_MEMO: Final = 1 << 16
-
-
-@dataclass(frozen=True, slots=True)
-class CostModelConfig:
-    """The CPU's share of a step. How close kernels come to the datasheet is the hardware's
-    business: those constants live in `HardwareSpec`.
-
-    The host's clock is ``host_params()`` (``sim.costmodel.host_time``): ``host`` when given,
-    else the documented set of ``engine``; for vLLM its per-step and per-sequence seconds and
-    its async scheduling are the three fields below."""
-
-    # Pinned-memory copies over PCIe reach ~25 of 32 GB/s (gen4).
-    host_link_efficiency: float = 0.8
-    # Scheduling, input preparation and the sampler's host sync per step: 1-3 ms in vLLM with
-    # CUDA graphs on decode; 2 ms makes a batch-1 Llama-2-7B decode ~11 ms, as measured there.
-    step_overhead_s: float = 2e-3
-    # Per-sequence host work (block tables, sampling params) grows with the batch.
-    per_sequence_overhead_s: float = 1e-5
-    # vLLM overlaps that host work with the GPU's previous step by default since 0.14.0
-    # ("async scheduling", its release notes): a step then lasts the longer of the two, not
-    # their sum. False prices older engines (and ours), where the GPU waits for the host.
-    async_scheduling: bool = True
-    # A static batch's padding (prompts padded to the longest, finished members riding along)
-    # is computed by engines that run a padded rectangle. False prices one that packs the
-    # batch's real rows and computes no padding, as servesim's own engine does.
-    price_padding: bool = True
-    # Whose host clock a step pays (``host_time.ENGINE_KINDS``), or that exact set.
-    engine: str = "vllm"
-    host: HostParams | None = None
-
-    def __post_init__(self) -> None:
-        if self.engine not in ENGINE_KINDS:
-            raise ValueError(
-                f"CostModelConfig.engine must be one of {ENGINE_KINDS}, got {self.engine!r}"
-            )
-        if not 0 < self.host_link_efficiency <= 1:
-            raise ValueError(
-                "CostModelConfig.host_link_efficiency must be in (0, 1], "
-                f"got {self.host_link_efficiency!r}"
-            )
-        for field in ("step_overhead_s", "per_sequence_overhead_s"):
-            value = getattr(self, field)
-            if not value >= 0:
-                raise ValueError(f"CostModelConfig.{field} must be >= 0, got {value!r}")
-
-    def host_params(self) -> HostParams:
-        """The host parameter set a step pays (see the class docstring)."""
-        if self.host is not None:
-            return self.host
-        if self.engine == "vllm":
-            return HostParams(
-                step_s=self.step_overhead_s,
-                seq_s=self.per_sequence_overhead_s,
-                async_scheduling=self.async_scheduling,
-            )
-        return host_params(self.engine)
 
 
 class RooflineCostModel:

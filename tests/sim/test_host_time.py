@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from core.model.presets import load_model_spec
+from sim.costmodel.config import CostModelConfig
 from sim.costmodel.host_time import (
     ENGINE_KINDS,
     SERVESIM_EAGER_HOST,
@@ -18,7 +19,7 @@ from sim.costmodel.host_time import (
     HostTimeModel,
     host_params,
 )
-from sim.costmodel.roofline import CostModelConfig, RooflineCostModel
+from sim.costmodel.roofline import RooflineCostModel
 from sim.costmodel.step_shape import StepShape
 from sim.specs.hardware import get_hardware_preset
 

@@ -139,7 +139,7 @@ def test_bad_step_fit_names_the_field(tmp_path: Path) -> None:
 
 
 def test_padding_is_priced_only_where_the_engine_computes_it(tmp_path: Path) -> None:
-    from sim.costmodel.roofline import CostModelConfig
+    from sim.costmodel.config import CostModelConfig
 
     padded = StepShape(prefill_chunks=((100, 0), (20, 0)), num_padding_tokens=80)
     packed = StepShape(prefill_chunks=((100, 0), (20, 0)))
