@@ -265,7 +265,7 @@ class Scheduler(StepHost):
             self._reserve_incoming(batch)
         while True:
             if not self.running and self.held:
-                batch.finished.extend(self._release_held(now_s))
+                batch.finished.extend(self.release_held(now_s))
             num_preempted = len(batch.preempted_ids)
             self.policy.schedule(Step(self, now_s, batch))
             # Preempting the last runner of a static batch ends it: release and try again.
@@ -312,7 +312,7 @@ class Scheduler(StepHost):
                 continue  # aborted while the step ran
             self.end_step(request, scheduled.num_positions, sampled, step_idx, now_s, finished)
         if not self.running and self.held:
-            finished.extend(self._release_held(now_s))
+            finished.extend(self.release_held(now_s))
         return finished
 
     def end_step(
@@ -421,7 +421,8 @@ class Scheduler(StepHost):
             del self._parents[group.parent.request_id]
             finished.append(group.parent)
 
-    def _release_held(self, now_s: float) -> list[Request]:
+    def release_held(self, now_s: float) -> list[Request]:
+        """Finish the held members of a static batch whose runners have all finished."""
         released: list[Request] = []
         held = self.held
         self.held = []
@@ -436,42 +437,6 @@ class Scheduler(StepHost):
                 self.kv.free(request)
             self._report(request, now_s, released)
         return released
-
-    # -- steps applied in bulk (sim.fastforward) -----------------------------------------------
-
-    def record_step_ends(self, step_end_s: Sequence[float]) -> int:
-        """End times of steps applied without ``schedule`` and ``update`` (a run skipped
-        over); returns the index of the first. Token timelines point into them."""
-        first_idx = len(self.step_end_s)
-        if isinstance(step_end_s, list):
-            self.step_end_s.fromlist(step_end_s)  # (reads the list directly: faster)
-        else:
-            self.step_end_s.extend(step_end_s)
-        return first_idx
-
-    def admit_head(self, request: Request, num_positions: int, start_s: float) -> bool:
-        """Admit ``request`` if it is the waiting head, with ``num_positions`` positions and no
-        prefix hits, in the step starting at ``start_s`` (``end_step`` then ends that step for
-        it); False if it is not the head."""
-        if not self.waiting or self.waiting[0] is not request:
-            return False
-        self.kv.admit(request, num_positions, ())
-        self.waiting.popleft()
-        request.num_computed_tokens = 0
-        request.num_prefix_lookup_tokens += request.num_tokens  # (looked up, as in ``Step``)
-        request.status = RequestStatus.RUNNING
-        insert_by_arrival(self.running, request)
-        if request.first_scheduled_s is None:
-            request.first_scheduled_s = start_s
-        return True
-
-    def close_steps(self, num_steps: int, now_s: float) -> list[Request]:
-        """After ``num_steps`` steps applied in bulk, ending at ``now_s``: count them, and
-        release a static batch whose runners have all finished (returned)."""
-        self.step_idx += num_steps
-        if not self.running and self.held:
-            return self._release_held(now_s)
-        return []
 
     def block_tables(self, request: Request) -> tuple[Sequence[int], ...]:
         """Block tables of the request's active sequences (paged memory), for an executor."""

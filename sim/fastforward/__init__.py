@@ -17,8 +17,8 @@ every step and never imports this package; a reader of the core for the engine c
    applies only the steps that started before one changed the next step
    (``Scheduler.changed_since_schedule``); the next ``schedule`` sees it.
 
-It uses only the scheduler's public methods; the rules that end a step live once, in
-``Scheduler.end_step``.
+It uses only the scheduler's public methods and ``core.bulk_steps``; the rules that end a step
+live once, in ``Scheduler.end_step``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from core.batch import ScheduledBatch
+from core.bulk_steps import admit_head, close_steps, record_step_ends
 from core.kv_manager import KVCacheManager, PagedKVManager
 from core.memory import MemorySnapshot
 from core.request import Request
@@ -88,7 +89,7 @@ class FastForward:
             raise ValueError("the scheduler ran a step since this plan was made")
         growth = plan.growth
         shape = plan.shape
-        first_idx = s.record_step_ends(step_end_s)
+        first_idx = record_step_ends(s, step_end_s)
         kv = s.kv
         caching = s.cache_config.enable_prefix_caching
         if caching:
@@ -117,7 +118,7 @@ class FastForward:
         if shape.admit_step < count:
             head = shape.admit_request
             start_s = s.step_end_s[last_idx - 1]
-            if head is None or not s.admit_head(head, shape.admit_positions, start_s):
+            if head is None or not admit_head(s, head, shape.admit_positions, start_s):
                 raise RuntimeError("the waiting head this run was to admit is no longer waiting")
         # The steps' rules, as ``update`` applies them: ``end_step`` counts the positions not
         # yet counted (all of the run's without prefix caching, else the last step's); a decode
@@ -148,7 +149,7 @@ class FastForward:
                     )
         if head is not None:
             s.end_step(head, shape.admit_positions, None, last_idx, last_s, finished)
-        finished.extend(s.close_steps(count, last_s))
+        finished.extend(close_steps(s, count, last_s))
         return finished
 
 
