@@ -34,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the same scheduling core as the simulator.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    add_run_command(commands)
+    add_gpu_check_command(commands)
+    return parser
+
+
+def add_run_command(commands: Any) -> None:
     run = commands.add_parser(
         "run",
         help="replay a trace on the real engine",
@@ -46,6 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
         "KV cache and scheduling (the settings python -m sim run takes too)"
     )
     add_setting_flags(settings, (CacheConfig, SchedulerConfig), skip=LAYOUT_SETTINGS)
+    _add_model_arguments(run)
+    _add_replay_arguments(run)
+    add_slo_arguments(run)
+    add_out_argument(run)
+    add_report_and_quiet_arguments(run)
+    run.set_defaults(func=run_command)
+
+
+def _add_model_arguments(run: argparse.ArgumentParser) -> None:
+    """The model, where it runs, its dtype, weights and kernels, and CUDA graphs."""
     run.add_argument(
         "--model",
         default=DEFAULTS.model,
@@ -76,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run every step eagerly: no CUDA graphs for decode (as vLLM's flag; CPU never "
         "uses them)",
     )
+
+
+def _add_replay_arguments(run: argparse.ArgumentParser) -> None:
+    """How the trace is replayed: its arrival times' stretch, sampling, threads, the clock."""
     run.add_argument(
         "--time-scale",
         type=non_negative_float,
@@ -105,12 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
         "steps.csv records both wall_s and cpu_s either way (default: %(default)s)",
     )
     run.add_argument("--seed", type=int, default=DEFAULTS.seed, help="weights and sampling seed")
-    add_slo_arguments(run)
-    add_out_argument(run)
-    add_report_and_quiet_arguments(run)
-    run.set_defaults(func=run_command)
-    add_gpu_check_command(commands)
-    return parser
 
 
 def add_gpu_check_command(commands: Any) -> None:

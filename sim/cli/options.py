@@ -32,8 +32,22 @@ DEFAULTS = RunConfig()
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) -> None:
+    """The trace (unless ``with_trace`` is False), the serving settings, the model and its
+    hardware, the run's switches and the deployment, in the order ``--help`` lists them."""
     if with_trace:
         add_trace_arguments(parser)
+    _add_setting_arguments(parser)
+    _add_model_arguments(parser)
+    add_slo_arguments(parser)
+    _add_run_switches(parser)
+    deployment = parser.add_argument_group("deployment")
+    _add_replica_arguments(deployment)
+    _add_disagg_arguments(deployment)
+    add_report_and_quiet_arguments(parser)
+
+
+def _add_setting_arguments(parser: argparse.ArgumentParser) -> None:
+    """The core's cache and scheduler settings, from their one table (``core.flags``)."""
     settings = parser.add_argument_group(
         "KV cache and scheduling (the settings python -m engine run takes too)"
     )
@@ -46,6 +60,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
             "--pool-policy, joined by a KV link"
         },
     )
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is simulated: the model, the GPU, the tensor-parallel degree and the cost model."""
     parser.add_argument(
         "--model",
         default=DEFAULTS.model,
@@ -69,7 +87,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
         default=None,
         help="calibrated cost-model profile (JSON); default: analytic roofline",
     )
-    add_slo_arguments(parser)
+
+
+def _add_run_switches(parser: argparse.ArgumentParser) -> None:
+    """The seed, the output folder, and how the simulation runs (results never differ)."""
     parser.add_argument(
         "--seed",
         type=non_negative_int,
@@ -88,7 +109,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
         help="add the host's per-step work to the GPU's instead of overlapping them (vLLM "
         "before 0.14, and servesim's own engine); by default a step lasts the longer of the two",
     )
-    deployment = parser.add_argument_group("deployment")
+
+
+def _add_replica_arguments(deployment: argparse._ArgumentGroup) -> None:
+    """Colocated replicas, their router, and vLLM's data and expert parallelism."""
     deployment.add_argument(
         "--replicas",
         type=positive_int,
@@ -115,6 +139,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
         help="vLLM's expert parallelism (whole experts per GPU); recorded, priced as the same "
         "share of expert work per GPU",
     )
+
+
+def _add_disagg_arguments(deployment: argparse._ArgumentGroup) -> None:
+    """``--policy disagg``: the prefill and decode pools and the KV link between them."""
     deployment.add_argument(
         "--prefill-replicas",
         type=positive_int,
@@ -152,7 +180,6 @@ def add_run_arguments(parser: argparse.ArgumentParser, with_trace: bool = True) 
         help="--policy disagg: transfers the link carries at once; the "
         "rest queue (default: %(default)s)",
     )
-    add_report_and_quiet_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
