@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 
+from core.batch import ScheduledBatch
 from core.request import Request
 from core.settings import flat_settings
-from engine.llm_engine import EngineConfig, LLMEngine
+from engine.llm_engine import EngineConfig, LLMEngine, StepRecord
 from engine.sampling import SamplingParams
 from records.metrics import summarize
 from records.run_dir import write_run_dir
@@ -157,14 +158,9 @@ def replay(
     load_at_start = _load_average()
     engine = LLMEngine(config.engine)
     engine.warm_up()
-    vocab = engine.model.config.vocab_size
-    seed = config.engine.seed
     pending = list(enumerate(trace.requests))
     pending.reverse()
-    requests: list[Request] = []
-    recorder = StepRecorder()
-    shapes: list[StepShapeRecord] = []
-    prepare_s = 0.0
+    collected = _Collected()
     virtual = _VirtualClock() if config.engine.clock == "cpu" else None
     origin = time.monotonic()
     engine.clock = virtual if virtual is not None else (lambda: time.monotonic() - origin)
@@ -178,23 +174,9 @@ def replay(
     scale = config.time_scale
     num_done = 0
     while pending or engine.has_unfinished():
-        now = engine.clock()
-        while pending and pending[-1][1].arrival_s * scale <= now:
-            index, item = pending.pop()
-            params = SamplingParams(
-                max_tokens=item.output_tokens,
-                temperature=config.temperature,
-                n=item.num_samples,
-                ignore_eos=True,
-                seed=hash((seed, index)),
-            )
-            prompt = synthetic_prompt(item, index, vocab, seed)
-            request = engine.add_request(
-                item.request_id, prompt, params, item.arrival_s * scale, now
-            )
-            requests.append(request)
-            if request.reject_reason is not None:
-                num_done += 1
+        arrived = _add_arrivals(engine, pending, config, engine.clock())
+        collected.requests.extend(arrived)
+        num_done += sum(1 for request in arrived if request.reject_reason is not None)
         if not pending:
             engine.scheduler.mark_arrivals_done()
         if not engine.has_unfinished():
@@ -211,23 +193,79 @@ def replay(
         else:
             if virtual is not None:
                 virtual.advance_to(record.start_s + record.busy_s)
-            times = (record.wall_s, record.cpu_s)
-            recorder.record(batch, record.start_s, record.duration_s, wall_cpu_s=times)
-            prepare_s += record.timing.prepare_s
-            shapes.append(
-                record_of(
-                    len(shapes),
-                    batch,
-                    record.start_s,
-                    record.duration_s,
-                    record.timing.prepare_s,
-                    record.update_s,
-                    *times,
-                )
-            )
+            collected.add_step(batch, record)
         num_done += len(finished)
         if on_progress is not None and finished:
             on_progress(num_done)
+    return _replay_result(
+        trace, config, engine, collected, virtual is not None, origin, load_at_start
+    )
+
+
+@dataclass(slots=True)
+class _Collected:
+    """What a replay records as it runs: its requests (rejected ones too), its steps, their
+    shapes and the engine's input-preparation seconds."""
+
+    requests: list[Request] = field(default_factory=list)
+    steps: StepRecorder = field(default_factory=StepRecorder)
+    shapes: list[StepShapeRecord] = field(default_factory=list)
+    prepare_s: float = 0.0
+
+    def add_step(self, batch: ScheduledBatch, record: StepRecord) -> None:
+        times = (record.wall_s, record.cpu_s)
+        self.steps.record(batch, record.start_s, record.duration_s, wall_cpu_s=times)
+        self.prepare_s += record.timing.prepare_s
+        self.shapes.append(
+            record_of(
+                len(self.shapes),
+                batch,
+                record.start_s,
+                record.duration_s,
+                record.timing.prepare_s,
+                record.update_s,
+                *times,
+            )
+        )
+
+
+def _add_arrivals(
+    engine: LLMEngine, pending: list[tuple[int, TraceRequest]], config: ReplayConfig, now: float
+) -> list[Request]:
+    """Add to ``engine`` the requests of ``pending`` (in arrival order from its end, where they
+    are popped) that have arrived by ``now``; returns them, rejected ones included."""
+    vocab = engine.model.config.vocab_size
+    seed = config.engine.seed
+    scale = config.time_scale
+    arrived: list[Request] = []
+    while pending and pending[-1][1].arrival_s * scale <= now:
+        index, item = pending.pop()
+        params = SamplingParams(
+            max_tokens=item.output_tokens,
+            temperature=config.temperature,
+            n=item.num_samples,
+            ignore_eos=True,
+            seed=hash((seed, index)),
+        )
+        prompt = synthetic_prompt(item, index, vocab, seed)
+        arrived.append(
+            engine.add_request(item.request_id, prompt, params, item.arrival_s * scale, now)
+        )
+    return arrived
+
+
+def _replay_result(
+    trace: Trace,
+    config: ReplayConfig,
+    engine: LLMEngine,
+    collected: _Collected,
+    cpu_clock: bool,
+    origin: float,
+    load_at_start: float | None,
+) -> EngineRunResult:
+    """The finished replay's result: its summary at the engine clock's end, the device, and
+    the wall time and load average since ``origin`` and ``load_at_start``."""
+    requests = collected.requests
     end_s = engine.clock()
     summary = summarize(requests, end_s, config.slo_ttft_s, config.slo_tpot_s)
     device = engine.device
@@ -237,14 +275,14 @@ def replay(
         config=config,
         num_blocks=engine.cache_config.resolved_num_blocks,
         requests=requests,
-        steps=recorder,
+        steps=collected.steps,
         summary=summary,
         trace_stats=trace.length_stats(),
-        notes=list(trace.notes) + ([CPU_CLOCK_NOTE] if virtual is not None else []),
+        notes=list(trace.notes) + ([CPU_CLOCK_NOTE] if cpu_clock else []),
         device_name=name,
         wall_s=time.monotonic() - origin,
-        prepare_s=prepare_s,
-        step_shapes=shapes,
+        prepare_s=collected.prepare_s,
+        step_shapes=collected.shapes,
         load_average=(load_at_start, _load_average()),
         dtype=str(engine.dtype).removeprefix("torch."),
     )

@@ -28,7 +28,7 @@ from records.metrics import summarize
 from records.overload import Overload, request_overload
 from records.run_dir import write_run_dir
 from records.schema import StepRecorder, request_frame
-from sim.costmodel.base import CostModelConfig, make_cost_model
+from sim.costmodel.base import CostModel, CostModelConfig, make_cost_model
 from sim.costmodel.expert_parallel import (
     ExpertParallelCost,
     check_data_parallel,
@@ -266,22 +266,15 @@ def simulate(
     own ``async_scheduling`` included; without it, ``config.async_scheduling`` chooses."""
     model = load_model_spec(config.model)
     hardware = load_hardware(config.hardware)
-    settings, block_size = config.cache, config.cache.block_size
     dp = config.data_parallel_size
     check_data_parallel(model, config.tp, dp)
     lockstep = dp > 1 and model.is_moe
     scheduler_config = replace(config.scheduler, policy=config.pools_policy)
-    cache = settings.resolve(
-        scheduler_config,
-        size_blocks=lambda: _derived_num_blocks(model, hardware, config, lockstep),
-        block_bytes=model.kv_bytes_per_block(block_size, config.tp),
-        memory_model=config.resolved_memory_model(),
-        model=(config.model, model.max_model_len),
-    )
+    cache = _resolved_cache(model, hardware, config, scheduler_config, lockstep)
     if cost_config is None:
         cost_config = CostModelConfig(async_scheduling=config.async_scheduling)
     cost_model = make_cost_model(
-        model, hardware, config.tp, config.profile, cost_config, block_size=block_size
+        model, hardware, config.tp, config.profile, cost_config, block_size=config.cache.block_size
     )
     # Progress counts requests that finished or were rejected, so it reaches 100% only once
     # the backlog has drained (not when the last request arrives).
@@ -292,6 +285,54 @@ def simulate(
         disable=not (progress and sys.stderr.isatty()),
     )
     recorder = StepRecorder()
+    try:
+        with _fewer_collections():
+            on_done = None if bar.disable else bar.update
+            configs = (cache, scheduler_config)
+            if lockstep:
+                output = _run_lockstep(trace, config, configs, cost_model, recorder, on_done)
+            else:
+                output = _run_replicas(
+                    trace, config, configs, model, cost_model, recorder, wrap_executor, on_done
+                )
+    finally:
+        bar.close()
+    return _run_result(trace, config, hardware, cache, recorder, output)
+
+
+def _resolved_cache(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    config: RunConfig,
+    scheduler_config: SchedulerConfig,
+    lockstep: bool,
+) -> CacheConfig:
+    """``config.cache`` resolved for this model and GPU: its KV blocks sized as vLLM sizes
+    them unless given, its memory model and its maximum length."""
+    return config.cache.resolve(
+        scheduler_config,
+        size_blocks=lambda: _derived_num_blocks(model, hardware, config, lockstep),
+        block_bytes=model.kv_bytes_per_block(config.cache.block_size, config.tp),
+        memory_model=config.resolved_memory_model(),
+        model=(config.model, model.max_model_len),
+    )
+
+
+def _run_replicas(
+    trace: Trace,
+    config: RunConfig,
+    configs: tuple[CacheConfig, SchedulerConfig],
+    model: ModelSpec,
+    cost_model: CostModel,
+    recorder: StepRecorder,
+    wrap_executor: Callable[[CostModelExecutor], Any] | None,
+    on_done: Callable[[int], None] | None,
+) -> DeploymentOutput:
+    """Replicas that each step on their own: colocated behind the router, data-parallel ranks
+    of a dense model, or disaggregated prefill and decode pools joined by a KV link; each
+    replica's steps priced by ``cost_model``."""
+    cache, scheduler_config = configs
+    dp = config.data_parallel_size
 
     def make_replica(env: simpy.Environment, index: int, pool: str, steps: StepRecorder) -> Replica:
         executor: Any = CostModelExecutor(cost_model)
@@ -313,32 +354,29 @@ def simulate(
             config.link_parallel_transfers,
         )
 
-    try:
-        with _fewer_collections():
-            if lockstep:
-                output = _run_lockstep(
-                    trace,
-                    config,
-                    (cache, scheduler_config),
-                    cost_model,
-                    recorder,
-                    None if bar.disable else bar.update,
-                )
-            else:
-                output = run_deployment(
-                    trace,
-                    make_replica,
-                    recorder,
-                    num_replicas=dp if dp > 1 else config.num_replicas,
-                    router="data_parallel" if dp > 1 else config.router,
-                    disagg=(config.num_prefill, config.num_decode)
-                    if config.scheduler.policy == "disagg"
-                    else None,
-                    link=make_link,
-                    on_done=None if bar.disable else bar.update,
-                )
-    finally:
-        bar.close()
+    return run_deployment(
+        trace,
+        make_replica,
+        recorder,
+        num_replicas=dp if dp > 1 else config.num_replicas,
+        router="data_parallel" if dp > 1 else config.router,
+        disagg=(config.num_prefill, config.num_decode)
+        if config.scheduler.policy == "disagg"
+        else None,
+        link=make_link,
+        on_done=on_done,
+    )
+
+
+def _run_result(
+    trace: Trace,
+    config: RunConfig,
+    hardware: HardwareSpec,
+    cache: CacheConfig,
+    recorder: StepRecorder,
+    output: DeploymentOutput,
+) -> RunResult:
+    """The run's summary and everything its files record."""
     summary = summarize(output.requests, output.end_s, config.slo_ttft_s, config.slo_tpot_s)
     if config.scheduler.policy == "disagg":
         summary["kv_transfer_bytes"] = sum(t.num_bytes for t in output.transfers)
