@@ -224,41 +224,11 @@ def decode_breakdown(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/validate-cpu", help="where runs are written")
-    parser.add_argument("--requests", type=int, default=8, help="first N requests per trace")
-    parser.add_argument(
-        "--noise-requests", type=int, default=40, help="first N requests of the twice-run check"
-    )
-    parser.add_argument(
-        "--clock", default="auto", choices=CLOCK_CHOICES, help="calibration and engine clock"
-    )
-    parser.add_argument("--time-scale", type=float, default=1.0, help="arrival stretch")
-    parser.add_argument("--profile", default=None, help="use this profile (default: calibrate)")
-    parser.add_argument("--traces", default=",".join(TRACES))
-    parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--no-noise", action="store_true", help="skip the twice-run check")
-    parser.add_argument(
-        "--terms-only", action="store_true", help="only print the term table of runs in --out"
-    )
-    parser.add_argument(
-        "--tables-only",
-        action="store_true",
-        help="only print the error table and the term table of the runs already in --out",
-    )
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     out = Path(args.out)
     if args.terms_only or args.tables_only:
         if args.tables_only:
-            print(f"# python benchmarks/validate_cpu.py {shlex.join(sys.argv[1:])}")
-            print(TABLE_LEGEND + "\n" + HEADER)
-            for name in args.traces.split(","):
-                for policy in args.policies.split(","):
-                    path = out / name / policy / "validation.json"
-                    if path.exists():
-                        result = json.loads(path.read_text())
-                        for model_name in ("calibrated", "roofline"):
-                            print(row(name, policy, model_name, result))
+            _print_saved_rows(args, out)
         print("\n".join(term_table(out)))
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -281,6 +251,62 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# first {args.requests} requests of each trace, time scale {args.time_scale}")
     print(TABLE_LEGEND)
     print(HEADER)
+    _validate_each(args, out, profile, clock, command)
+    if not args.no_noise:
+        for line in noise(ROOT / "traces" / "data" / "example.csv", args, out, clock):
+            print(line)
+    print("\n".join(term_table(out)))
+    wall, cpu = time.perf_counter() - started, time.process_time()
+    print(f"# wall time {wall:.0f} s, CPU time {cpu:.0f} s")
+    print(f"# load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    (out / "done.json").write_text(json.dumps({"command": command}) + "\n")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/validate-cpu", help="where runs are written")
+    parser.add_argument("--requests", type=int, default=8, help="first N requests per trace")
+    parser.add_argument(
+        "--noise-requests", type=int, default=40, help="first N requests of the twice-run check"
+    )
+    parser.add_argument(
+        "--clock", default="auto", choices=CLOCK_CHOICES, help="calibration and engine clock"
+    )
+    parser.add_argument("--time-scale", type=float, default=1.0, help="arrival stretch")
+    parser.add_argument("--profile", default=None, help="use this profile (default: calibrate)")
+    parser.add_argument("--traces", default=",".join(TRACES))
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--no-noise", action="store_true", help="skip the twice-run check")
+    parser.add_argument(
+        "--terms-only", action="store_true", help="only print the term table of runs in --out"
+    )
+    parser.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="only print the error table and the term table of the runs already in --out",
+    )
+    return parser
+
+
+def _print_saved_rows(args: argparse.Namespace, out: Path) -> None:
+    """The error table of the runs already in ``out`` (``--tables-only``)."""
+    print(f"# python benchmarks/validate_cpu.py {shlex.join(sys.argv[1:])}")
+    print(TABLE_LEGEND + "\n" + HEADER)
+    for name in args.traces.split(","):
+        for policy in args.policies.split(","):
+            path = out / name / policy / "validation.json"
+            if path.exists():
+                result = json.loads(path.read_text())
+                for model_name in ("calibrated", "roofline"):
+                    print(row(name, policy, model_name, result))
+
+
+def _validate_each(
+    args: argparse.Namespace, out: Path, profile: str, clock: str, command: str
+) -> None:
+    """Validate every trace of ``--traces`` under every policy of ``--policies``, printing
+    each one's rows as it ends."""
     for name in args.traces.split(","):
         trace_path = ROOT / "traces" / "data" / f"{name}.csv"
         trace = load_trace(trace_path)
@@ -295,15 +321,6 @@ def main(argv: list[str] | None = None) -> int:
             result = validate(trace, config, out / name / policy, profile, command=command)
             for model_name in ("calibrated", "roofline"):
                 print(row(name, policy, model_name, result), flush=True)
-    if not args.no_noise:
-        for line in noise(ROOT / "traces" / "data" / "example.csv", args, out, clock):
-            print(line)
-    print("\n".join(term_table(out)))
-    wall, cpu = time.perf_counter() - started, time.process_time()
-    print(f"# wall time {wall:.0f} s, CPU time {cpu:.0f} s")
-    print(f"# load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    (out / "done.json").write_text(json.dumps({"command": command}) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

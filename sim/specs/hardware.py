@@ -246,6 +246,34 @@ def _ga102_bridged_card(
     )
 
 
+def _pcie_card(
+    name: str,
+    flops: tuple[float, float, float],
+    memory_bandwidth: float,
+    memory_bytes: int,
+    pcie: float,
+    num_sms: int,
+) -> HardwareSpec:
+    """A PCIe card without NVLink (a domain of 1): every all-reduce crosses PCIe at ``pcie``
+    bytes/s one way. ``flops`` is (dense 16-bit tensor, fp32, dense fp8) FLOP/s."""
+    dense, fp32, fp8 = flops
+    return HardwareSpec(
+        name,
+        dense,
+        fp32,
+        fp8,
+        memory_bandwidth,
+        memory_bytes,
+        pcie,
+        _PCIE_HOP_S,
+        pcie,
+        nvlink_domain_size=1,
+        scale_out_bandwidth_bytes_per_s=pcie,
+        **_PCIE_SCALE_OUT,
+        num_sms=num_sms,
+    )
+
+
 def _workstation_presets() -> list[HardwareSpec]:
     """PCIe cards. Dense tensor figures: half the datasheet's sparse number. SM counts (the
     width of a wave of GEMM tiles) from NVIDIA's architecture whitepapers: GA102 in the A40 and
@@ -260,75 +288,23 @@ def _workstation_presets() -> list[HardwareSpec]:
         _ga102_bridged_card("RTX-A6000", 154.8e12, 38.7e12, 768 * _GB),
         # NVIDIA L40S datasheet: 362.05 TFLOPS bf16 tensor dense (733 sparse), 733 fp8 dense,
         # 91.6 TFLOPS fp32, 48 GB GDDR6 at 864 GB/s, PCIe gen4 x16, no NVLink.
-        HardwareSpec(
-            "L40S",
-            362.05e12,
-            91.6e12,
-            733e12,
-            864 * _GB,
-            48 * _GIB,
-            _PCIE4,
-            _PCIE_HOP_S,
-            _PCIE4,
-            nvlink_domain_size=1,
-            scale_out_bandwidth_bytes_per_s=_PCIE4,
-            **_PCIE_SCALE_OUT,
-            num_sms=142,
-        ),
+        _pcie_card("L40S", (362.05e12, 91.6e12, 733e12), 864 * _GB, 48 * _GIB, _PCIE4, 142),
         # NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): fp16 tensor with fp32
         # accumulate (what PyTorch uses) 165.2 TFLOPS dense, fp8 with fp32 accumulate 330.3,
         # 82.6 TFLOPS fp32, 24 GB GDDR6X at 1008 GB/s, PCIe gen4, no NVLink.
-        HardwareSpec(
-            "RTX-4090",
-            165.2e12,
-            82.6e12,
-            330.3e12,
-            1008 * _GB,
-            24 * _GIB,
-            _PCIE4,
-            _PCIE_HOP_S,
-            _PCIE4,
-            nvlink_domain_size=1,
-            scale_out_bandwidth_bytes_per_s=_PCIE4,
-            **_PCIE_SCALE_OUT,
-            num_sms=128,
-        ),
+        _pcie_card("RTX-4090", (165.2e12, 82.6e12, 330.3e12), 1008 * _GB, 24 * _GIB, _PCIE4, 128),
         # NVIDIA RTX PRO 6000 Blackwell (Workstation Edition): 96 GB GDDR7 at 1792 GB/s,
         # 125 TFLOPS fp32, 4000 AI TOPS fp4 sparse (datasheet); per NVIDIA's RTX Blackwell
         # figures 503.8 TFLOPS bf16 tensor dense with fp32 accumulate (full rate on this
         # card) and 1007.6 fp8; PCIe gen5 x16, no NVLink.
-        HardwareSpec(
-            "RTX-PRO-6000",
-            503.8e12,
-            125e12,
-            1007.6e12,
-            1792 * _GB,
-            96 * _GIB,
-            _PCIE5,
-            _PCIE_HOP_S,
-            _PCIE5,
-            nvlink_domain_size=1,
-            scale_out_bandwidth_bytes_per_s=_PCIE5,
-            **_PCIE_SCALE_OUT,
-            num_sms=188,
+        _pcie_card(
+            "RTX-PRO-6000", (503.8e12, 125e12, 1007.6e12), 1792 * _GB, 96 * _GIB, _PCIE5, 188
         ),
         # The Server Edition of the same card: 1597 GB/s, the figure LLMServingSim's cluster
         # config gives for its measured RTX PRO 6000 runs; FLOP/s taken as the Workstation
         # Edition's (not separately checked).
-        HardwareSpec(
-            "RTX-PRO-6000-Server",
-            503.8e12,
-            125e12,
-            1007.6e12,
-            1597 * _GB,
-            96 * _GIB,
-            _PCIE5,
-            _PCIE_HOP_S,
-            _PCIE5,
-            nvlink_domain_size=1,
-            scale_out_bandwidth_bytes_per_s=_PCIE5,
-            **_PCIE_SCALE_OUT,
-            num_sms=188,
+        _pcie_card(
+            "RTX-PRO-6000-Server", (503.8e12, 125e12, 1007.6e12), 1597 * _GB, 96 * _GIB, _PCIE5, 188
         ),
     ]
 

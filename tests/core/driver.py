@@ -184,11 +184,7 @@ def replay(
     next_idx = 0
     marked = False
     for _ in range(max_steps):
-        while next_idx < len(arrivals) and arrivals[next_idx].arrival_s <= now_s:
-            request = arrivals[next_idx]
-            if not scheduler.add_request(request, now_s):
-                rejected.append(request)
-            next_idx += 1
+        next_idx = _add_arrivals(scheduler, arrivals, next_idx, now_s, rejected)
         if next_idx == len(arrivals) and mark_arrivals_done and not marked:
             scheduler.mark_arrivals_done()
             marked = True
@@ -204,20 +200,9 @@ def replay(
             batches.append(_record(batch, 0.0, running_before, done))
             if next_idx == len(arrivals) and not scheduler.has_unfinished():
                 break
-            wakeups = [] if next_idx == len(arrivals) else [arrivals[next_idx].arrival_s]
-            if batch.next_wakeup_s is not None:
-                wakeups.append(batch.next_wakeup_s)
-            if done and not wakeups:
-                continue  # a static batch ended during scheduling: ask again at once
+            to_come = arrivals[next_idx] if next_idx < len(arrivals) else None
             left = len(arrivals) - next_idx
-            if not wakeups:
-                raise AssertionError(_stuck_message("stuck", scheduler, now_s, left))
-            wake_s = min(wakeups)
-            if wake_s <= now_s:
-                raise AssertionError(
-                    _stuck_message(f"empty step asked to wake at {wake_s}", scheduler, now_s, left)
-                )
-            now_s = wake_s
+            now_s = _after_empty_step(scheduler, batch, now_s, (to_come, left), bool(done))
             continue
         duration_s = step_time(batch)
         assert duration_s > 0, f"step_time gave {duration_s} for a non-empty batch"
@@ -239,6 +224,50 @@ def replay(
         scheduler=scheduler,
         end_s=now_s,
     )
+
+
+def _add_arrivals(
+    scheduler: Scheduler,
+    arrivals: list[Request],
+    next_idx: int,
+    now_s: float,
+    rejected: list[Request],
+) -> int:
+    """Add the requests from ``arrivals[next_idx]`` on that have arrived by ``now_s`` (the
+    rejected ones into ``rejected``); returns the index of the first still to come."""
+    while next_idx < len(arrivals) and arrivals[next_idx].arrival_s <= now_s:
+        request = arrivals[next_idx]
+        if not scheduler.add_request(request, now_s):
+            rejected.append(request)
+        next_idx += 1
+    return next_idx
+
+
+def _after_empty_step(
+    scheduler: Scheduler,
+    batch: ScheduledBatch,
+    now_s: float,
+    arrivals: tuple[Request | None, int],
+    released: bool,
+) -> float:
+    """When the loop goes on after an empty step: at the next arrival or the batch's
+    wake-up, or at once (``now_s``) when a static batch ended during scheduling (``released``)
+    and there is nothing to wait for. ``arrivals`` is the next request to arrive (None when
+    all have) and how many are left. Raises AssertionError when stuck."""
+    to_come, left = arrivals
+    wakeups = [] if to_come is None else [to_come.arrival_s]
+    if batch.next_wakeup_s is not None:
+        wakeups.append(batch.next_wakeup_s)
+    if released and not wakeups:
+        return now_s  # ask again at once
+    if not wakeups:
+        raise AssertionError(_stuck_message("stuck", scheduler, now_s, left))
+    wake_s = min(wakeups)
+    if wake_s <= now_s:
+        raise AssertionError(
+            _stuck_message(f"empty step asked to wake at {wake_s}", scheduler, now_s, left)
+        )
+    return wake_s
 
 
 def make_workload(
