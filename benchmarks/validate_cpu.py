@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.policies import POLICIES
-from core.settings import build
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from core.policies import POLICIES  # noqa: E402
+from core.settings import build  # noqa: E402
 
 from fidelity import validation  # noqa: E402
 from fidelity.calibrate import calibrate  # noqa: E402

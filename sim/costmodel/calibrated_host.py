@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from sim.costmodel.host_fit import HostFit, StepSample, fit_host
+from sim.costmodel.host_fit import MIN_FIT_STEPS, HostFit, StepSample, fit_host
 from sim.costmodel.host_time import (
     ENGINE_KINDS,
     SERVESIM_EAGER_HOST,
@@ -109,7 +109,8 @@ def calibrated_host(
     """The host clock of a GPU profile: its stored host set, or one fitted to its whole steps,
     with the GPU time of each from the roofline or from ``tables_device_s`` (the profile's
     tables) as ``gpu_clock_of`` says. None for a CPU profile (the joint fit of
-    ``CalibratedCostModel`` fits its one clock) or a profile without steps."""
+    ``CalibratedCostModel`` fits its one clock) or a profile with fewer than
+    ``MIN_FIT_STEPS`` whole steps."""
     clock = gpu_clock_of(profile)
     layers, heads = fallback.model.num_layers, fallback.model.kv_heads_per_shard(fallback.tp)
     if profile.host is not None:
@@ -128,5 +129,7 @@ def calibrated_host(
         samples.append(
             StepSample(*host_args(shape, profile.block_size), device, step.measured_s, step.host_s)
         )
+    if len(samples) < MIN_FIT_STEPS:
+        return None  # too few whole steps for a host clock: one fitted overhead, as before v5
     fit = fit_host(samples, start_params(profile, fallback), layers, heads)
     return CalibratedHost(clock, HostTimeModel(fit.params, layers, heads), fit.device_scale, fit)

@@ -13,6 +13,9 @@ import numpy as np
 from sim.costmodel.host_time import HostParams, HostTimeModel
 
 EPISODE_MIN_STEPS = 10
+# Fewer whole steps than this fit no host clock: the profile's steps then set one overhead, as
+# before version 5 (``sim.costmodel.calibrated_host.calibrated_host``).
+MIN_FIT_STEPS = 5
 """Consecutive slow steps (in measurement order) that make an episode of outside load rather
 than stalls of the engine's own."""
 EPISODE_GAP_STEPS = 2
@@ -240,9 +243,10 @@ def fit_host(
     load and dropped, lone slow steps are the engine's stalls; then least squares on relative
     error over the rest. The stall share is what the lone slow steps added, over the kept
     steps' host time."""
-    if len(samples) < 5:
+    if len(samples) < MIN_FIT_STEPS:
         raise ValueError(
-            f"fitting the host clock needs at least 5 measured steps, got {len(samples)}"
+            f"fitting the host clock needs at least {MIN_FIT_STEPS} measured steps, "
+            f"got {len(samples)}"
         )
     base = replace(start, stall_share=0.0)
     measured_before = _fit_before(samples)

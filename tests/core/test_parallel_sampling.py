@@ -124,7 +124,11 @@ def test_every_fanned_out_request_finishes_and_frees_its_memory(
     )  # fmt: skip
     assert any(r.n > 1 for r in requests)
     cache = CacheConfig(
-        num_blocks=120, block_size=16, enable_prefix_caching=prefix_caching, max_model_len=512
+        num_blocks=120,
+        block_size=16,
+        memory_model="paged",
+        enable_prefix_caching=prefix_caching,
+        max_model_len=512,
     )
     config = SchedulerConfig(policy=policy, max_num_batched_tokens=256, batch_size=4)
     result = replay(requests, cache, config, max_steps=20_000)

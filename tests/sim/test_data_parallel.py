@@ -30,7 +30,7 @@ H100 = HARDWARE_PRESETS["H100-SXM"]
 
 
 def _scheduler() -> Scheduler:
-    cache = CacheConfig(num_blocks=1000, block_size=16, max_model_len=4096)
+    cache = CacheConfig(num_blocks=1000, block_size=16, memory_model="paged", max_model_len=4096)
     return Scheduler(cache, SchedulerConfig(policy="chunked", max_num_batched_tokens=64))
 
 
@@ -62,7 +62,7 @@ def test_router_ties_go_to_the_first_rank_and_counts_refresh_every_100_ms() -> N
 
 
 def test_experts_take_a_share_of_all_ranks_tokens() -> None:
-    roofline = RooflineCostModel(MOE, H100, 1)
+    roofline = RooflineCostModel(MOE, H100, 1, block_size=16)
     cost = ExpertParallelCost(roofline, dp=2)
     tokens = 512
     # Each GPU holds 64 of 128 experts and takes half the gathered pairs: the same FLOPs as
@@ -80,7 +80,7 @@ def test_experts_take_a_share_of_all_ranks_tokens() -> None:
 
 
 def test_each_moe_layer_gathers_every_ranks_padded_tokens() -> None:
-    cost = ExpertParallelCost(RooflineCostModel(MOE, H100, 1), dp=4)
+    cost = ExpertParallelCost(RooflineCostModel(MOE, H100, 1, block_size=16), dp=4)
     assert cost.gathered_bytes(100) == 4 * 100 * MOE.hidden_size * 2
     one = ring_gather_s(H100, cost.gathered_bytes(100), 4)
     # A ring all-gather over 4 GPUs of one NVLink domain: the call, 3 hops, 3/4 of the bytes.
@@ -97,7 +97,7 @@ def test_each_moe_layer_gathers_every_ranks_padded_tokens() -> None:
 
 
 def test_a_group_step_pads_every_rank_and_lasts_the_slowest() -> None:
-    roofline = RooflineCostModel(MOE, H100, 1)
+    roofline = RooflineCostModel(MOE, H100, 1, block_size=16)
     cost = ExpertParallelCost(roofline, dp=2)
     busy = StepShape(prefill_chunks=((300, 0),), decode_context_tokens=(500,) * 20)
     idle = StepShape()
