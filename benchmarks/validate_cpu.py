@@ -31,7 +31,6 @@ sys.path.insert(0, str(ROOT))
 
 from core.policies import POLICIES  # noqa: E402
 from core.settings import build  # noqa: E402
-
 from fidelity import validation  # noqa: E402
 from fidelity.calibrate import calibrate  # noqa: E402
 from fidelity.clocks import CLOCK_CHOICES, resolve_clock  # noqa: E402
