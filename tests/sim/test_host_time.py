@@ -147,11 +147,14 @@ def test_an_eager_host_is_priced_by_shape() -> None:
 
 
 def test_an_eager_run_is_the_same_with_and_without_fast_forward() -> None:
+    from core.config import SchedulerConfig
     from sim.run import RunConfig, simulate
     from traces.loaders import load_trace
 
     trace = load_trace("traces/data/example.csv")
-    config = RunConfig(policy="chunked", model="llama-3-8b", hardware="H200")
+    config = RunConfig(
+        scheduler=SchedulerConfig(policy="chunked"), model="llama-3-8b", hardware="H200"
+    )
     cost = CostModelConfig(engine="servesim-eager", async_scheduling=False)
     runs = [
         simulate(trace, replace(config, fast_forward=ff), cost_config=cost) for ff in (True, False)
