@@ -326,9 +326,7 @@ class RooflineCostModel:
         """What the host's `host_s` of work adds to a step whose kernels take `device_s`: all
         of it when the GPU waits for the host, only what exceeds the kernels when the host
         prepares the next step while they run (async scheduling)."""
-        if self.host.params.async_scheduling:
-            return max(0.0, host_s - device_s)
-        return host_s
+        return self.host.wait_s(host_s, device_s)
 
     def _size_terms(self, num_tokens: int, num_seqs: int) -> tuple[float, ...]:
         """The terms that depend on a step's token and sequence counts alone: (linear, KV
