@@ -14,8 +14,9 @@ absolute error and the bias of TTFT, TPOT and E2E, makespan and output tokens/s 
   ``bench/examples/<GPU>/<model>/outputs/sim.csv``, read from ``--llmservingsim-repo`` (a
   checkout of github.com/casys-kaist/LLMServingSim, or its git directory) when given.
 
-Then the per-step view apart from queueing (the first request alone; the saturated phase
-against the run's timeseries.csv) and the term breakdown of a typical decode and mixed step.
+Then the per-step view apart from queueing (the first request alone; the first arrivals'
+TTFT and TPOT, request by request; the saturated phase against the run's timeseries.csv) and
+the term breakdown of a typical decode and mixed step.
 
 ``--what-if FIELD=VALUE[,FIELD=VALUE]`` adds an analytic replay with those CostModelConfig or
 HardwareSpec fields changed: a diagnosis of which term carries the error, not a result.
@@ -178,17 +179,28 @@ def _breakdown(config: RunConfig, result: RunResult, profile: str | None) -> lis
     return lines
 
 
+EARLY = 16  # the first arrivals, before a queue forms
+
+
 def _phases(run_dir: Path, measured: pd.DataFrame, result: RunResult) -> list[str]:
-    """Two views apart from queueing: the first request, alone on the GPU (its TTFT is one
-    prefill, chunked by the budget), and the saturated phase (>= max_num_seqs - 1 running, all
-    decoding in every step), whose measured step is the running count over the generated
-    tokens per second of the run's timeseries.csv."""
+    """Three views apart from queueing: the first request, alone on the GPU (its TTFT is one
+    prefill, chunked by the budget); the first EARLY arrivals (small batches, no queue for a
+    sequence slot), per request simulated less measured; and the saturated phase (>=
+    max_num_seqs - 1 running, all decoding in every step), whose measured step is the running
+    count over the generated tokens per second of the run's timeseries.csv."""
     sim = result.requests_frame().set_index("request_id")
-    first = measured.sort_values("arrival_s").iloc[0]
+    ordered = measured.sort_values("arrival_s")
+    first = ordered.iloc[0]
+    early = ordered.iloc[:EARLY].set_index("request_id")
+    ttft = sim.loc[early.index, "ttft_ms"] - early["ttft_ms"]
+    tpot = sim.loc[early.index, "tpot_ms"] - early["tpot_ms"]
     lines = [
         f"    first request alone ({int(first['prompt_tokens'])} prompt tokens): TTFT "
         f"{first['ttft_ms']:.1f} ms measured, {sim.loc[first['request_id'], 'ttft_ms']:.1f} "
-        "simulated"
+        "simulated",
+        f"    first {EARLY} arrivals, simulated less measured per request: TTFT median "
+        f"{ttft.median():+.1f} ms (from {ttft.min():+.1f} to {ttft.max():+.1f}), TPOT median "
+        f"{tpot.median():+.2f} ms (measured median {early['tpot_ms'].median():.1f})",
     ]
     series_path = run_dir / "timeseries.csv"
     if series_path.exists():

@@ -172,12 +172,25 @@ def _trace(
     return Trace(name, tuple(ordered))
 
 
-def _hardware_preset(name: str) -> str | None:
-    """The preset whose name, ignoring case and punctuation, equals ``name`` (RTXPRO6000)."""
-    key = "".join(c for c in name.lower() if c.isalnum())
-    return next(
-        (p for p in HARDWARE_PRESETS if "".join(c for c in p.lower() if c.isalnum()) == key), None
-    )
+def _hardware_preset(name: str, bandwidth_bytes_per_s: float | None = None) -> str | None:
+    """The preset whose name, ignoring case and punctuation, is ``name`` (RTXPRO6000), or is
+    ``name`` and an edition (RTX-PRO-6000-Server) whose memory bandwidth is the run's own
+    ``bandwidth_bytes_per_s`` (to 0.5%): that edition is the card the run had."""
+
+    def key(text: str) -> str:
+        return "".join(c for c in text.lower() if c.isalnum())
+
+    wanted = key(name)
+    if bandwidth_bytes_per_s is not None:
+        for preset, spec in HARDWARE_PRESETS.items():
+            stated = spec.hbm_bandwidth_bytes_per_s
+            if (
+                key(preset).startswith(wanted)
+                and key(preset) != wanted
+                and abs(stated - bandwidth_bytes_per_s) <= 0.005 * bandwidth_bytes_per_s
+            ):
+                return preset
+    return next((p for p in HARDWARE_PRESETS if key(p) == wanted), None)
 
 
 def _replay_settings(engine: dict[str, Any], where: str) -> dict[str, Any]:
@@ -237,7 +250,7 @@ def _llmservingsim_hardware(run_dir: Path, replay: dict[str, Any]) -> dict[str, 
         ) from None
     if "mem_util" in memory:
         replay.setdefault("gpu_memory_utilization", float(memory["mem_util"]))
-    base = _hardware_preset(name)
+    base = _hardware_preset(name, bandwidth_gbps * 1e9)
     if base is None:
         return None
     table: dict[str, Any] = {

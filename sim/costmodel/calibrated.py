@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sim.costmodel.calibrated_host import calibrated_host, host_args
+from sim.costmodel.calibrated_host import calibrated_host
 from sim.costmodel.profile import Profile, StepTiming, Table1D, Table2D
 from sim.costmodel.roofline import TERMS, RooflineCostModel
 from sim.costmodel.step_attention import step_attention_s
@@ -230,10 +230,6 @@ class CalibratedCostModel:
             for i, scale in ((0, 0), (1, 1), (2, 2), (3, 0), (4, 0)):
                 terms[i] *= self._scales[scale]
         terms[9] = self._overhead_s(num_seqs)
-        if self.profile.timer == "kernel_trace":
-            # Kernel times alone: the host's work is in no table, and runs beside the kernels
-            # or before them as the roofline's host term does (``async_scheduling``).
-            terms[9] = fallback.host_wait_s(terms[9], sum(terms[:9]))
         return tuple(terms)
 
     def _tables_device_s(self, shape: StepShape) -> float:
@@ -251,11 +247,7 @@ class CalibratedCostModel:
             device = list(self._table_terms(shape, analytic)[:-1])
         if host.device_scale != 1.0:
             device = [host.device_scale * term for term in device]
-        device_s = sum(device)
-        duration = host.model.duration_s(
-            host.model.host_time(*host_args(shape, self.block_size)), device_s
-        )
-        return (*device, duration - device_s)
+        return (*device, host.model.step_overhead_s(shape, self.block_size, sum(device)))
 
     def _attention_terms(
         self, shape: StepShape, prefill_s: float, decode_s: float

@@ -8,12 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from sim.costmodel.host_fit import MIN_FIT_STEPS, HostFit, StepSample, fit_host
+from sim.costmodel.host_fit import HostFit, StepSample, fit_host
 from sim.costmodel.host_time import (
     ENGINE_KINDS,
+    MIN_FIT_STEPS,
     SERVESIM_EAGER_HOST,
     HostParams,
     HostTimeModel,
+    host_args,
     host_params,
 )
 from sim.costmodel.profile import Profile, StepTiming
@@ -88,14 +90,15 @@ def step_shape(step: StepTiming) -> StepShape:
     return StepShape(prefill_chunks=step.prefill_chunks, decode_context_tokens=contexts)
 
 
-def host_args(shape: StepShape, block_size: int) -> tuple[int, int, int, int]:
-    """``HostTimeModel.host_time``'s arguments of ``shape``: chunks, decodes, the longest
-    decode context and block-table entries (of ``block_size`` tokens)."""
-    bs = block_size
-    entries = sum(-(-c // bs) for c in shape.decode_context_tokens)
-    entries += sum(-(-(new + context) // bs) for new, context in shape.prefill_chunks)
-    contexts = shape.decode_context_tokens
-    return len(shape.prefill_chunks), len(contexts), max(contexts, default=0), entries
+def run_host_params(profile: Profile, fallback: RooflineCostModel) -> HostParams:
+    """The host set of a profile that measured no host: that of the engine it names
+    (``engine.kind``) when that is not the run's, else the run's own (``CostModelConfig.
+    host_params()``: vLLM's by default, with the run's async scheduling and overrides)."""
+    config = fallback.config
+    kind = (profile.engine or {}).get("kind")
+    if kind is None or kind == config.engine:
+        return config.host_params()
+    return host_params(engine_kind_of(profile))
 
 
 def roofline_device_s(fallback: RooflineCostModel, shape: StepShape) -> float:
@@ -108,20 +111,26 @@ def calibrated_host(
 ) -> CalibratedHost | None:
     """The host clock of a GPU profile: its stored host set, or one fitted to its whole steps,
     with the GPU time of each from the roofline or from ``tables_device_s`` (the profile's
-    tables) as ``gpu_clock_of`` says. None for a CPU profile (the joint fit of
-    ``CalibratedCostModel`` fits its one clock) or a profile with fewer than
-    ``MIN_FIT_STEPS`` whole steps."""
+    tables) as ``gpu_clock_of`` says; for a profile that timed no step (an imported table of
+    kernels), the run's host set (``run_host_params``) on the tables' GPU time. None for a CPU
+    profile (the joint fit of ``CalibratedCostModel`` fits its one clock), and for a profile
+    with a measured ``prepare`` table and no steps, or too few steps to fit a host set (both
+    keep the step overhead of version 4 and before)."""
     clock = gpu_clock_of(profile)
     layers, heads = fallback.model.num_layers, fallback.model.kv_heads_per_shard(fallback.tp)
     if profile.host is not None:
         model = HostTimeModel(profile.host, layers, heads)
         return CalibratedHost(clock, model, profile.host_device_scale)
-    if is_cpu_profile(profile) or not profile.steps:
+    if is_cpu_profile(profile):
+        return None
+    timed = [step for step in profile.steps if step.measured_s > 0]
+    if not profile.steps and "prepare" not in profile.ops:
+        params = run_host_params(profile, fallback)
+        return CalibratedHost("tables", HostTimeModel(params, layers, heads))
+    if len(timed) < MIN_FIT_STEPS:
         return None
     samples = []
-    for step in profile.steps:
-        if step.measured_s <= 0:
-            continue
+    for step in timed:
         shape = step_shape(step)
         device = (
             roofline_device_s(fallback, shape) if clock == "roofline" else tables_device_s(shape)
@@ -129,7 +138,5 @@ def calibrated_host(
         samples.append(
             StepSample(*host_args(shape, profile.block_size), device, step.measured_s, step.host_s)
         )
-    if len(samples) < MIN_FIT_STEPS:
-        return None  # too few whole steps for a host clock: one fitted overhead, as before v5
     fit = fit_host(samples, start_params(profile, fallback), layers, heads)
     return CalibratedHost(clock, HostTimeModel(fit.params, layers, heads), fit.device_scale, fit)

@@ -126,8 +126,8 @@ class ExpertParallelCost:
             terms["experts"] = experts
             terms["dispatch_combine"] = comms
             device = sum(v for k, v in terms.items() if k not in ("overhead", "experts"))
-            host = self.roofline.overhead_s(shape.num_seqs)
-            terms["overhead"] = self.roofline.host_wait_s(host, device)
+            host = self.roofline.host  # the run's host set, as the roofline prices it
+            terms["overhead"] = host.step_overhead_s(shape, self.roofline.block_size, device)
             per_rank.append(terms)
         duration = max(sum(v for k, v in terms.items() if k != "experts") for terms in per_rank)
         return GroupStep(tuple(per_rank), duration, tokens, self.gathered_bytes(tokens))

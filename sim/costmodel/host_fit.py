@@ -10,12 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from sim.costmodel.host_time import HostParams, HostTimeModel
+from sim.costmodel.host_time import MIN_FIT_STEPS, HostParams, HostTimeModel
 
 EPISODE_MIN_STEPS = 10
-# Fewer whole steps than this fit no host clock: the profile's steps then set one overhead, as
-# before version 5 (``sim.costmodel.calibrated_host.calibrated_host``).
-MIN_FIT_STEPS = 5
 """Consecutive slow steps (in measurement order) that make an episode of outside load rather
 than stalls of the engine's own."""
 EPISODE_GAP_STEPS = 2

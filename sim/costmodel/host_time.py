@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from sim.costmodel.step_shape import StepShape
 
 ENGINE_KINDS: Final = ("vllm", "servesim-eager", "servesim-graphs")
 """The engines with a documented host parameter set (``host_params``)."""
@@ -122,6 +125,10 @@ _PRESETS: Final = {
 }
 
 
+MIN_FIT_STEPS: Final = 5
+"""Whole measured steps a profile needs before its host set is fitted (``host_fit.fit_host``)."""
+
+
 def host_params(kind: str, async_scheduling: bool | None = None) -> HostParams:
     """The documented parameter set of engine ``kind`` (ENGINE_KINDS); ``async_scheduling``
     overrides vLLM's default (servesim's engine never overlaps steps)."""
@@ -133,6 +140,16 @@ def host_params(kind: str, async_scheduling: bool | None = None) -> HostParams:
     if kind != "vllm":
         raise ValueError(f"engine kind {kind!r} has no async scheduling")
     return replace(params, async_scheduling=async_scheduling)
+
+
+def host_args(shape: StepShape, block_size: int) -> tuple[int, int, int, int]:
+    """``HostTimeModel.host_time``'s arguments of ``shape``: chunks, decodes, the longest
+    decode context and block-table entries (of ``block_size`` tokens)."""
+    bs = block_size
+    entries = sum(-(-c // bs) for c in shape.decode_context_tokens)
+    entries += sum(-(-(new + context) // bs) for new, context in shape.prefill_chunks)
+    contexts = shape.decode_context_tokens
+    return len(shape.prefill_chunks), len(contexts), max(contexts, default=0), entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,3 +246,22 @@ class HostTimeModel:
         if p.stall_share:
             duration += p.stall_share * total
         return duration
+
+    def wait_s(self, host_s: float, device_s: float) -> float:
+        """What ``host_s`` of host work before the forward adds to a step whose GPU time is
+        ``device_s``, for a set that prices nothing else (``per_sequence_only``): all of it,
+        or with async scheduling only what exceeds the GPU's time. The roofline's fast paths
+        inline this."""
+        if self.params.async_scheduling:
+            return max(0.0, host_s - device_s)
+        return host_s
+
+    def overhead_s(self, host: HostTime, device_s: float) -> float:
+        """A step's ``overhead`` term: what the host adds to its GPU time ``device_s``."""
+        if self.simple:
+            return self.wait_s(host.total_s, device_s)
+        return self.duration_s(host, device_s) - device_s
+
+    def step_overhead_s(self, shape: StepShape, block_size: int, device_s: float) -> float:
+        """``overhead_s`` of ``shape``, whose KV blocks hold ``block_size`` tokens."""
+        return self.overhead_s(self.host_time(*host_args(shape, block_size)), device_s)

@@ -308,6 +308,8 @@ def llmservingsim_profile(
         "timer": "kernel_trace",
         "extrapolation": "roofline",
         "engine": {
+            # vLLM's kernels: a run prices the host with vLLM's set (docs/host_time.md).
+            "kind": "vllm",
             "source": f"LLMServingSim profiler {meta.get('profiler_version', '?')}",
             "enforce_eager": str(engine.get("enforce_eager", UNKNOWN)),
             "measurement_iterations": str(meta.get("measurement_iterations", UNKNOWN)),

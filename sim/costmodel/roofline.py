@@ -61,6 +61,10 @@ class RooflineCostModel:
         self._memory_bytes_per_s = bandwidth * hardware.memory_bandwidth_efficiency
         self._attention_flops_per_s = peak * hardware.attention_flops_efficiency
         self._attention_bytes_per_s = bandwidth * hardware.attention_bandwidth_efficiency
+        mixed = hardware.mixed_attention_bandwidth_efficiency
+        self._mixed_attention_bytes_per_s = (
+            self._attention_bytes_per_s if mixed is None else bandwidth * mixed
+        )
         # Every layer pays the attention kernel's fixed cost once per step.
         self._attention_latency_s = model.num_layers * hardware.attention_latency_s
         self.layer_ops = LayerOps(model, hardware, tp)
@@ -128,17 +132,19 @@ class RooflineCostModel:
         return latency + max(compute, bytes_moved / self._attention_bytes_per_s)
 
     def decode_attention_s(
-        self, num_seqs: int, sum_context_tokens: int, kv_read_tokens: int
+        self, num_seqs: int, sum_context_tokens: int, kv_read_tokens: int, mixed: bool = False
     ) -> float:
         """One query token per sequence against its whole context; `kv_read_tokens` is the
-        context rounded up to whole blocks (what a paged kernel actually reads)."""
+        context rounded up to whole blocks (what a paged kernel actually reads). ``mixed``: the
+        step also prefills (its decodes read at `mixed_attention_bandwidth_efficiency`)."""
         if num_seqs <= 0:
             return 0.0
         compute = sum_context_tokens * self._attention_flops_per_pair / self._attention_flops_per_s
         bytes_moved = (
             num_seqs * self._attention_q_bytes_per_token + kv_read_tokens * self._kv_bytes_per_token
         )
-        return self._attention_latency_s + max(compute, bytes_moved / self._attention_bytes_per_s)
+        rate = self._mixed_attention_bytes_per_s if mixed else self._attention_bytes_per_s
+        return self._attention_latency_s + max(compute, bytes_moved / rate)
 
     def store_kv_s(self, num_tokens: int) -> float:
         """Scatter the new K and V into the cache, one kernel a layer: read once, write once."""
@@ -248,7 +254,7 @@ class RooflineCostModel:
         device = (
             linear,
             self.prefill_attention_s(chunks) if chunks else 0.0,
-            self.decode_attention_s(num_decode, sum_context, kv_read_tokens),
+            self.decode_attention_s(num_decode, sum_context, kv_read_tokens, bool(chunks)),
             store_kv,
             elementwise,
             lm_head,
@@ -270,9 +276,7 @@ class RooflineCostModel:
         """What the host's `host_s` of work adds to a step whose kernels take `device_s`: all
         of it when the GPU waits for the host, only what exceeds the kernels when the host
         prepares the next step while they run (async scheduling)."""
-        if self.host.params.async_scheduling:
-            return max(0.0, host_s - device_s)
-        return host_s
+        return self.host.wait_s(host_s, device_s)
 
     def _size_terms(self, num_tokens: int, num_seqs: int) -> tuple[float, ...]:
         """The terms that depend on a step's token and sequence counts alone: (linear, KV
@@ -461,7 +465,7 @@ class RepeatStepper:
             model = self.model
             total = self.linear + (model.prefill_attention_s(chunks) if chunks else 0.0)
             total += model.decode_attention_s(
-                self.num_decode_seqs, sum_context, sum_blocks * self.block_size
+                self.num_decode_seqs, sum_context, sum_blocks * self.block_size, bool(chunks)
             )
         total = (((total + self.store_kv) + self.elementwise) + self.lm_head) + self.allreduce
         if self.overlap:

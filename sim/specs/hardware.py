@@ -28,7 +28,9 @@ class HardwareSpec:
     # from NVIDIA's A100 whitepaper and cuBLAS; every efficiency, latency and floor is a fit to
     # Vidur's measured A100-80GB files (../shared/profiles/vidur: mlp.csv of four models at TP
     # 1-8, attention.csv, both all_reduce.csv), checked with `python -m sim costmodel check`.
-    # Other GPUs keep them until measured: only the datasheet numbers above change.
+    # A GPU with op-level tables of its own states the efficiencies derived from them
+    # (`sim.costmodel.efficiency_fit`, `benchmarks/derive_efficiencies.py`; docs/
+    # hardware_efficiency.md); every other GPU keeps these defaults.
     num_sms: int = 108  # streaming multiprocessors: the width of one wave of GEMM tiles
     # cuBLAS fp16 output tile: 64 token rows x 128 columns. Vidur's A100 GEMM times step with
     # every 64-128 more tokens; 64 rows fit them best (median error 4-8% per linear op).
@@ -59,6 +61,10 @@ class HardwareSpec:
     small_index_row_s: float = 7.5e-7
     attention_flops_efficiency: float = 0.37  # FlashAttention prefill, per (query, key) pair
     attention_bandwidth_efficiency: float = 0.75  # paged decode attention reading K and V
+    # Decodes in a step that also prefills, where vLLM runs them in one kernel with the prompt
+    # chunk: the share of bandwidth their K and V reads reach there. None: as in a decode-only
+    # step (Vidur's tables time prefill and decode apart, so no default is measured).
+    mixed_attention_bandwidth_efficiency: float | None = None
     attention_latency_s: float = 15e-6  # fixed cost of one attention call (split-KV reduce, setup)
     kernel_launch_floor_s: float = 2e-6  # the shortest a kernel runs, however little it does
     # Row kernels (norm, rotary, activation) run one thread block per token: each thread walks
@@ -132,6 +138,12 @@ class HardwareSpec:
         if not self.small_index_max_rows >= 0:
             raise ValueError(
                 f"HardwareSpec.small_index_max_rows must be >= 0, got {self.small_index_max_rows!r}"
+            )
+        mixed = self.mixed_attention_bandwidth_efficiency
+        if mixed is not None and not 0 < mixed <= 1:
+            raise ValueError(
+                f"HardwareSpec.mixed_attention_bandwidth_efficiency must be in (0, 1] or None, "
+                f"got {mixed!r}"
             )
         if self.peak_fp8_flops is not None and not self.peak_fp8_flops > 0:
             raise ValueError(
@@ -224,6 +236,31 @@ _PCIE4 = 32 * _GB
 _PCIE5 = 64 * _GB
 
 
+# Kernel efficiencies derived from a GPU's own op-level tables by `benchmarks/
+# derive_efficiencies.py` (`sim.costmodel.efficiency_fit`: each the value at which the roofline
+# meets, at the median, the measured ops it alone governs; results and command in
+# benchmarks/results/efficiencies.txt). Both from LLMServingSim's public profile bundles (vLLM
+# 0.19.0's kernels, one layer at a time; MIT, github.com/casys-kaist/LLMServingSim at 5daddb2).
+# RTX PRO 6000 Blackwell Server Edition: profiler/perf/RTXPRO6000, Llama-3.1-8B and Qwen3-32B
+# at TP 1 and 2 (also in ../shared/profiles/llmservingsim).
+_RTXPRO6000_SERVER_TABLES: dict[str, Any] = {
+    "memory_bandwidth_efficiency": 0.96,
+    "gemm_flops_efficiency": 0.82,
+    "attention_bandwidth_efficiency": 0.92,
+    "attention_flops_efficiency": 0.58,
+    "mixed_attention_bandwidth_efficiency": 0.33,
+}
+# RTX 4090: profiler/perf/RTX4090, Llama-3.1-8B at TP 1. Its large GEMMs run at the
+# datasheet's 165.2 TFLOPS or faster: the fit is clipped at 1.0 (the roofline still 0.8% slow).
+_RTX4090_TABLES: dict[str, Any] = {
+    "memory_bandwidth_efficiency": 0.95,
+    "gemm_flops_efficiency": 1.0,
+    "attention_bandwidth_efficiency": 0.92,
+    "attention_flops_efficiency": 0.89,
+    "mixed_attention_bandwidth_efficiency": 0.43,
+}
+
+
 def _ga102_bridged_card(
     name: str, dense_flops: float, fp32_flops: float, memory_bandwidth: float
 ) -> HardwareSpec:
@@ -253,9 +290,11 @@ def _pcie_card(
     memory_bytes: int,
     pcie: float,
     num_sms: int,
+    efficiencies: dict[str, Any] | None = None,
 ) -> HardwareSpec:
     """A PCIe card without NVLink (a domain of 1): every all-reduce crosses PCIe at ``pcie``
-    bytes/s one way. ``flops`` is (dense 16-bit tensor, fp32, dense fp8) FLOP/s."""
+    bytes/s one way. ``flops`` is (dense 16-bit tensor, fp32, dense fp8) FLOP/s;
+    ``efficiencies`` the card's own, where its op tables give them (else the defaults)."""
     dense, fp32, fp8 = flops
     return HardwareSpec(
         name,
@@ -271,6 +310,7 @@ def _pcie_card(
         scale_out_bandwidth_bytes_per_s=pcie,
         **_PCIE_SCALE_OUT,
         num_sms=num_sms,
+        **(efficiencies or {}),
     )
 
 
@@ -291,8 +331,17 @@ def _workstation_presets() -> list[HardwareSpec]:
         _pcie_card("L40S", (362.05e12, 91.6e12, 733e12), 864 * _GB, 48 * _GIB, _PCIE4, 142),
         # NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): fp16 tensor with fp32
         # accumulate (what PyTorch uses) 165.2 TFLOPS dense, fp8 with fp32 accumulate 330.3,
-        # 82.6 TFLOPS fp32, 24 GB GDDR6X at 1008 GB/s, PCIe gen4, no NVLink.
-        _pcie_card("RTX-4090", (165.2e12, 82.6e12, 330.3e12), 1008 * _GB, 24 * _GIB, _PCIE4, 128),
+        # 82.6 TFLOPS fp32, 24 GB GDDR6X at 1008 GB/s, PCIe gen4, no NVLink. Efficiencies
+        # derived from LLMServingSim's RTX 4090 bundle (`_RTX4090_TABLES`).
+        _pcie_card(
+            "RTX-4090",
+            (165.2e12, 82.6e12, 330.3e12),
+            1008 * _GB,
+            24 * _GIB,
+            _PCIE4,
+            128,
+            _RTX4090_TABLES,
+        ),
         # NVIDIA RTX PRO 6000 Blackwell (Workstation Edition): 96 GB GDDR7 at 1792 GB/s,
         # 125 TFLOPS fp32, 4000 AI TOPS fp4 sparse (datasheet); per NVIDIA's RTX Blackwell
         # figures 503.8 TFLOPS bf16 tensor dense with fp32 accumulate (full rate on this
@@ -302,9 +351,16 @@ def _workstation_presets() -> list[HardwareSpec]:
         ),
         # The Server Edition of the same card: 1597 GB/s, the figure LLMServingSim's cluster
         # config gives for its measured RTX PRO 6000 runs; FLOP/s taken as the Workstation
-        # Edition's (not separately checked).
+        # Edition's (not separately checked). Efficiencies derived from LLMServingSim's
+        # bundles of this card (`_RTXPRO6000_SERVER_TABLES`).
         _pcie_card(
-            "RTX-PRO-6000-Server", (503.8e12, 125e12, 1007.6e12), 1597 * _GB, 96 * _GIB, _PCIE5, 188
+            "RTX-PRO-6000-Server",
+            (503.8e12, 125e12, 1007.6e12),
+            1597 * _GB,
+            96 * _GIB,
+            _PCIE5,
+            188,
+            _RTXPRO6000_SERVER_TABLES,
         ),
     ]
 

@@ -50,7 +50,8 @@ def test_llmservingsim_import_by_hand(llmservingsim_dir: Path) -> None:
         "model": "Llama-3.1-8B",
         "gpu_memory_utilization": 0.9,
     }
-    assert run.hardware is not None and run.hardware["base"] == "RTX-PRO-6000"
+    # "RTXPRO6000" at 1597 GB/s: the Server Edition's figure, so that edition's preset.
+    assert run.hardware is not None and run.hardware["base"] == "RTX-PRO-6000-Server"
 
 
 def test_llmservingsim_link_becomes_the_gpu_to_gpu_link(llmservingsim_dir: Path) -> None:
@@ -310,3 +311,13 @@ def test_a_data_parallel_expert_parallel_run_imports_and_replays(
     (llmservingsim_dir / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"data_parallel_size must be a positive integer"):
         import_llmservingsim(llmservingsim_dir)
+
+
+def test_a_gpu_name_takes_the_edition_whose_bandwidth_the_run_states() -> None:
+    from fidelity.measured_importers import _hardware_preset
+
+    assert _hardware_preset("RTXPRO6000", 1597e9) == "RTX-PRO-6000-Server"
+    assert _hardware_preset("RTXPRO6000", 1792e9) == "RTX-PRO-6000"
+    assert _hardware_preset("RTXPRO6000") == "RTX-PRO-6000"
+    assert _hardware_preset("RTX4090", 1008e9) == "RTX-4090"
+    assert _hardware_preset("TPUv5", 1e12) is None

@@ -101,7 +101,7 @@ def test_the_attention_layer_writes_the_kv_cache_itself(profile_path: Path) -> N
 
 def test_past_the_tables_time_follows_the_roofline_never_flat(profile_path: Path) -> None:
     model = _model(profile_path)
-    roof = RooflineCostModel(TINY, GPU, 1)
+    roof = RooflineCostModel(TINY, GPU, 1, block_size=16)
     profile = load_profile(profile_path)
     linear = profile.ops["linear"]
     edge = linear.xs[-1]  # 256 tokens
@@ -200,16 +200,14 @@ def test_the_two_dimensional_tables_follow_the_roofline_past_their_grid(tmp_path
         },
     }
     model = _model(_write(tmp_path, data))
-    roof = RooflineCostModel(TINY, GPU, 1)
+    roof = RooflineCostModel(TINY, GPU, 1, block_size=16)
     decode = model.step_breakdown(StepShape(decode_context_tokens=(1000,) * 20))
     ratio = roof.decode_attention_s(20, 20 * 1000, 20 * 1008) / roof.decode_attention_s(
         8, 8 * 256, 8 * 256
     )
     assert decode["decode_attention"] == pytest.approx(LAYERS * 9e-5 * ratio)
     prefill = model.step_breakdown(StepShape(prefill_chunks=((1024, 512),)))
-    ratio = roof.prefill_attention_s(((1024, 512),), 16) / roof.prefill_attention_s(
-        ((256, 256),), 16
-    )
+    ratio = roof.prefill_attention_s(((1024, 512),)) / roof.prefill_attention_s(((256, 256),))
     assert prefill["prefill_attention"] == pytest.approx(LAYERS * 9e-5 * ratio)
     # Inside the grid the tables read as before.
     inside = model.step_breakdown(StepShape(decode_context_tokens=(256,) * 8))

@@ -1,0 +1,135 @@
+"""The kernel efficiencies of each GPU with op-level tables, derived from them
+(``sim.costmodel.efficiency_fit``; docs/hardware_efficiency.md), beside what its preset states:
+
+- A100-80GB: Vidur's A100 tables in ../shared/profiles/vidur (mlp.csv of four models at TP 1-8,
+  the Llama-2-70B TP 2 attention.csv), on which the defaults were fitted;
+- RTX-PRO-6000-Server: LLMServingSim's RTX PRO 6000 bundles in ../shared/profiles/llmservingsim
+  (Llama-3.1-8B and Qwen3-32B, TP 1 and 2);
+- RTX-4090: LLMServingSim's RTX 4090 bundle (Llama-3.1-8B, TP 1), read from
+  ``--llmservingsim-repo`` (a checkout or the git directory of github.com/casys-kaist/
+  LLMServingSim) into a scratch folder when given.
+
+Each fit starts from HardwareSpec's defaults, so what it derives does not depend on what the
+preset says today; the preset's values are printed beside, and a mismatch is flagged for the
+presets that state derived values (the A100 keeps the defaults, fitted on the same tables
+earlier: the differences are shown).
+
+Run from the repository root:
+PYTHONPATH=. python benchmarks/derive_efficiencies.py [--llmservingsim-repo PATH]
+(results committed in benchmarks/results/efficiencies.txt)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import platform
+import tempfile
+from pathlib import Path
+
+from llmservingsim_repo import copy_bundles
+
+from core.model.presets import load_model_spec
+from sim.costmodel.efficiency_fit import (
+    FIELDS,
+    EfficiencyFit,
+    OpTable,
+    bundle_tables,
+    fit_efficiencies,
+    vidur_tables,
+)
+from sim.specs.hardware import HardwareSpec, get_hardware_preset
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "profiles"
+VIDUR_MODELS = ("Llama-2-7B", "Llama-2-70B", "Llama-3-8B", "Llama-3-70B")
+DIGITS = 2  # as the presets state them
+
+
+def _defaults(preset: HardwareSpec) -> HardwareSpec:
+    """``preset`` with every fitted field at HardwareSpec's default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(HardwareSpec) if f.name in FIELDS}
+    return dataclasses.replace(preset, **defaults)
+
+
+def _unique(tables: list[OpTable]) -> list[OpTable]:
+    """One table per source file and TP degree (two Vidur models can share an attention.csv)."""
+    seen: dict[str, OpTable] = {}
+    for table in tables:
+        seen.setdefault(table.source, table)
+    return list(seen.values())
+
+
+def _bundles(root: Path, gpu: str) -> list[OpTable]:
+    return [
+        t
+        for meta in sorted((root / gpu).glob("*/*/bf16/meta.yaml"))
+        for t in bundle_tables(meta.parent)
+    ]
+
+
+def _report(name: str, where: str, tables: list[OpTable], derived: bool = True) -> None:
+    """Fit ``tables`` and print each field beside preset ``name``'s; ``derived``: the preset
+    states these fits (a mismatch is flagged), else it keeps the defaults (differences shown)."""
+    preset = get_hardware_preset(name)
+    fits = fit_efficiencies(tables, _defaults(preset), DIGITS)
+    print(f"\n{name} ({where}; {len(tables)} tables)")
+    print(f"  {'field':<38} {'fit':>6} {'stated':>7} {'preset':>7} {'points':>7} "
+          f"{'err before':>11} {'after':>7}")  # fmt: skip
+    for field in FIELDS:
+        fit: EfficiencyFit | None = fits.get(field)
+        have = getattr(preset, field)
+        if fit is None:
+            print(f"  {field:<38} {'-':>6} {'-':>7} {have!s:>7}   no point governs it")
+            continue
+        stated = round(fit.value, DIGITS)
+        if derived:
+            flag = "" if have == stated else "   <- the preset differs"
+        else:
+            flag = f"   (default kept: {stated - have:+.2f})" if have is not None else ""
+        note = " (clipped at the datasheet peak)" if fit.clipped else ""
+        print(
+            f"  {field:<38} {fit.value:6.3f} {stated:7.2f} {have!s:>7} {fit.num_points:7d} "
+            f"{fit.before_pct:+10.1f}% {fit.after_pct:+6.1f}%{flag}{note}"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vidur", type=Path, default=SHARED / "vidur")
+    parser.add_argument("--bundles", type=Path, default=SHARED / "llmservingsim")
+    parser.add_argument("--llmservingsim-repo", type=Path, default=None)
+    args = parser.parse_args()
+    print(f"python {platform.python_version()} on {platform.machine()}")
+    print("per field: the fitted value, as the preset would state it, what the preset states,")
+    print("the points it stands on, and the roofline's median signed error over them (+ =")
+    print("slower than measured) at HardwareSpec's default (fields fitted before it applied; for")
+    print("the mixed field, None: the decode-only efficiency fitted above) and at the fit")
+    if (args.vidur / "compute" / "a100").is_dir():
+        models = [load_model_spec(m) for m in VIDUR_MODELS]
+        tables = _unique([t for m in models for t in vidur_tables(args.vidur, m, "a100")])
+        where = f"Vidur's a100 tables, {', '.join(VIDUR_MODELS)}: the defaults' source"
+        _report("A100-80GB", where, tables, derived=False)
+    else:
+        print(f"\nskipped A100-80GB: {args.vidur} is absent")
+    if (args.bundles / "RTXPRO6000").is_dir():
+        _report(
+            "RTX-PRO-6000-Server",
+            "LLMServingSim's RTXPRO6000 bundles",
+            _bundles(args.bundles, "RTXPRO6000"),
+        )
+    else:
+        print(f"\nskipped RTX-PRO-6000-Server: {args.bundles} is absent")
+    if args.llmservingsim_repo is not None:
+        with tempfile.TemporaryDirectory() as scratch:
+            root = copy_bundles(args.llmservingsim_repo, Path(scratch))
+            where = "LLMServingSim's RTX4090 bundle, from --llmservingsim-repo"
+            _report("RTX-4090", where, _bundles(root, "RTX4090"))
+    else:
+        print(
+            "\nskipped RTX-4090: its bundle is in LLMServingSim's repository (--llmservingsim-repo)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""Kernel efficiencies derived from op-level tables: the fit recovers the efficiencies that made
+a table, stops at the datasheet's peak, and the presets that state derived values state what
+their tables give (on ../shared's tables, when present)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from core.model.presets import load_model_spec
+from sim.costmodel.efficiency_fit import (
+    FIELDS,
+    EfficiencyFitError,
+    OpTable,
+    bundle_tables,
+    fit_efficiencies,
+    fit_efficiency,
+    vidur_tables,
+)
+from sim.costmodel.layer_ops import LINEAR_OPS, LayerOps
+from sim.costmodel.roofline import RooflineCostModel
+from sim.costmodel.step_shape import StepShape
+from sim.specs.hardware import HardwareSpec, get_hardware_preset
+
+MODEL = load_model_spec("Llama-3-8B")
+A100 = get_hardware_preset("A100-80GB")
+TRUTH = {
+    "memory_bandwidth_efficiency": 0.83,
+    "gemm_flops_efficiency": 0.68,
+    "attention_bandwidth_efficiency": 0.7,
+    "attention_flops_efficiency": 0.45,
+    "mixed_attention_bandwidth_efficiency": 0.5,
+}
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "profiles"
+
+
+def _table(hw: HardwareSpec, speedup: float = 1.0) -> OpTable:
+    """Op times of MODEL as the roofline prices them on ``hw``, divided by ``speedup``."""
+    roof = RooflineCostModel(MODEL, hw, 1, block_size=16)
+    ops, layers = LayerOps(MODEL, hw, 1), MODEL.num_layers
+
+    def attention(chunk: int, cached: int, seqs: int, context: int) -> float:
+        prefill = roof.prefill_attention_s(((chunk, cached),)) if chunk else 0.0
+        reads = seqs * -(-context // 16) * 16
+        decode = roof.decode_attention_s(seqs, seqs * context, reads, mixed=chunk > 0)
+        return (prefill + decode) / layers / speedup
+
+    tokens = (1, 2, 4, 8, 16, 1024, 2048, 4096)
+    linear = tuple((m, sum(ops.op_s(op, m) for op in LINEAR_OPS) / speedup) for m in tokens)
+    decode = [(n, c, attention(0, 0, n, c)) for n in (16, 64, 256) for c in (1024, 4096, 16384)]
+    prefill = [(q, c, attention(q, c, 0, 0)) for q in (1024, 2048, 4096) for c in (0, 4096)]
+    mixed = [(64, 0, n, c, attention(64, 0, n, c)) for n in (64, 256) for c in (4096, 16384)]
+    return OpTable("synthetic", MODEL, 1, 16, linear, tuple(decode), tuple(prefill), tuple(mixed))
+
+
+def test_the_fit_recovers_the_efficiencies_that_made_the_tables() -> None:
+    tables = [_table(dataclasses.replace(A100, **TRUTH))]
+    fits = fit_efficiencies(tables, A100)
+    assert list(fits) == list(FIELDS)
+    for field, value in TRUTH.items():
+        assert fits[field].value == pytest.approx(value, abs=2e-3), field
+        assert fits[field].after_pct == pytest.approx(0.0, abs=0.1)
+        assert not fits[field].clipped
+    # Before, at the defaults, a lower efficiency than the truth prices slower (+), a higher
+    # one faster: flops 0.37 against 0.45; a mixed step's decodes at the decode-only 0.7.
+    assert fits["attention_flops_efficiency"].before_pct > 10
+    assert fits["mixed_attention_bandwidth_efficiency"].before_pct < -10
+
+
+def test_tables_faster_than_the_datasheet_clip_at_one() -> None:
+    fast = _table(dataclasses.replace(A100, gemm_flops_efficiency=1.0), speedup=1.5)
+    fit = fit_efficiency("gemm_flops_efficiency", [fast], A100)
+    assert fit.clipped and fit.value == 1.0 and fit.after_pct > 0
+
+
+def test_an_efficiency_no_point_governs_is_left_out() -> None:
+    linear_only = dataclasses.replace(_table(A100), decode=(), prefill=(), mixed=())
+    with pytest.raises(EfficiencyFitError, match="no measured point governs"):
+        fit_efficiency("attention_bandwidth_efficiency", [linear_only], A100)
+    assert set(fit_efficiencies([linear_only], A100)) == {
+        "memory_bandwidth_efficiency",
+        "gemm_flops_efficiency",
+    }
+    with pytest.raises(ValueError, match=r"no fit for HardwareSpec\.rotary"):
+        fit_efficiency("rotary_bandwidth_efficiency", [linear_only], A100)
+
+
+def test_a_mixed_steps_decodes_read_at_the_mixed_efficiency() -> None:
+    shape = StepShape(prefill_chunks=((64, 0),), decode_context_tokens=(2000,) * 32)
+    decode_only = StepShape(decode_context_tokens=(2000,) * 32)
+    plain = RooflineCostModel(MODEL, A100, 1, block_size=16)
+    same = dataclasses.replace(A100, mixed_attention_bandwidth_efficiency=0.75)
+    slow = dataclasses.replace(A100, mixed_attention_bandwidth_efficiency=0.375)
+    for hw, factor in ((same, 1.0), (slow, 2.0)):
+        roof = RooflineCostModel(MODEL, hw, 1, block_size=16)
+        assert roof.step_time_s(decode_only) == plain.step_time_s(decode_only)
+        latency = MODEL.num_layers * A100.attention_latency_s
+        reads = plain.step_breakdown(shape)["decode_attention"] - latency
+        mixed = roof.step_breakdown(shape)["decode_attention"] - latency
+        assert mixed == pytest.approx(factor * reads)
+    with pytest.raises(ValueError, match="mixed_attention_bandwidth_efficiency"):
+        dataclasses.replace(A100, mixed_attention_bandwidth_efficiency=1.5)
+
+
+@pytest.mark.shared
+def test_the_rtx_pro_6000_server_preset_states_what_its_tables_give() -> None:
+    root = SHARED / "llmservingsim" / "RTXPRO6000"
+    if not root.is_dir():
+        pytest.skip(f"LLMServingSim bundles not found at {root}")
+    tables = [
+        t for meta in sorted(root.glob("*/*/bf16/meta.yaml")) for t in bundle_tables(meta.parent)
+    ]
+    preset = get_hardware_preset("RTX-PRO-6000-Server")
+    defaults = {f.name: f.default for f in dataclasses.fields(HardwareSpec) if f.name in FIELDS}
+    fits = fit_efficiencies(tables, dataclasses.replace(preset, **defaults))
+    assert set(fits) == set(FIELDS)
+    for field, fit in fits.items():
+        assert getattr(preset, field) == round(fit.value, 2), field
+
+
+@pytest.mark.shared
+def test_vidurs_a100_tables_give_back_the_defaults_within_a_twentieth() -> None:
+    vidur = SHARED / "vidur"
+    if not (vidur / "compute" / "a100").is_dir():
+        pytest.skip(f"Vidur's tables not found at {vidur}")
+    tables = [
+        t
+        for name in ("Llama-2-7B", "Llama-2-70B", "Llama-3-8B")
+        for t in vidur_tables(vidur, load_model_spec(name), "a100")
+    ]
+    fits = fit_efficiencies(tables, A100)
+    assert "mixed_attention_bandwidth_efficiency" not in fits  # Vidur times no mixed step
+    for field, fit in fits.items():
+        assert abs(fit.value - getattr(A100, field)) <= 0.05, field
