@@ -112,13 +112,19 @@ def _generate(case: dict[str, object], prompts: list[list[int]]) -> list[list[li
 
 def test_greedy_and_seeded_tokens_are_those_recorded_before() -> None:
     """Recorded at 8d1f2ca (per-row sampler, inputs rebuilt every step), for a chunked run
-    and a continuous run with swap preemption: the same tokens now."""
+    and a continuous run with swap preemption: the same tokens now. n > 1 then forked its
+    samples copy-on-write, so the cases ask for the fork (vLLM v1's fan-out, the default
+    since, gives each child a seed of its own and so other tokens)."""
     recorded = json.loads(RECORDED.read_text())
     prompts = recorded["prompts"]
     cases = {
-        "chunked": dict(policy="chunked", max_num_batched_tokens=32),
+        "chunked": dict(policy="chunked", max_num_batched_tokens=32, parallel_sampling="fork"),
         "continuous-swap": dict(
-            policy="continuous", num_blocks=40, preemption_mode="swap", swap_space_gib=0.01
+            policy="continuous",
+            num_blocks=40,
+            preemption_mode="swap",
+            swap_space_gib=0.01,
+            parallel_sampling="fork",
         ),
     }
     for name, case in cases.items():
