@@ -4,17 +4,7 @@ the parent reports what its children did once the last one finishes (``SampleGro
 
 from __future__ import annotations
 
-from core.request import Request, RequestStatus
-
-_COUNTERS = (
-    "num_preemptions",
-    "num_recomputed_tokens",
-    "num_blocks_swapped_out",
-    "num_blocks_swapped_in",
-    "num_prefix_hit_tokens",
-    "num_prefix_lookup_tokens",
-    "num_cow_copies",
-)
+from core.request import COUNTERS, Request, RequestStatus
 
 
 def child_id(parent_id: str, index: int) -> str:
@@ -81,7 +71,7 @@ class SampleGroup:
         parent.num_computed_tokens = max(c.num_computed_tokens for c in children)
         last = max(reversed(children), key=lambda c: c.finish_s or now_s)
         parent.tokens = last.tokens
-        for counter in _COUNTERS:
+        for counter in COUNTERS:
             setattr(parent, counter, sum(getattr(c, counter) for c in children))
         ids: dict[int, list[int]] = {}
         for child in children:

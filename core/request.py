@@ -105,6 +105,19 @@ def _no_output_ids() -> Mapping[int, list[int]]:
     return _NO_OUTPUT_IDS
 
 
+COUNTERS = (
+    "num_preemptions",
+    "num_recomputed_tokens",
+    "num_blocks_swapped_out",
+    "num_blocks_swapped_in",
+    "num_prefix_hit_tokens",
+    "num_prefix_lookup_tokens",
+    "num_cow_copies",
+)
+"""`Request`'s counters of what the core did to it: a request made of others (a fanned-out
+parent, a disaggregated request's two halves) sums them."""
+
+
 @dataclass(eq=False, slots=True, init=False)
 class Request:
     """One inference request and everything the scheduler tracks about it.

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from core.request import Request, RequestStatus
+from core.request import COUNTERS, Request, RequestStatus
 from records.schema import StepRecorder
 from sim.data_parallel import DataParallelRouter
 from sim.simulator import Replica, to_request
@@ -282,15 +282,7 @@ def _merge(user: Request, prompt: Request, decode: Request) -> None:
     user.tokens = decode.tokens
     user.num_output_tokens = decode.num_output_tokens
     user.num_computed_tokens = decode.num_computed_tokens
-    for counter in (
-        "num_preemptions",
-        "num_recomputed_tokens",
-        "num_blocks_swapped_out",
-        "num_blocks_swapped_in",
-        "num_prefix_hit_tokens",
-        "num_prefix_lookup_tokens",
-        "num_cow_copies",
-    ):
+    for counter in COUNTERS:
         total = getattr(prompt, counter) + (getattr(decode, counter) if decode is not prompt else 0)
         setattr(user, counter, total)
 

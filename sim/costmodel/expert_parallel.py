@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from core.model.spec import ModelSpec
+from sim.costmodel.kernel_costs import ring_link
 from sim.costmodel.roofline import TERMS, RooflineCostModel
 from sim.costmodel.step_shape import StepShape
 from sim.specs.hardware import HardwareSpec
@@ -35,18 +36,7 @@ def ring_gather_s(hw: HardwareSpec, total_bytes: float, num_workers: int) -> flo
     ring all-reduce (`kernel_costs.allreduce_s`), on the same links."""
     if num_workers <= 1 or total_bytes <= 0:
         return 0.0
-    if num_workers <= hw.nvlink_domain_size:
-        link, hop, bus = (
-            hw.interconnect_bandwidth_bytes_per_s,
-            hw.interconnect_latency_s,
-            hw.interconnect_bus_efficiency,
-        )
-    else:
-        link, hop, bus = (
-            hw.scale_out_bandwidth_bytes_per_s,
-            hw.scale_out_latency_s,
-            hw.scale_out_bus_efficiency,
-        )
+    link, hop, bus = ring_link(hw, num_workers, hw.nvlink_domain_size)
     steps = num_workers - 1
     return (
         hw.allreduce_call_latency_s + steps * hop + steps / num_workers * total_bytes / (link * bus)

@@ -96,6 +96,22 @@ def attention_s(hw: HardwareSpec, flops: float, num_bytes: float) -> float:
     return hw.attention_latency_s + max(compute, memory, hw.kernel_launch_floor_s)
 
 
+def ring_link(hw: HardwareSpec, num_workers: int, domain: int) -> tuple[float, float, float]:
+    """(bandwidth in bytes/s, hop latency in s, bus efficiency) of the slowest link of a ring of
+    ``num_workers`` GPUs: NVLink while they fit in one NVLink ``domain``, else scale-out."""
+    if num_workers <= domain:
+        return (
+            hw.interconnect_bandwidth_bytes_per_s,
+            hw.interconnect_latency_s,
+            hw.interconnect_bus_efficiency,
+        )
+    return (
+        hw.scale_out_bandwidth_bytes_per_s,
+        hw.scale_out_latency_s,
+        hw.scale_out_bus_efficiency,
+    )
+
+
 def allreduce_s(
     hw: HardwareSpec, num_bytes: float, num_workers: int, devices_per_node: int | None = None
 ) -> float:
@@ -113,18 +129,7 @@ def allreduce_s(
     domain = hw.nvlink_domain_size
     if devices_per_node is not None:
         domain = min(domain, devices_per_node)
-    if num_workers <= domain:
-        link, hop, bus = (
-            hw.interconnect_bandwidth_bytes_per_s,
-            hw.interconnect_latency_s,
-            hw.interconnect_bus_efficiency,
-        )
-    else:
-        link, hop, bus = (
-            hw.scale_out_bandwidth_bytes_per_s,
-            hw.scale_out_latency_s,
-            hw.scale_out_bus_efficiency,
-        )
+    link, hop, bus = ring_link(hw, num_workers, domain)
     steps = 2 * (num_workers - 1)
     latency = hw.allreduce_call_latency_s + steps * hop
     return latency + steps / num_workers * num_bytes / (link * bus)
