@@ -138,6 +138,13 @@ class Scheduler(StepHost):
         """Prompt tokens of ``request`` this replica's prefix cache holds now (for routing)."""
         return self.kv.cached_prefix_tokens(request)
 
+    def refusal(self, request: Request) -> str | None:
+        """Why ``add_request`` would reject ``request`` (None if it would queue it): the
+        reason of ``rejection_reason``, for one child where n > 1 fans out."""
+        if request.n > 1 and self.config.parallel_sampling == "fan_out":
+            return self.rejection_reason(fan_out(request)[0])
+        return self.rejection_reason(request)
+
     def rejection_reason(self, request: Request) -> str | None:
         """Why this replica could never serve ``request`` (None if it can)."""
         max_len = self.cache_config.resolved_max_model_len

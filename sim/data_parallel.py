@@ -12,6 +12,7 @@ from core.batch import ScheduledBatch, StepResult
 from core.request import Request
 from core.scheduler import Scheduler
 from records.schema import StepRecorder
+from sim.async_admission import HeldArrivals
 from sim.costmodel.expert_parallel import ExpertParallelCost
 from sim.errors import SimulationError
 from sim.executor import step_shape
@@ -69,6 +70,7 @@ class LockstepGroup:
         recorder: StepRecorder,
         block_size: int,
         on_finished: Callable[[int], None] | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         if len(schedulers) != cost.dp:
             raise ValueError(f"{len(schedulers)} schedulers for data_parallel_size {cost.dp}")
@@ -83,15 +85,34 @@ class LockstepGroup:
         self.arrivals_done = False
         self.process: simpy.Process | None = None
         self._wake: simpy.Event | None = None
+        # The end of the step under way (None: idle), and with async scheduling the arrivals
+        # held until the next step is scheduled (each rank's engine core holds its own).
+        self._busy_until: float | None = None
+        self._held = HeldArrivals(env, self._take, self.close) if async_scheduling else None
+        self._ranks: dict[str, int] = {}
 
     def add(self, request: Request) -> int:
         """Route an arriving request to a rank; returns the rank (-1 if it was rejected)."""
         rank = self.router.pick(self.env.now)
-        accepted = self.schedulers[rank].add_request(request, self.env.now)
+        scheduler = self.schedulers[rank]
+        busy = self._busy_until
+        if self._held is not None and busy is not None and scheduler.refusal(request) is None:
+            self._ranks[request.request_id] = rank
+            self._held.hold(request, busy)
+            return rank
+        accepted = scheduler.add_request(request, self.env.now)
         self._notify()
         return rank if accepted else -1
 
+    def _take(self, request: Request) -> None:
+        rank = self._ranks.pop(request.request_id)
+        if not self.schedulers[rank].add_request(request, self.env.now):
+            raise SimulationError(f"request {request.request_id!r} refused after it was held")
+        self._notify()
+
     def close(self) -> None:
+        if self._held is not None and not self._held.close():
+            return
         self.arrivals_done = True
         for scheduler in self.schedulers:
             scheduler.mark_arrivals_done()
@@ -113,7 +134,9 @@ class LockstepGroup:
                 yield from self._sleep(batches)
                 continue
             duration = self.step_s(batches)
+            self._busy_until = now_s + duration
             yield self.env.timeout(duration)
+            self._busy_until = None
             self.clock_s = end_s = now_s + duration
             for rank, (scheduler, batch) in enumerate(zip(self.schedulers, batches, strict=True)):
                 if not batch.is_empty:

@@ -70,6 +70,10 @@ class RunConfig:
     # Price each step as max(GPU work, host work) as vLLM >= 0.14 does by default; False adds
     # them, as older vLLM and servesim's own engine do (see `CostModelConfig.async_scheduling`).
     async_scheduling: bool = True
+    # With async scheduling, a request that arrives while a step runs joins the step after
+    # next, as vLLM's engine core takes it in (sim.async_admission); False lets it join the
+    # next step, as a synchronous engine does (and as Vidur and LLMServingSim model it).
+    admission_lag: bool = True
     # Data parallelism as vLLM's: ranks with their own scheduler and KV cache behind vLLM's
     # balancer; a mixture of experts steps them in lockstep, its experts over all their GPUs.
     data_parallel_size: int = 1
@@ -248,7 +252,15 @@ def _run_lockstep(
     env = simpy.Environment()
     schedulers = [Scheduler(*configs) for _ in range(config.data_parallel_size)]
     cost = ExpertParallelCost(cost_model, config.data_parallel_size)
-    group = LockstepGroup(env, schedulers, cost, recorder, config.cache.block_size, on_done)
+    group = LockstepGroup(
+        env,
+        schedulers,
+        cost,
+        recorder,
+        config.cache.block_size,
+        on_done,
+        async_scheduling=config.admission_lag and cost_model.async_scheduling,
+    )
     requests, end_s = run_lockstep(trace, group, on_done)
     return DeploymentOutput(requests=requests, end_s=end_s, transfers=[])
 
@@ -339,7 +351,16 @@ def _run_replicas(
         if wrap_executor is not None:
             executor = wrap_executor(executor)
         scheduler = Scheduler(cache, scheduler_config)
-        return Replica(env, index, pool, scheduler, executor, steps, config.fast_forward)
+        return Replica(
+            env,
+            index,
+            pool,
+            scheduler,
+            executor,
+            steps,
+            config.fast_forward,
+            config.admission_lag and cost_model.async_scheduling,
+        )
 
     bandwidth = config.link_bandwidth_gbps * 1e9 / 8
     latency = config.link_latency_us * 1e-6

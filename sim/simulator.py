@@ -15,6 +15,7 @@ from core.memory import MemorySnapshot
 from core.request import Request
 from core.scheduler import Scheduler
 from records.schema import StepRecorder
+from sim.async_admission import HeldArrivals
 from sim.errors import SimulationError as SimulationError
 from sim.executor import CostModelExecutor, StepExecutor
 from sim.fastforward import FastForward, RunPlan, StepTokens
@@ -60,6 +61,9 @@ class Replica:
     a run of repeats, a next step of running decodes (and one prompt chunk) that fast-forward
     can build itself (``FastForward.plan_continuation``) is repeated in turn, without a policy
     run. Fast-forward is reached through ``FastForward`` alone (plan, price, apply).
+
+    With ``async_scheduling`` (vLLM's), a request that arrives while a step runs reaches the
+    scheduler only after that step ends and the next is scheduled (``HeldArrivals``).
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class Replica:
         executor: StepExecutor,
         recorder: StepRecorder,
         fast_forward: bool = True,
+        async_scheduling: bool = False,
     ) -> None:
         self.env = env
         self.index = index
@@ -94,17 +99,43 @@ class Replica:
         self.process: simpy.Process | None = None
         self._wake: simpy.Event | None = None
         self._skipping = False
+        # The end of the step under way (None: idle) or of each step of a run being skipped.
+        self._busy_until: float | None = None
+        self._skip_ends: list[float] | None = None
+        self._held = HeldArrivals(env, self._take, self.close) if async_scheduling else None
 
     def start(self) -> None:
         self.process = self.env.process(self.step_loop())
 
     def add(self, request: Request) -> bool:
+        if self._held is not None and self.scheduler.refusal(request) is None:
+            end_s = self._step_end_s()
+            if end_s is not None:
+                self._held.hold(request, end_s)
+                return True
         accepted = self.scheduler.add_request(request, self.env.now)
         self.notify()
         return accepted
 
+    def _take(self, request: Request) -> None:
+        if not self.scheduler.add_request(request, self.env.now):
+            raise SimulationError(f"request {request.request_id!r} refused after it was held")
+        self.notify()
+
+    def _step_end_s(self) -> float | None:
+        """When the step under way ends (None if none is)."""
+        now = self.env.now
+        ends = self._skip_ends
+        if ends is not None:
+            i = bisect.bisect_right(ends, now)
+            return ends[i] if i < len(ends) else None
+        busy = self._busy_until
+        return busy if busy is not None and busy >= now else None
+
     def close(self) -> None:
-        """No more requests will come to this replica."""
+        """No more requests will come to this replica (once those held have come)."""
+        if self._held is not None and not self._held.close():
+            return
         self.arrivals_done = True
         self.scheduler.mark_arrivals_done()
         self.notify()
@@ -132,7 +163,9 @@ class Replica:
             costs = self._costs
             result = costs.execute(batch) if costs is not None else self.executor.execute(batch)
             end_s = now_s + result.duration_s
+            self._busy_until = end_s
             yield env.timeout(result.duration_s)
+            self._busy_until = None
             self.clock_s = end_s
             self.recorder.record(batch, now_s, result.duration_s, self.index, self.pool)
             self.on_finished(scheduler.update(batch, result, end_s))
@@ -161,6 +194,7 @@ class Replica:
             ends = self.executor.repeat_end_times(batch, start_s, plan.max_steps, shape)
         last = len(ends) - 1
         self._skipping = True
+        self._skip_ends = ends
         while True:
             try:
                 yield self.env.timeout(_delay_until(self.env.now, ends[last]))
@@ -169,6 +203,7 @@ class Replica:
                 # The step under way finishes as planned; the next one is scheduled afresh.
                 last = min(last, bisect.bisect_left(ends, self.env.now))
         self._skipping = False
+        self._skip_ends = None
         del ends[last + 1 :]
         count = len(ends)
         memory = skipper.memory_sum(plan, count)

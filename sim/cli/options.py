@@ -109,6 +109,13 @@ def _add_run_switches(parser: argparse.ArgumentParser) -> None:
         help="add the host's per-step work to the GPU's instead of overlapping them (vLLM "
         "before 0.14, and servesim's own engine); by default a step lasts the longer of the two",
     )
+    parser.add_argument(
+        "--no-admission-lag",
+        action="store_true",
+        help="with async scheduling, let a request that arrives during a step join the next "
+        "step, as a synchronous engine does; by default it joins the step after, as vLLM's "
+        "engine core takes it in",
+    )
 
 
 def _add_replica_arguments(deployment: argparse._ArgumentGroup) -> None:
@@ -209,6 +216,7 @@ def base_config_from_args(args: argparse.Namespace) -> RunConfig:
             "seed": args.seed,
             "fast_forward": not args.no_fast_forward,
             "async_scheduling": not args.no_async_scheduling,
+            "admission_lag": not args.no_admission_lag,
             "data_parallel_size": args.data_parallel_size,
             "enable_expert_parallel": args.enable_expert_parallel,
             "num_replicas": args.replicas,

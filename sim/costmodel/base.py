@@ -34,6 +34,11 @@ class CostModel(Protocol):
     @property
     def block_size(self) -> int: ...
 
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether the engine priced schedules each step while the one before runs."""
+        ...
+
     def step_time_s(self, shape: StepShape) -> float: ...
 
     def step_breakdown(self, shape: StepShape) -> dict[str, float]:

@@ -129,6 +129,12 @@ class CalibratedCostModel:
         self._fixed_overhead_s, self._per_seq_overhead_s = float(coef[3]), float(coef[4])
 
     @property
+    def async_scheduling(self) -> bool:
+        """Whether the engine priced overlaps its steps (the host set's flag; a profile priced
+        without a host clock is a synchronous engine's)."""
+        return self.host is not None and self.host.model.params.async_scheduling
+
+    @property
     def fitted(self) -> dict[str, float]:
         """The step fit's coefficients (scales 1 and the config's overhead when none)."""
         return {

@@ -346,6 +346,12 @@ class RooflineCostModel:
         return total + overhead
 
     @property
+    def async_scheduling(self) -> bool:
+        """Whether the engine priced schedules a step while the previous one runs (vLLM's async
+        scheduling): it then also takes in arrivals a step later (``sim.async_admission``)."""
+        return self.host.params.async_scheduling
+
+    @property
     def prices_aggregates(self) -> bool:
         """Whether a step's aggregates (chunks, decode count, summed context and blocks) are
         enough to price it: not when the host's clock reads more (``host_time``), such as the
