@@ -22,7 +22,8 @@ from core.request import Request
 
 
 class HeldArrivals:
-    """Arrivals held until the step after the one under way is scheduled (see the module)."""
+    """Arrivals held until the step after the one under way is scheduled (see the module).
+    Those held in the same step are released together, by one SimPy event."""
 
     def __init__(
         self, env: simpy.Environment, take: Callable[[Request], None], close: Callable[[], None]
@@ -30,29 +31,34 @@ class HeldArrivals:
         self.env = env
         self._take = take
         self._close = close
-        self._count = 0
+        self._batches: dict[float, list[Request]] = {}
         self._close_waits = False
 
     def hold(self, request: Request, step_end_s: float) -> None:
         """Hand ``request`` over just after ``step_end_s``, when the step under way ends."""
-        self._count += 1
-        self.env.process(self._release(request, math.nextafter(step_end_s, math.inf)))
-
-    def close(self) -> bool:
-        """True if nothing is held (close now); otherwise closing waits for the last one."""
-        if self._count:
-            self._close_waits = True
-            return False
-        return True
-
-    def _release(self, request: Request, at_s: float) -> simpy.events.ProcessGenerator:
+        at_s = math.nextafter(step_end_s, math.inf)
+        batch = self._batches.get(at_s)
+        if batch is not None:
+            batch.append(request)
+            return
+        self._batches[at_s] = [request]
         now = self.env.now
         delay = max(0.0, at_s - now)
         while now + delay < at_s:
             delay = math.nextafter(delay, math.inf)
-        yield self.env.timeout(delay)
-        self._count -= 1
-        self._take(request)
-        if self._close_waits and not self._count:
+        event = self.env.timeout(delay)
+        event.callbacks.append(lambda _: self._release(at_s))
+
+    def close(self) -> bool:
+        """True if nothing is held (close now); otherwise closing waits for the last one."""
+        if self._batches:
+            self._close_waits = True
+            return False
+        return True
+
+    def _release(self, at_s: float) -> None:
+        for request in self._batches.pop(at_s):
+            self._take(request)
+        if self._close_waits and not self._batches:
             self._close_waits = False
             self._close()
