@@ -24,6 +24,7 @@ from typing import Any
 from engine.gpu_check.parts import ROOT, CheckSettings, Command, Part, environment_part, plan
 from engine.gpu_check.run import Check, PartResult
 from engine.gpu_check.summary import SUMMARY_MD, write_summary
+from engine.gpu_check.telemetry import TELEMETRY_CSV, Telemetry
 
 BUDGET_S = 480.0  # issue 29: the whole check in at most 8 minutes
 ENTRY_POINT_GROUP = "servesim.commands"
@@ -210,7 +211,18 @@ def run_gpu_check(args: argparse.Namespace) -> int:
         out, args.budget_s, settings.python, env,
         on_result=lambda results: write_summary(out, header, results), start_s=start_s,
     )  # fmt: skip
-    return finish(check, settings, parts, header, args.hardware)
+    with Telemetry(out) as telemetry:
+        code = finish(check, settings, parts, header, args.hardware)
+    spans = [(r.name, r.started_s, r.started_s + r.wall_s) for r in check.results if r.started_s]
+    header["gpu_telemetry"] = telemetry.summary(spans)
+    write_summary(out, header, check.results)
+    sampled = header["gpu_telemetry"]
+    print(
+        f"GPU clocks sampled into {out / TELEMETRY_CSV}"
+        if sampled["sampled"]
+        else f"GPU clocks not sampled: {sampled['reason']}"
+    )
+    return code
 
 
 def finish(

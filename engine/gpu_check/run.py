@@ -41,6 +41,8 @@ class PartResult:
     commands: tuple[str, ...] = ()
     log: str | None = None
     figures: dict[str, Any] = field(default_factory=dict)
+    # When it started, in Unix seconds (0 if skipped): places it among the GPU's samples.
+    started_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -147,6 +149,7 @@ class Check:
         log = folder / LOG_FILE
         log.write_text("")
         argvs = [command.argv(self.python) for command in part.commands]
+        started_s = time.time()
         start = self.clock()
         deadline = start + min(part.limit_s, self.left_s())
         status, code, reason = "passed", None, ""
@@ -173,4 +176,5 @@ class Check:
         return PartResult(
             part.name, part.about, status, self.clock() - start, reason, code,
             tuple(shlex.join(argv) for argv in argvs), str(log.relative_to(self.out)), figures,
+            started_s,
         )  # fmt: skip
