@@ -37,6 +37,11 @@ class Scheduler(StepHost):
     time the step *ended*. With ``record_block_tables`` (paged memory only) each batch names
     the block tables that changed (``ScheduledBatch.block_tables``), for an executor that
     keeps them between steps.
+
+    With ``release_finished_late`` (vLLM's async scheduling, where step n + 1 is scheduled
+    before step n's result is known), a request that finishes keeps its sequence slot and KV
+    blocks through the next ``schedule``: vLLM skips it there but still counts it as running,
+    and frees it only once it learns the step's result.
     """
 
     def __init__(
@@ -45,6 +50,7 @@ class Scheduler(StepHost):
         scheduler_config: SchedulerConfig,
         policy: Policy | None = None,
         record_block_tables: bool = False,
+        release_finished_late: bool = False,
     ) -> None:
         cache_config.check_resolved()
         if record_block_tables and cache_config.memory_model != "paged":
@@ -60,6 +66,8 @@ class Scheduler(StepHost):
         self.swapped: deque[Request] = deque()
         self.held: list[Request] = []  # finished, but keeping memory until the batch ends
         self.kv_held: dict[str, Request] = {}  # finished prefills whose KV is being sent
+        self.release_finished_late = release_finished_late
+        self.finishing: list[Request] = []  # finished, freed after the next schedule
         self.incoming: deque[Request] = deque()  # decode side: waiting for room for their KV
         self._to_release: list[str] = []
         self.arrivals_done = False
@@ -281,6 +289,14 @@ class Scheduler(StepHost):
                 break
         if self.incoming and batch.preempted_ids:
             self._reserve_incoming(batch)  # preemption freed the room they lacked above
+        if self.finishing:
+            # Scheduled without them; their blocks are free by the time this step runs, and
+            # the next step is the policy's to build if a queued request may take their room.
+            for request in self.finishing:
+                self.kv.free(request)
+            self.finishing.clear()
+            if self.waiting or self.swapped or self.incoming:
+                self._changed_since_schedule = True
         batch.num_running = len(self.running)
         batch.num_waiting = len(self.waiting)
         batch.num_swapped = len(self.swapped)
@@ -414,6 +430,9 @@ class Scheduler(StepHost):
         del self._requests[request.request_id]
         if request.hold_kv_on_finish:
             self.kv_held[request.request_id] = request
+        elif self.release_finished_late:
+            self.finishing.append(request)
+            self._changed_since_schedule = True  # the next step is the policy's to build
         else:
             self.kv.free(request)
         self._report(request, now_s, finished)

@@ -30,6 +30,7 @@ class StepHost:
     swapped: deque[Request]
     arrivals_done: bool
     num_held_samples: int
+    finishing: list[Request]
 
     def preempt(self, victim: Request, batch: ScheduledBatch) -> None:
         raise NotImplementedError
@@ -80,7 +81,10 @@ class Step:
         budget = scheduler.policy.token_budget()
         self._token_budget = budget if budget is not None else _UNLIMITED
         seqs = scheduler.policy.seq_budget()
-        self._seq_budget = seqs if seqs is not None else _UNLIMITED
+        # Requests that finished in the step before still hold their slots (StepHost.finishing).
+        finishing = scheduler.finishing
+        held = sum(r.n for r in finishing) if finishing else 0
+        self._seq_budget = seqs - held if seqs is not None else _UNLIMITED
         self._scheduled: set[int] = set()
         self._preempted: set[int] = set()
         self._range_copies = scheduler.cache_config.memory_model == "contiguous"

@@ -131,6 +131,8 @@ class LockstepGroup:
                     self.on_finished(len(scheduler.update(batch, StepResult(0.0), now_s)))
                 if self.arrivals_done and not any(s.has_unfinished() for s in self.schedulers):
                     return
+                if any(s.changed_since_schedule for s in self.schedulers):
+                    continue  # finished requests' blocks were freed: schedule again at once
                 yield from self._sleep(batches)
                 continue
             duration = self.step_s(batches)

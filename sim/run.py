@@ -70,10 +70,12 @@ class RunConfig:
     # Price each step as max(GPU work, host work) as vLLM >= 0.14 does by default; False adds
     # them, as older vLLM and servesim's own engine do (see `CostModelConfig.async_scheduling`).
     async_scheduling: bool = True
-    # With async scheduling, a request that arrives while a step runs joins the step after
-    # next, as vLLM's engine core takes it in (sim.async_admission); False lets it join the
-    # next step, as a synchronous engine does (and as Vidur and LLMServingSim model it).
-    admission_lag: bool = True
+    # With async scheduling, vLLM schedules each step before the one before it ends: a request
+    # that arrives while a step runs joins the step after next (sim.async_admission), and a
+    # finished request keeps its slot and KV blocks through the next step's scheduling
+    # (Scheduler's release_finished_late). False: as a synchronous engine, and as Vidur and
+    # LLMServingSim model vLLM.
+    scheduling_lag: bool = True
     # Data parallelism as vLLM's: ranks with their own scheduler and KV cache behind vLLM's
     # balancer; a mixture of experts steps them in lockstep, its experts over all their GPUs.
     data_parallel_size: int = 1
@@ -250,7 +252,10 @@ def _run_lockstep(
             "--profile's tables hold one rank's experts, not a share of every rank's"
         )
     env = simpy.Environment()
-    schedulers = [Scheduler(*configs) for _ in range(config.data_parallel_size)]
+    lag = config.scheduling_lag and cost_model.async_scheduling
+    schedulers = [
+        Scheduler(*configs, release_finished_late=lag) for _ in range(config.data_parallel_size)
+    ]
     cost = ExpertParallelCost(cost_model, config.data_parallel_size)
     group = LockstepGroup(
         env,
@@ -259,7 +264,7 @@ def _run_lockstep(
         recorder,
         config.cache.block_size,
         on_done,
-        async_scheduling=config.admission_lag and cost_model.async_scheduling,
+        async_scheduling=lag,
     )
     requests, end_s = run_lockstep(trace, group, on_done)
     return DeploymentOutput(requests=requests, end_s=end_s, transfers=[])
@@ -350,7 +355,8 @@ def _run_replicas(
         executor: Any = CostModelExecutor(cost_model)
         if wrap_executor is not None:
             executor = wrap_executor(executor)
-        scheduler = Scheduler(cache, scheduler_config)
+        lag = config.scheduling_lag and cost_model.async_scheduling
+        scheduler = Scheduler(cache, scheduler_config, release_finished_late=lag)
         return Replica(
             env,
             index,
@@ -359,7 +365,7 @@ def _run_replicas(
             executor,
             steps,
             config.fast_forward,
-            config.admission_lag and cost_model.async_scheduling,
+            lag,
         )
 
     bandwidth = config.link_bandwidth_gbps * 1e9 / 8

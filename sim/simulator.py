@@ -158,6 +158,8 @@ class Replica:
                 self.on_finished(scheduler.update(batch, StepResult(0.0), now_s))
                 if self.arrivals_done and not scheduler.has_unfinished() and not scheduler.kv_held:
                     return
+                if scheduler.changed_since_schedule:
+                    continue  # it freed what finished requests held: schedule again at once
                 yield from self._sleep(batch)
                 continue
             costs = self._costs

@@ -110,11 +110,12 @@ def _add_run_switches(parser: argparse.ArgumentParser) -> None:
         "before 0.14, and servesim's own engine); by default a step lasts the longer of the two",
     )
     parser.add_argument(
-        "--no-admission-lag",
+        "--no-scheduling-lag",
         action="store_true",
-        help="with async scheduling, let a request that arrives during a step join the next "
-        "step, as a synchronous engine does; by default it joins the step after, as vLLM's "
-        "engine core takes it in",
+        help="with async scheduling, schedule each step after the one before has ended, as a "
+        "synchronous engine does; by default, as vLLM's engine core, a request arriving during "
+        "a step joins the step after next, and a finished request holds its slot and KV "
+        "through the next step's scheduling",
     )
 
 
@@ -216,7 +217,7 @@ def base_config_from_args(args: argparse.Namespace) -> RunConfig:
             "seed": args.seed,
             "fast_forward": not args.no_fast_forward,
             "async_scheduling": not args.no_async_scheduling,
-            "admission_lag": not args.no_admission_lag,
+            "scheduling_lag": not args.no_scheduling_lag,
             "data_parallel_size": args.data_parallel_size,
             "enable_expert_parallel": args.enable_expert_parallel,
             "num_replicas": args.replicas,

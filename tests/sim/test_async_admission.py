@@ -1,6 +1,6 @@
 """When an arrival reaches the scheduler under vLLM's async scheduling (sim.async_admission):
 a request that arrives while a step runs joins the step after next; one that finds the engine
-idle joins at once; ``--no-admission-lag`` and a synchronous engine let it join the next step;
+idle joins at once; ``--no-scheduling-lag`` and a synchronous engine let it join the next step;
 fast-forward gives the same times; the run waits for the last arrival held."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_an_arrival_during_a_step_joins_the_step_after_next() -> None:
     assert prompt_rows.iloc[5] == 32 and prompt_rows.iloc[4] == 0
 
 
-@pytest.mark.parametrize("settings", [{"admission_lag": False}, {"async_scheduling": False}])
+@pytest.mark.parametrize("settings", [{"scheduling_lag": False}, {"async_scheduling": False}])
 def test_without_the_lag_an_arrival_joins_the_next_step(settings: dict[str, object]) -> None:
     arrival = _mid_step_arrival()
     result = _run(_two_requests(arrival), fast_forward=False, **settings)
@@ -87,7 +87,7 @@ def test_fast_forward_gives_the_same_times_with_the_lag() -> None:
         (r.request_id, r.first_scheduled_s, r.first_token_s, r.finish_s) for r in result.requests
     ]
     assert times(on) == times(off)
-    assert times(on) != times(_run(_bursty(), admission_lag=False))
+    assert times(on) != times(_run(_bursty(), scheduling_lag=False))
 
 
 def test_every_request_finishes_when_the_last_arrival_is_held() -> None:
@@ -108,10 +108,10 @@ def test_a_request_too_large_is_rejected_on_arrival_not_held() -> None:
 
 def test_the_flag_turns_the_lag_off_and_is_recorded(tmp_path: Path) -> None:
     trace = Path(__file__).resolve().parents[2] / "traces" / "data" / "example.csv"
-    for extra, expected in (([], True), (["--no-admission-lag"], False)):
+    for extra, expected in (([], True), (["--no-scheduling-lag"], False)):
         out = tmp_path / str(expected)
         assert main(["run", str(trace), "--quiet", "--out", str(out), *extra]) == 0
-        assert f'"admission_lag": {str(expected).lower()}' in (out / "summary.json").read_text()
+        assert f'"scheduling_lag": {str(expected).lower()}' in (out / "summary.json").read_text()
 
 
 def test_data_parallel_ranks_hold_arrivals_too() -> None:
@@ -122,7 +122,42 @@ def test_data_parallel_ranks_hold_arrivals_too() -> None:
         "num_blocks": None,
         "data_parallel_size": 2,
     }
-    lagged, plain = _run(trace, **settings), _run(trace, admission_lag=False, **settings)
+    lagged, plain = _run(trace, **settings), _run(trace, scheduling_lag=False, **settings)
     assert all(r.status is RequestStatus.FINISHED for r in lagged.requests)
     ttft = lambda result: sum(r.first_token_s - r.arrival_s for r in result.requests)  # noqa: E731
     assert ttft(lagged) > ttft(plain)
+
+
+def _lagged_start(trace: Trace, **settings: object) -> None:
+    """b waits for a to finish while c keeps running: under the lag b joins one step after
+    the step that follows a's last, without it the step that follows; fast-forward agrees."""
+    for lag in (True, False):
+        result = _run(trace, fast_forward=False, scheduling_lag=lag, **settings)
+        ends = _step_ends(result)
+        a, b, c = (next(r for r in result.requests if r.request_id == i) for i in "abc")
+        assert c.finish_s > b.first_scheduled_s  # c ran throughout
+        assert b.first_scheduled_s == ends[ends.index(a.finish_s) + (1 if lag else 0)]
+        skipped = _run(trace, scheduling_lag=lag, **settings)
+        assert [r.finish_s for r in skipped.requests] == [r.finish_s for r in result.requests]
+
+
+def test_a_finished_request_holds_its_slot_through_the_next_schedule() -> None:
+    """Two sequence slots, a and c in them: vLLM schedules the step after a's last before it
+    learns a ended, and counts a as running there (it skips it)."""
+    requests = (
+        TraceRequest("a", 0.0, 16, 5),
+        TraceRequest("c", 0.0, 16, 40),
+        TraceRequest("b", 0.0005, 16, 3),
+    )
+    _lagged_start(Trace("two-slots", requests), max_num_seqs=2)
+
+
+def test_a_finished_request_holds_its_blocks_through_the_next_schedule() -> None:
+    """Blocks for a and c but not for b as well: b's blocks come from a once it is freed,
+    one schedule later under the lag."""
+    requests = (
+        TraceRequest("a", 0.0, 160, 8),
+        TraceRequest("c", 0.0, 64, 60),
+        TraceRequest("b", 0.0005, 160, 4),
+    )
+    _lagged_start(Trace("tight", requests), num_blocks=22, block_size=16)

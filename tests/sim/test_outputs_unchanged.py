@@ -25,8 +25,8 @@ def _summary_hash(path: Path) -> str:
     # a judgement of the simulated numbers, none of which it changes.
     summary.pop("overload", None)
     # Issue 31: arrivals join a step as vLLM's async scheduling takes them in, unless
-    # ``--no-admission-lag`` (which every case below gives, so that the rest is compared).
-    assert summary["config"].pop("admission_lag") is False
+    # ``--no-scheduling-lag`` (which every case below gives, so that the rest is compared).
+    assert summary["config"].pop("scheduling_lag") is False
     return hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()
 
 
@@ -36,7 +36,7 @@ def test_outputs_are_those_of_8d1f2ca(
 ) -> None:
     case = GOLDEN["cases"][name]
     monkeypatch.chdir(ROOT)  # the recorded argv names the bundled traces relative to the root
-    argv = ["run", *case["argv"], "--no-admission-lag", "--out", str(tmp_path), "--quiet"]
+    argv = ["run", *case["argv"], "--no-scheduling-lag", "--out", str(tmp_path), "--quiet"]
     assert main(argv) == 0
     actual = {
         "requests.csv": hashlib.sha256((tmp_path / "requests.csv").read_bytes()).hexdigest(),
