@@ -20,6 +20,10 @@ from fidelity.vllm_log import KvCapacityRecord, kv_capacity_from_log, kv_capacit
 from sim.specs.hardware import HARDWARE_PRESETS
 from traces.schema import Trace, TraceRequest
 
+LINK_GB_BYTES = 1 << 30
+"""Bytes in a GB of a cluster config's ``link_bw``, as ASTRA-Sim's analytical network backend
+(LLMServingSim's) converts it (astra-network-analytical ``bw_GBps_to_Bpns``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class WorkloadRow:
@@ -269,14 +273,18 @@ def _llmservingsim_link(config: dict[str, Any], path: Path) -> dict[str, Any]:
     LLMServingSim's ``link_bw`` (GB/s) and ``link_latency`` (ns) describe each link of the
     topology its network simulator (ASTRA-Sim's analytical backend) prices a ring collective
     on: every ring step costs the link's latency plus its share of the message at the link's
-    bandwidth, and nothing else. So they become our ring's hop latency and bandwidth with a
-    bus efficiency of 1, and no per-call latency on top (the link's latency holds every fixed
-    cost of a step in that description). They are the config's statement of the link, which
+    bandwidth. So they become our ring's hop latency and bandwidth with a bus efficiency of 1,
+    and no per-call latency on top (the link's latency holds every fixed cost of a step in
+    that description). That backend turns GB/s into bytes as 2**30 a GB (``bw_GBps_to_Bpns``
+    in astra-network-analytical), so ``link_bw`` is read in those units: 16 is 17.18e9
+    bytes/s. (ASTRA-Sim's system layer also charges a reduce step three passes of its share
+    over a default 768 GB/s local memory and 10 ns an endpoint: a simulator's setting, not the
+    link's or the GPU's, so not taken.) They are the config's statement of the link, which
     LLMServingSim's example configs all give as 16 GB/s and 20 us: not a measurement."""
     if "link_bw" not in config and "link_latency" not in config:
         return {}
     try:
-        bandwidth = float(config["link_bw"]) * 1e9
+        bandwidth = float(config["link_bw"]) * LINK_GB_BYTES
         latency = float(config["link_latency"]) * 1e-9
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(
