@@ -5,6 +5,7 @@ own kernel formula meets, at the median, the measured ops whose time it alone go
 
 from __future__ import annotations
 
+import csv
 import math
 import statistics
 from collections.abc import Callable, Iterable
@@ -26,9 +27,24 @@ is over three times the ridge point of every GPU with tables here (<= 315, the R
 LATENCY_SHARE: Final = 10.0
 """An attention point governs a throughput when that term, at the datasheet's peak, is at least
 this many times the kernel's fixed latency (so the latency moves the fit by under a tenth)."""
+ROW_OPS: Final = {
+    "elementwise_bandwidth_efficiency": ("input_layernorm", "post_attention_layernorm", "mlp_act",
+                                         "attn_qk_norm"),
+    "rotary_bandwidth_efficiency": ("attn_rope",),
+}  # fmt: skip
+"""The row kernels whose large calls each efficiency governs (one thread block a token)."""
+BUNDLE_ROWS: Final = {
+    "layernorm": "input_layernorm", "act_fn": "mlp_act", "qk_norm": "attn_qk_norm",
+    "rotary_emb": "attn_rope",
+}  # fmt: skip
+"""An LLMServingSim bundle's row-kernel layers under the roofline's names (its ``layernorm`` is
+vLLM's RMSNorm, both of a layer's calls alike)."""
 FIELDS: Final = (
     "memory_bandwidth_efficiency",
     "gemm_flops_efficiency",
+    "gemm_overlap_efficiency",
+    "elementwise_bandwidth_efficiency",
+    "rotary_bandwidth_efficiency",
     "attention_bandwidth_efficiency",
     "attention_flops_efficiency",
     "mixed_attention_bandwidth_efficiency",
@@ -48,7 +64,8 @@ class OpTable:
     (sequences, context tokens each, seconds) of decode-only attention; ``prefill``: (chunk
     tokens, cached tokens before it, seconds) of one chunk's attention with no decodes;
     ``mixed``: (chunk tokens, cached before it, decodes, their context, seconds) of a step's
-    attention with both."""
+    attention with both; ``row``: (op, tokens, seconds) of one call of a row kernel, under
+    the roofline's names (``ROW_OPS``)."""
 
     source: str
     model: ModelSpec
@@ -58,6 +75,7 @@ class OpTable:
     decode: tuple[tuple[int, int, float], ...] = ()
     prefill: tuple[tuple[int, int, float], ...] = ()
     mixed: tuple[tuple[int, int, int, int, float], ...] = ()
+    row: tuple[tuple[str, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.block_size < 1:
@@ -98,6 +116,10 @@ def _linear(tokens: int) -> Price:
     return lambda _, ops: sum(ops.op_s(op, tokens) for op in LINEAR_OPS)
 
 
+def _row(op: str, tokens: int) -> Price:
+    return lambda _, ops: ops.op_s(op, tokens)
+
+
 def _attention(
     chunk: int, cached: int, seqs: int, context: int, block_size: int, layers: int
 ) -> Price:
@@ -120,6 +142,20 @@ def _points(field: str, table: OpTable, hw: HardwareSpec) -> list[Point]:
         return [(table, _linear(m), t) for m, t in table.linear if m <= MEMORY_BOUND_MAX_TOKENS]
     if field == "gemm_flops_efficiency":
         return [(table, _linear(m), t) for m, t in table.linear if m >= COMPUTE_BOUND_MIN_TOKENS]
+    if field == "gemm_overlap_efficiency":
+        # Between the two: priced with both throughputs fitted above.
+        return [
+            (table, _linear(m), t)
+            for m, t in table.linear
+            if MEMORY_BOUND_MAX_TOKENS < m < COMPUTE_BOUND_MIN_TOKENS
+        ]
+    if field in ROW_OPS:
+        # Calls long enough for bandwidth to govern them: as the compute-bound GEMMs.
+        return [
+            (table, _row(op, m), t)
+            for op, m, t in table.row
+            if op in ROW_OPS[field] and m >= COMPUTE_BOUND_MIN_TOKENS and t > 0
+        ]
     if field == "attention_bandwidth_efficiency":
         floor = latency * hw.hbm_bandwidth_bytes_per_s / table.kv_bytes_per_token
         return [
@@ -198,20 +234,36 @@ def fit_efficiency(
 
 
 def fit_efficiencies(
-    tables: Iterable[OpTable], hw: HardwareSpec, digits: int = 2
+    tables: Iterable[OpTable], hw: HardwareSpec, digits: int = 2, max_passes: int = 20
 ) -> dict[str, EfficiencyFit]:
     """Every efficiency of FIELDS that the tables govern, in that order, each fitted on ``hw``
-    with the fits before it applied, rounded to ``digits`` as a preset states them."""
+    with the others as last fitted, pass after pass until none moves by more than a tenth of
+    the last digit (the GEMM's three price the same points a little each: the weight reads
+    at 16 tokens hold a share of FLOPs the overlap does not hide), rounded to ``digits`` as a
+    preset states them. ``before_pct`` is the first pass's."""
     tables = list(tables)
     fits: dict[str, EfficiencyFit] = {}
-    for field in FIELDS:
-        try:
-            fit = fit_efficiency(field, tables, hw)
-        except EfficiencyFitError:
-            continue
-        fits[field] = fit
+    first: dict[str, float] = {}
+    for _ in range(max_passes):
+        moved = 0.0
+        for field in FIELDS:
+            try:
+                fit = fit_efficiency(field, tables, hw)
+            except EfficiencyFitError:
+                continue
+            first.setdefault(field, fit.before_pct)
+            last = fits[field].value if field in fits else math.inf
+            moved = max(moved, abs(fit.value - last))
+            fits[field] = fit
+            hw = _with(hw, field, fit.value)
+        if moved < 0.1 * 10.0**-digits:
+            break
+    for field, fit in fits.items():
         hw = _with(hw, field, round(fit.value, digits))
-    return fits
+    return {
+        field: replace(fit, value=round(fit.value, 6), before_pct=first[field])
+        for field, fit in fits.items()
+    }
 
 
 def bundle_tables(folder: str | Path, model: ModelSpec | None = None) -> list[OpTable]:
@@ -244,12 +296,22 @@ def bundle_tables(folder: str | Path, model: ModelSpec | None = None) -> list[Op
         tables.append(
             OpTable(
                 f"{root}/{tp_dir.name}", spec, tp, block_size, lin, tuple(decode), tuple(prefill),
-                tuple(mixed),
+                tuple(mixed), _bundle_rows(tp_dir / "dense.csv"),
             )
         )  # fmt: skip
     if not tables:
         raise EfficiencyFitError(f"{root}: no tp<N> folder")
     return tables
+
+
+def _bundle_rows(dense: Path) -> tuple[tuple[str, int, float], ...]:
+    """The row kernels' calls in a bundle's ``dense.csv`` (read after the import checked it)."""
+    with dense.open(newline="") as handle:
+        return tuple(
+            (BUNDLE_ROWS[row["layer"]], int(row["tokens"]), float(row["time_us"]) * 1e-6)
+            for row in csv.DictReader(handle)
+            if row["layer"] in BUNDLE_ROWS
+        )
 
 
 def vidur_tables(vidur_dir: str | Path, model: ModelSpec, gpu: str) -> list[OpTable]:
@@ -260,11 +322,15 @@ def vidur_tables(vidur_dir: str | Path, model: ModelSpec, gpu: str) -> list[OpTa
 
     found = find_vidur_files(vidur_dir, model, gpu)
     linear: dict[int, list[tuple[int, float]]] = {}
+    rows: dict[int, list[tuple[str, int, float]]] = {}
+    kernels = [op for ops in ROW_OPS.values() for op in ops]
     if found.mlp is not None:
         for row in read_mlp_csv(found.mlp):
             if all(row.op_s.get(op, 0) > 0 for op in LINEAR_OPS):
                 seconds = sum(row.op_s[op] for op in LINEAR_OPS)
                 linear.setdefault(row.tp, []).append((row.num_tokens, seconds))
+            calls = [(op, row.num_tokens, row.op_s.get(op, 0.0)) for op in kernels]
+            rows.setdefault(row.tp, []).extend(call for call in calls if call[2] > 0)
     decode: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
     prefill: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
     if found.attention is not None:
@@ -278,7 +344,7 @@ def vidur_tables(vidur_dir: str | Path, model: ModelSpec, gpu: str) -> list[OpTa
                 point = (a.batch_size, a.kv_cache_size, a.time_s)
                 decode.setdefault((a.tp, a.block_size), []).append(point)
     tables = [
-        OpTable(f"{found.mlp} tp{tp}", model, tp, 16, tuple(points))
+        OpTable(f"{found.mlp} tp{tp}", model, tp, 16, tuple(points), row=tuple(rows.get(tp, ())))
         for tp, points in sorted(linear.items())
         if model.num_heads % tp == 0
     ]

@@ -16,8 +16,9 @@ def gemm_s(hw: HardwareSpec, m: int, n: int, k: int, dtype_bytes: int) -> float:
     Compute: the output is cut into `gemm_tile_tokens` x `gemm_tile_cols` tiles, one SM each, in
     waves of `num_sms`; a partial wave costs a full one (so time steps up every 128 tokens, as
     the A100 files show); fewer tiles than SMs are split along K. Memory: weights, input and
-    output cross HBM once. The kernel takes the longer of the two, plus a fixed latency
-    (launch, pipeline fill, the split-K reduction).
+    output cross HBM once. The kernel takes the longer of the two, plus the share of the
+    shorter it does not hide (1 - `gemm_overlap_efficiency`; all of it hidden when None), plus
+    a fixed latency (launch, pipeline fill, the split-K reduction).
     """
     if m <= 0:
         return 0.0
@@ -35,7 +36,11 @@ def gemm_s(hw: HardwareSpec, m: int, n: int, k: int, dtype_bytes: int) -> float:
         * dtype_bytes
         / (hw.hbm_bandwidth_bytes_per_s * hw.memory_bandwidth_efficiency)
     )
-    return hw.gemm_latency_s + max(compute, memory)
+    overlap = hw.gemm_overlap_efficiency
+    if overlap is None or overlap == 1.0:
+        return hw.gemm_latency_s + max(compute, memory)
+    longer, shorter = (compute, memory) if compute >= memory else (memory, compute)
+    return hw.gemm_latency_s + longer + (1.0 - overlap) * shorter
 
 
 def streaming_s(

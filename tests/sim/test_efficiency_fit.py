@@ -12,6 +12,7 @@ import pytest
 from core.model.presets import load_model_spec
 from sim.costmodel.efficiency_fit import (
     FIELDS,
+    ROW_OPS,
     EfficiencyFitError,
     OpTable,
     bundle_tables,
@@ -29,6 +30,9 @@ A100 = get_hardware_preset("A100-80GB")
 TRUTH = {
     "memory_bandwidth_efficiency": 0.83,
     "gemm_flops_efficiency": 0.68,
+    "gemm_overlap_efficiency": 0.7,
+    "elementwise_bandwidth_efficiency": 0.6,
+    "rotary_bandwidth_efficiency": 0.35,
     "attention_bandwidth_efficiency": 0.7,
     "attention_flops_efficiency": 0.45,
     "mixed_attention_bandwidth_efficiency": 0.5,
@@ -47,12 +51,17 @@ def _table(hw: HardwareSpec, speedup: float = 1.0) -> OpTable:
         decode = roof.decode_attention_s(seqs, seqs * context, reads, mixed=chunk > 0)
         return (prefill + decode) / layers / speedup
 
-    tokens = (1, 2, 4, 8, 16, 1024, 2048, 4096)
+    tokens = (1, 2, 4, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096)
     linear = tuple((m, sum(ops.op_s(op, m) for op in LINEAR_OPS) / speedup) for m in tokens)
+    kernels = [op for names in ROW_OPS.values() for op in names]
+    calls = [(op, m, ops.op_s(op, m) / speedup) for op in kernels for m in tokens]
+    row = tuple(call for call in calls if call[2] > 0)  # (no QK norm in this model)
     decode = [(n, c, attention(0, 0, n, c)) for n in (16, 64, 256) for c in (1024, 4096, 16384)]
     prefill = [(q, c, attention(q, c, 0, 0)) for q in (1024, 2048, 4096) for c in (0, 4096)]
     mixed = [(64, 0, n, c, attention(64, 0, n, c)) for n in (64, 256) for c in (4096, 16384)]
-    return OpTable("synthetic", MODEL, 1, 16, linear, tuple(decode), tuple(prefill), tuple(mixed))
+    return OpTable(
+        "synthetic", MODEL, 1, 16, linear, tuple(decode), tuple(prefill), tuple(mixed), row
+    )
 
 
 def test_the_fit_recovers_the_efficiencies_that_made_the_tables() -> None:
@@ -76,15 +85,16 @@ def test_tables_faster_than_the_datasheet_clip_at_one() -> None:
 
 
 def test_an_efficiency_no_point_governs_is_left_out() -> None:
-    linear_only = dataclasses.replace(_table(A100), decode=(), prefill=(), mixed=())
+    linear_only = dataclasses.replace(_table(A100), decode=(), prefill=(), mixed=(), row=())
     with pytest.raises(EfficiencyFitError, match="no measured point governs"):
         fit_efficiency("attention_bandwidth_efficiency", [linear_only], A100)
     assert set(fit_efficiencies([linear_only], A100)) == {
         "memory_bandwidth_efficiency",
         "gemm_flops_efficiency",
+        "gemm_overlap_efficiency",
     }
-    with pytest.raises(ValueError, match=r"no fit for HardwareSpec\.rotary"):
-        fit_efficiency("rotary_bandwidth_efficiency", [linear_only], A100)
+    with pytest.raises(ValueError, match=r"no fit for HardwareSpec\.streaming"):
+        fit_efficiency("streaming_bandwidth_efficiency", [linear_only], A100)
 
 
 def test_a_mixed_steps_decodes_read_at_the_mixed_efficiency() -> None:
@@ -133,4 +143,23 @@ def test_vidurs_a100_tables_give_back_the_defaults_within_a_twentieth() -> None:
     fits = fit_efficiencies(tables, A100)
     assert "mixed_attention_bandwidth_efficiency" not in fits  # Vidur times no mixed step
     for field, fit in fits.items():
-        assert abs(fit.value - getattr(A100, field)) <= 0.05, field
+        stated = getattr(A100, field)
+        stated = 1.0 if stated is None else stated  # gemm_overlap_efficiency: all hidden
+        assert abs(fit.value - stated) <= 0.05, field
+
+
+def test_a_gemm_between_the_bounds_hides_only_its_overlap_of_the_shorter_time() -> None:
+    """gemm_s: the longer of compute and memory, plus (1 - overlap) of the shorter; None and 1
+    are the plain roofline's max."""
+    from sim.costmodel.kernel_costs import gemm_s
+
+    n = k = 4096
+    plain = gemm_s(A100, 256, n, k, 2)
+    assert gemm_s(dataclasses.replace(A100, gemm_overlap_efficiency=1.0), 256, n, k, 2) == plain
+    half = gemm_s(dataclasses.replace(A100, gemm_overlap_efficiency=0.5), 256, n, k, 2)
+    none = gemm_s(dataclasses.replace(A100, gemm_overlap_efficiency=0.0), 256, n, k, 2)
+    extra = none - plain  # the whole shorter term
+    assert 0 < extra < plain
+    assert half - plain == pytest.approx(extra / 2)
+    with pytest.raises(ValueError, match="gemm_overlap_efficiency"):
+        dataclasses.replace(A100, gemm_overlap_efficiency=1.2)
