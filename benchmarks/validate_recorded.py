@@ -3,7 +3,8 @@ validate --replay RUN --profile P`` on each of the nine recorded engine runs wit
 recorded calibrations, and the analytic roofline beside them (``../shared/gpu-runs/``, README).
 Prints per run the median per-request |error| of TTFT, TPOT, E2E and the cost model's median
 |error| on the engine's own steps; then how far the two profiles' predictions of the same steps
-differ, and the engine against itself (the same configuration run again).
+differ and where the profiles themselves differ (their raw tables and whole steps, and the
+cause), and the engine against itself (the same configuration run again).
 
     python benchmarks/validate_recorded.py > benchmarks/results/validate_recorded.txt
 
@@ -26,6 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fidelity.profile_diff import describe  # noqa: E402
 from fidelity.recorded import RECORDED, recorded_runs  # noqa: E402
 
 METRICS = ("ttft", "tpot", "e2e")
@@ -66,6 +68,10 @@ def _print(figures: dict[str, Any]) -> None:
     print("the two profiles on the same engine steps: median |cal1 - cal2| / cal2 %")
     for run, value in figures["profiles_agree"].items():
         print(f"  {run:44s} {value:6.1f}")
+    print("where the two profiles differ: raw tables at shared points, whole steps at matching")
+    print("shapes (cal2 / cal1 - 1, %)")
+    for line in describe(figures["profiles_differ"]):
+        print(line)
     print("the engine against itself: median |difference| % per request (second vs first)")
     for pair, row in figures["engine_floor"].items():
         print(f"  {pair:60s}" + "".join(f" {m.upper()} {row[m]:5.1f}" for m in METRICS))

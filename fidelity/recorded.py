@@ -1,6 +1,7 @@
 """The recorded H200 runs of servesim's engine (``../shared/gpu-runs/h200-2026-11-27``), validated
 offline: each run against each recorded profile (``validate`` with ``--replay``), the two
-profiles' predictions of the same steps, and the engine against itself. Used by
+profiles' predictions of the same steps and where the profiles differ, and the engine against
+itself. Used by
 ``benchmarks/validate_recorded.py`` and the ``shared`` test that holds a budget on them."""
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from typing import Any
 import numpy as np
 
 from fidelity import validation
+from fidelity.profile_diff import profile_differences
 from fidelity.replay_inputs import hardware_of, run_summary, trace_of
 from fidelity.validate import cost_models, sim_config, validate
 from fidelity.validate_config import ValidateConfig
 from records.run_dir import load_run, run_file
 from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes
+from sim.costmodel.profile import load_profile
 from traces.loaders import load_trace
 
 RECORDED = Path("gpu-runs") / "h200-2026-11-27"
@@ -96,4 +99,6 @@ def recorded_runs(root: Path, out: Path, wanted: list[str] | None = None) -> dic
         figures["runs"][run] = rows
         figures["profiles_agree"][run] = profiles_agree(root, run_dir, out)
     figures["engine_floor"] = engine_floor(root)
+    first, second = (load_profile(profile_path(root, name)) for name in PROFILES)
+    figures["profiles_differ"] = profile_differences(first, second)
     return figures
