@@ -127,6 +127,15 @@ def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Pa
             == len(pd.read_csv(out / "engine" / "steps.csv"))
         )
         assert model["divergence"]["num_identical_steps"] >= 1  # the first batch is the same
+        # The TTFT error beside the per-request one: the distribution's and its split.
+        assert model["ttft_distribution"]["n"] == 20
+        split = model["ttft_wait_split"]
+        assert split["ttft_pct"] == pytest.approx(
+            model["requests"]["metrics"]["ttft"]["median_abs_pct"]
+        )
+        assert set(model["steps"]["by_phase"]) == {"early", "rest"}
+    floor = result["ttft_phase_floor"]
+    assert floor["n"] == 20 and floor["median_pct"] <= floor["expected_pct"] * 1.5
     assert "Validation against the engine" in html.read_text()
 
     again = tmp_path / "again"
