@@ -217,7 +217,13 @@ def _verdict(tables: dict[str, Any], steps: dict[str, Any]) -> tuple[str, str]:
     if step_pct is None or step_pct <= AGREE_PCT:
         return "agree", f"{tables_text}; {steps_text}: the two calibrations agree"
     host, rest = steps.get("host"), steps.get("rest")
-    if host and rest and host["n"] and abs(rest["median_pct"]) > abs(host["median_pct"]):
+    if (
+        host
+        and rest
+        and host["n"]
+        and rest["n"]
+        and abs(rest["median_pct"]) > abs(host["median_pct"])
+    ):
         return "device", (
             f"{tables_text}; {steps_text}; their host part {_pct(host)}, the rest {_pct(rest)}: "
             "the device ran at another speed while the whole steps were timed"
