@@ -3,7 +3,8 @@ validate --replay RUN --profile P`` on each of the nine recorded engine runs wit
 recorded calibrations, and the analytic roofline beside them (``../shared/gpu-runs/``, README).
 Prints per run the median per-request |error| of TTFT, TPOT, E2E and the cost model's median
 |error| on the engine's own steps; then how far the two profiles' predictions of the same steps
-differ, and the engine against itself (the same configuration run again).
+differ and where the profiles themselves differ (their raw tables and whole steps, and the
+cause), and the engine against itself (the same configuration run again).
 
     python benchmarks/validate_recorded.py > benchmarks/results/validate_recorded.txt
 
@@ -26,6 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fidelity.profile_diff import describe  # noqa: E402
 from fidelity.recorded import RECORDED, recorded_runs  # noqa: E402
 
 METRICS = ("ttft", "tpot", "e2e")
@@ -63,12 +65,33 @@ def _print(figures: dict[str, Any]) -> None:
         for name, row in models.items():
             cells = "".join(f"{row[m]:7.1f}" for m in METRICS)
             print(f"{run:44s} {name:12s}{cells}{row['steps']:7.1f}{row['steps_bias']:+7.1f}")
+    print("TTFT beside its per-request error: the step-phase floor (from the engine run alone:")
+    print("the median per-request |difference| that independent step boundaries make, and the")
+    print("median of E|difference| / TTFT), the per-request |error| after the wait for the step")
+    print("under way ('rest'), and the error of the TTFT distribution (median, p90; a different")
+    print("metric); then the prefill-heavy steps' median signed error, first fifth / the rest")
+    columns = "floor  E/TTFT   TTFT   rest  dist-med  dist-p90  pf-early  pf-rest"
+    print(f"{'run':44s} {'model':10s} {columns}")
+    for run, models in figures["runs"].items():
+        floor = figures["ttft_phase_floor"][run]
+        for name, row in models.items():
+            print(
+                f"{run:44s} {name:10s}{floor['median_pct']:6.1f}{floor['expected_pct']:8.1f}"
+                f"{row['ttft']:7.1f}{row['ttft_rest']:7.1f}{row['ttft_median_err']:+10.1f}"
+                f"{row['ttft_p90_err']:+10.1f}{row['prefill_early']:+10.1f}{row['prefill_rest']:+9.1f}"
+            )
     print("the two profiles on the same engine steps: median |cal1 - cal2| / cal2 %")
     for run, value in figures["profiles_agree"].items():
         print(f"  {run:44s} {value:6.1f}")
-    print("the engine against itself: median |difference| % per request (second vs first)")
+    print("where the two profiles differ: raw tables at shared points, whole steps at matching")
+    print("shapes (cal2 / cal1 - 1, %)")
+    for line in describe(figures["profiles_differ"]):
+        print(line)
+    print("the engine against itself: median |difference| % per request (second vs first); its")
+    print("TTFT difference split into the wait for the step under way and the rest")
     for pair, row in figures["engine_floor"].items():
-        print(f"  {pair:60s}" + "".join(f" {m.upper()} {row[m]:5.1f}" for m in METRICS))
+        cells = "".join(f" {m.upper()} {row[m]:5.1f}" for m in METRICS)
+        print(f"  {pair:60s}{cells} wait {row['ttft_wait']:5.1f} rest {row['ttft_rest']:5.1f}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from core.model.presets import load_model_spec
+from fidelity.profile_diff import profile_differences
 from fidelity.replay_inputs import hardware_of
 from sim.costmodel.base import CostModel, CostModelConfig, make_cost_model
 from sim.costmodel.calibrated_host import step_shape
@@ -71,7 +72,8 @@ def fitted_model(path: Path, device: str, model: str | None = None) -> tuple[Pro
 def compare_profiles(paths: list[Path], model: str | None = None) -> dict[str, Any]:
     """How far each profile's predictions of the first profile's step grid (and the first's of
     each one's) differ from the first's: the median and p90 of |p - p0| / p0 in percent, both
-    ways; and each profile's own step spread."""
+    ways; where the two differ (``where``: their raw tables and whole steps, and the cause,
+    ``fidelity.profile_diff``); and each profile's own step spread."""
     models = [load_model(p, model) for p in paths]
     first = models[0]
     out: dict[str, Any] = {"profiles": [str(p) for p in paths], "pairs": []}
@@ -86,6 +88,7 @@ def compare_profiles(paths: list[Path], model: str | None = None) -> dict[str, A
                 "profile": str(path),
                 "median_pct": float(np.median(values)),
                 "p90_pct": float(np.percentile(values, 90)),
+                "where": profile_differences(first.profile, other.profile),
             }
         )
     out["step_spread_pct"] = [

@@ -1,6 +1,7 @@
 """The recorded H200 runs of servesim's engine (``../shared/gpu-runs/h200-2026-11-27``), validated
 offline: each run against each recorded profile (``validate`` with ``--replay``), the two
-profiles' predictions of the same steps, and the engine against itself. Used by
+profiles' predictions of the same steps and where the profiles differ, and the engine against
+itself. Used by
 ``benchmarks/validate_recorded.py`` and the ``shared`` test that holds a budget on them."""
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from fidelity import validation
+from fidelity import ttft_floor, validation
+from fidelity.profile_diff import profile_differences
 from fidelity.replay_inputs import hardware_of, run_summary, trace_of
 from fidelity.validate import cost_models, sim_config, validate
 from fidelity.validate_config import ValidateConfig
 from records.run_dir import load_run, run_file
 from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes
+from sim.costmodel.profile import load_profile
 from traces.loaders import load_trace
 
 RECORDED = Path("gpu-runs") / "h200-2026-11-27"
@@ -51,6 +54,14 @@ def _row(model: dict[str, Any]) -> dict[str, float]:
     row = {m: float(metrics[m]["median_abs_pct"]) for m in ("ttft", "tpot", "e2e")}
     row["steps"] = float(model["steps"]["all"]["median_abs_pct"])
     row["steps_bias"] = float(model["steps"]["all"]["bias_pct"])
+    # Beside the per-request TTFT error: its part after the wait for the step under way, the
+    # TTFT distribution's error, and the prefill-heavy steps' error early in the run and later.
+    row["ttft_rest"] = float(model["ttft_wait_split"]["rest_pct"])
+    for name in ("median", "p90"):
+        row[f"ttft_{name}_err"] = float(model["ttft_distribution"][name]["error_pct"])
+    for phase in ("early", "rest"):
+        stats = model["steps"]["by_phase"][phase]["prefill-heavy"]
+        row[f"prefill_{phase}"] = float(stats["median_pct"]) if stats["n"] else float("nan")
     return row
 
 
@@ -74,10 +85,19 @@ def engine_floor(root: Path) -> dict[str, dict[str, float]]:
     for first, second in ENGINE_PAIRS:
         a, b = (load_run(root / "engine-runs" / name) for name in (first, second))
         errors = validation.request_errors(a.requests, b.requests)["metrics"]
-        out[f"{second} vs {first}"] = {
-            m: float(errors[m]["median_abs_pct"]) for m in ("ttft", "tpot", "e2e")
-        }
+        pair = {m: float(errors[m]["median_abs_pct"]) for m in ("ttft", "tpot", "e2e")}
+        split = ttft_floor.wait_split(
+            a.requests, _steps_of(root, first), b.requests, _steps_of(root, second)
+        )
+        pair["ttft_wait"], pair["ttft_rest"] = split["wait_pct"], split["rest_pct"]
+        out[f"{second} vs {first}"] = pair
     return out
+
+
+def _steps_of(root: Path, run: str) -> ttft_floor.Steps:
+    return ttft_floor.engine_steps(
+        load_step_shapes(run_file(root / "engine-runs" / run, STEP_SHAPES_FILE))
+    )
 
 
 def recorded_runs(root: Path, out: Path, wanted: list[str] | None = None) -> dict[str, Any]:
@@ -85,7 +105,12 @@ def recorded_runs(root: Path, out: Path, wanted: list[str] | None = None) -> dic
     runs = sorted(p.name for p in (root / "engine-runs").iterdir() if p.is_dir())
     if wanted is not None:
         runs = [r for r in runs if r in wanted]
-    figures: dict[str, Any] = {"runs": {}, "profiles_agree": {}, "engine_floor": {}}
+    figures: dict[str, Any] = {
+        "runs": {},
+        "profiles_agree": {},
+        "engine_floor": {},
+        "ttft_phase_floor": {},
+    }
     for run in runs:
         run_dir = root / "engine-runs" / run
         rows: dict[str, dict[str, float]] = {}
@@ -93,7 +118,10 @@ def recorded_runs(root: Path, out: Path, wanted: list[str] | None = None) -> dic
             result = validate_run(run_dir, profile_path(root, name), out / run / name)
             rows[name] = _row(result["models"]["calibrated"])
             rows.setdefault("roofline", _row(result["models"]["roofline"]))
+            figures["ttft_phase_floor"][run] = result["ttft_phase_floor"]
         figures["runs"][run] = rows
         figures["profiles_agree"][run] = profiles_agree(root, run_dir, out)
     figures["engine_floor"] = engine_floor(root)
+    first, second = (load_profile(profile_path(root, name)) for name in PROFILES)
+    figures["profiles_differ"] = profile_differences(first, second)
     return figures

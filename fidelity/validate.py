@@ -15,7 +15,7 @@ from core.model.presets import load_model_spec
 from core.settings import build, flat_settings
 from engine.llm_engine import EngineConfig
 from engine.replay import ReplayConfig, replay
-from fidelity import validation
+from fidelity import ttft_floor, validation
 from fidelity.calibrate import calibrate
 from fidelity.divergence import explain
 from fidelity.replay_inputs import engine_kind_of_run, run_summary
@@ -152,6 +152,12 @@ def engine_floor(first: Path, second: Path) -> dict[str, Any]:
         "second": str(second),
         "requests": validation.request_errors(a.requests, b.requests),
         "median_step_ratio": ratio,
+        "ttft_wait_split": ttft_floor.wait_split(
+            a.requests,
+            ttft_floor.engine_steps(steps_a),
+            b.requests,
+            ttft_floor.engine_steps(steps_b),
+        ),
     }
 
 
@@ -216,6 +222,7 @@ def compare(
         "cost_config": asdict(_cost_config(run, engine_kind)),
         "engine_kind": engine_kind,
         "models": {},
+        "ttft_phase_floor": ttft_floor.phase_floor(measured.requests, engine_steps),
     }
     arrivals = dict(
         zip(
@@ -241,16 +248,18 @@ def compare(
         )
         simulated.write(out / f"sim-{name}")
         sim_steps = recorders[0].shapes if recorders else []
+        sim_frame = simulated.steps.to_frame()
         steps = validation.step_errors(
             engine_steps, cost_model.step_time_s, cost_model.step_breakdown
         )
-        requests = validation.request_errors(measured.requests, simulated.requests_frame())
+        predicted = simulated.requests_frame()
+        requests = validation.request_errors(measured.requests, predicted)
         divergence = validation.first_divergence(engine_steps, sim_steps)
         divergence["why"] = explain(
             divergence["step_idx"],
             engine_steps,
             sim_steps,
-            simulated.steps.to_frame()["start_s"].tolist(),
+            sim_frame["start_s"].tolist(),
             arrivals,
         )
         result["models"][name] = {
@@ -259,6 +268,13 @@ def compare(
             "terms_by_kind": validation.term_shares(steps["rows"]),
             "aggregates": validation.aggregates(measured.summary, simulated.summary),
             "divergence": divergence,
+            "ttft_distribution": ttft_floor.distribution_error(requests["rows"]),
+            "ttft_wait_split": ttft_floor.wait_split(
+                measured.requests,
+                ttft_floor.engine_steps(engine_steps),
+                predicted,
+                (sim_frame["start_s"].tolist(), sim_frame["duration_s"].tolist()),
+            ),
             "num_engine_steps": len(engine_steps),
             "num_sim_steps": len(sim_steps),
         }

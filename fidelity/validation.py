@@ -39,6 +39,9 @@ AGGREGATES = (
     "completed",
 )
 STEP_KINDS = ("prefill-heavy", "decode-only", "mixed")
+EARLY_SHARE = 0.2
+"""The early part of a run in ``phase_stats``: its first fifth of steps. On the recorded H200
+runs the engine's prefill-heavy steps ran 20-25% slower there than later (a warm-up)."""
 DECODE_SKEWS = ("uniform", "skewed")
 SKEWED_MAX_OVER_MEAN = 1.5
 """A decode batch is ``skewed`` when its longest context is at least this times its mean: where
@@ -47,21 +50,28 @@ its error, if the kernel's cost does not follow that rule."""
 
 
 def error_stats(predicted: Sequence[float], measured: Sequence[float]) -> dict[str, Any]:
-    """Median and p90 absolute % error, and signed bias (mean signed % error), over the pairs
-    where both are finite and the measured value is positive."""
+    """Median and p90 absolute % error, signed bias (mean signed % error) and median signed %
+    error, over the pairs where both are finite and the measured value is positive."""
     p = np.asarray(predicted, dtype=float)
     m = np.asarray(measured, dtype=float)
     if p.shape != m.shape:
         raise ValueError(f"predicted has {p.size} values, measured {m.size}")
     keep = np.isfinite(p) & np.isfinite(m) & (m > 0)
     if not keep.any():
-        return {"n": 0, "median_abs_pct": None, "p90_abs_pct": None, "bias_pct": None}
+        return {
+            "n": 0,
+            "median_abs_pct": None,
+            "p90_abs_pct": None,
+            "bias_pct": None,
+            "median_pct": None,
+        }
     pct = 100.0 * (p[keep] - m[keep]) / m[keep]
     return {
         "n": int(keep.sum()),
         "median_abs_pct": float(np.median(np.abs(pct))),
         "p90_abs_pct": float(np.percentile(np.abs(pct), 90)),
         "bias_pct": float(np.mean(pct)),
+        "median_pct": float(np.median(pct)),
     }
 
 
@@ -151,8 +161,19 @@ def step_errors(
         out["by_kind"][kind] = _stats_of([r for r in rows if r["kind"] == kind])
     for skew in DECODE_SKEWS:
         out["by_decode_skew"][skew] = _stats_of([r for r in rows if r["decode_skew"] == skew])
+    out["by_phase"] = phase_stats(rows)
     out["rows"] = rows
     return out
+
+
+def phase_stats(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The step error by run phase (``early``: the first EARLY_SHARE of the steps in run order;
+    ``rest``) and by step kind: whether the engine ran slower early on than the model."""
+    cut = math.ceil(EARLY_SHARE * len(rows))
+    return {
+        phase: {kind: _stats_of([r for r in picked if r["kind"] == kind]) for kind in STEP_KINDS}
+        for phase, picked in (("early", rows[:cut]), ("rest", rows[cut:]))
+    }
 
 
 def decode_skew(contexts: Sequence[int]) -> str | None:

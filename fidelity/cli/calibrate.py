@@ -97,11 +97,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def print_repeats(report: dict[str, Any]) -> None:
-    """How far the repeated calibrations' predictions of the step grid differ."""
+    """How far the repeated calibrations' predictions of the step grid differ, and where."""
+    from fidelity.profile_diff import describe
+
     spreads = ", ".join("-" if s is None else f"{s:.1f}%" for s in report["step_spread_pct"])
     print(f"each profile's whole steps around its own model, median |residual|: {spreads}")
     for pair in report["pairs"]:
         print(
             f"{pair['profile']} against the first on both step grids: median "
-            f"{pair['median_pct']:.1f}%, p90 {pair['p90_pct']:.1f}%"
+            f"{pair['median_pct']:.1f}%, p90 {pair['p90_pct']:.1f}%; where they differ:"
         )
+        for line in describe(pair["where"]):
+            print(line)

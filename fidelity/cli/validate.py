@@ -71,6 +71,55 @@ def print_context(result: dict[str, Any], file: Any = sys.stdout) -> None:
             + f"; median step {100 * (floor['median_step_ratio'] - 1):+.1f}%",
             file=file,
         )
+        if "ttft_wait_split" in floor:
+            print(
+                f"  engine against itself, {_split_text(floor['ttft_wait_split'], 'difference')}",
+                file=file,
+            )
+    phase = result.get("ttft_phase_floor") or {}
+    if phase.get("median_pct") is not None:
+        print(
+            f"  TTFT step-phase floor (from the engine run alone): a request waits for the step "
+            f"under way (median {phase['median_step_ms']:.1f} ms; median TTFT "
+            f"{phase['median_ttft_ms']:.1f} ms), a wait that independent step boundaries draw "
+            f"apart: median per-request |difference| {phase['median_pct']:.1f}% (median of "
+            f"E|difference|/TTFT {phase['expected_pct']:.1f}%)",
+            file=file,
+        )
+
+
+def _split_text(split: dict[str, Any], word: str = "error") -> str:
+    """The per-request TTFT error cut into the wait for the step under way and the rest."""
+    if split.get("ttft_pct") is None:
+        return "TTFT split: no requests"
+    return (
+        f"TTFT per request, median |{word}| {split['ttft_pct']:.1f}%: the wait for the step "
+        f"under way at arrival {split['wait_pct']:.1f}%, the rest {split['rest_pct']:.1f}%"
+    )
+
+
+def _distribution_text(dist: dict[str, Any]) -> str:
+    """The TTFT distribution's error (not per request)."""
+    cells = [
+        f"{name} {dist[name]['predicted']:.1f} vs {dist[name]['measured']:.1f} ms "
+        f"({dist[name]['error_pct']:+.1f}%)"
+        for name in ("median", "p90")
+        if dist.get(name) and dist[name]["error_pct"] is not None
+    ]
+    return "TTFT distribution (not per request), predicted vs measured: " + ", ".join(cells)
+
+
+def _phase_text(by_phase: dict[str, Any]) -> str:
+    """Median signed step error by run phase and step kind."""
+    cells = []
+    for kind in ("prefill-heavy", "decode-only"):
+        early, rest = by_phase["early"][kind], by_phase["rest"][kind]
+        if early["n"] and rest["n"]:
+            cells.append(
+                f"{kind} {early['median_pct']:+.1f}% (n={early['n']}) then "
+                f"{rest['median_pct']:+.1f}% (n={rest['n']})"
+            )
+    return "engine's own steps, median signed error, first fifth then the rest: " + "; ".join(cells)
 
 
 def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
@@ -92,6 +141,12 @@ def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
                 f"(bias {steps['all']['bias_pct']:+.1f}%): {kinds}",
                 file=file,
             )
+        if "by_phase" in steps:
+            print(f"  {name:<10} {_phase_text(steps['by_phase'])}", file=file)
+        if "ttft_wait_split" in model:
+            print(f"  {name:<10} {_split_text(model['ttft_wait_split'])}", file=file)
+        if model.get("ttft_distribution", {}).get("n"):
+            print(f"  {name:<10} {_distribution_text(model['ttft_distribution'])}", file=file)
         div = model["divergence"]
         print(
             f"  {name:<10} batches identical for the first {div['num_identical_steps']} of "

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from core.model.presets import get_model_preset
+from fidelity.profile_diff import VERDICTS
 from records.step_shapes import load_step_shapes
 from sim.cli.main import main as sim_main
 from sim.costmodel.base import StepShape, make_cost_model
@@ -74,16 +75,23 @@ def test_small_calibration_writes_a_profile_that_loads(small_profile: Path) -> N
     assert cost.step_time_s(StepShape(prefill_chunks=((16, 0),))) > 0
 
 
-def test_calibrating_twice_reports_how_far_the_profiles_differ(tmp_path: Path) -> None:
+def test_calibrating_twice_reports_how_far_the_profiles_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "p.json"
     argv = ["calibrate", "--small-grid", "--repeat", "2", "--out", str(out), "--quiet"]
     assert sim_main(argv) == 0
+    printed = capsys.readouterr().out
     assert out.exists() and (tmp_path / "p-repeat2.json").exists()
     report = json.loads((tmp_path / "p-repeats.json").read_text())
     (pair,) = report["pairs"]
     assert pair["profile"].endswith("p-repeat2.json")
     assert 0 <= pair["median_pct"] <= pair["p90_pct"]
     assert len(report["step_spread_pct"]) == 2
+    # Where they differ: the raw tables and whole steps, and a verdict, printed too.
+    where = pair["where"]
+    assert where["verdict"] in VERDICTS and where["steps"]["all"]["n"] > 0
+    assert "table linear" in printed and f"verdict ({where['verdict']})" in printed
 
 
 def _trace(path: Path) -> Path:
@@ -119,6 +127,15 @@ def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Pa
             == len(pd.read_csv(out / "engine" / "steps.csv"))
         )
         assert model["divergence"]["num_identical_steps"] >= 1  # the first batch is the same
+        # The TTFT error beside the per-request one: the distribution's and its split.
+        assert model["ttft_distribution"]["n"] == 20
+        split = model["ttft_wait_split"]
+        assert split["ttft_pct"] == pytest.approx(
+            model["requests"]["metrics"]["ttft"]["median_abs_pct"]
+        )
+        assert set(model["steps"]["by_phase"]) == {"early", "rest"}
+    floor = result["ttft_phase_floor"]
+    assert floor["n"] == 20 and floor["median_pct"] <= floor["expected_pct"] * 1.5
     assert "Validation against the engine" in html.read_text()
 
     again = tmp_path / "again"

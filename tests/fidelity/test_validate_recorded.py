@@ -46,3 +46,7 @@ def test_a_budget_holds_on_the_recorded_runs(tmp_path: Path) -> None:
             over = {k: round(row[k], 1) for k, limit in BUDGET.items() if row[k] > limit}
             assert not over, f"{run} with {profile}: over budget {over}"
         assert figures["profiles_agree"][run] <= PROFILES_AGREE
+        # Step phase alone keeps per-request TTFT from any model's reach below ~12%.
+        floor = figures["ttft_phase_floor"][run]
+        assert 10 < floor["median_pct"] < floor["expected_pct"] < 25
+    assert figures["profiles_differ"]["verdict"] == "host"
