@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from core.model.presets import load_model_spec
-from fidelity.profile_diff import profile_differences
+from fidelity.profile_diff import profile_differences, with_predictions
 from fidelity.replay_inputs import hardware_of
 from sim.costmodel.base import CostModel, CostModelConfig, make_cost_model
 from sim.costmodel.calibrated_host import step_shape
@@ -69,6 +69,16 @@ def fitted_model(path: Path, device: str, model: str | None = None) -> tuple[Pro
     return loaded, stored
 
 
+def _fitted(model: ProfileModel) -> dict[str, float]:
+    """The coefficients fitted to the profile's whole steps: a CPU profile's joint fit, or a
+    GPU profile's host set (empty when it has neither)."""
+    fitted = getattr(model.cost, "fitted", None)
+    host = getattr(model.cost, "host", None)
+    if host is not None:
+        return {k: float(v) for k, v in asdict(host.model.params).items() if isinstance(v, float)}
+    return dict(fitted) if isinstance(fitted, dict) else {}
+
+
 def compare_profiles(paths: list[Path], model: str | None = None) -> dict[str, Any]:
     """How far each profile's predictions of the first profile's step grid (and the first's of
     each one's) differ from the first's: the median and p90 of |p - p0| / p0 in percent, both
@@ -77,21 +87,27 @@ def compare_profiles(paths: list[Path], model: str | None = None) -> dict[str, A
     models = [load_model(p, model) for p in paths]
     first = models[0]
     out: dict[str, Any] = {"profiles": [str(p) for p in paths], "pairs": []}
-    for other, path in zip(models[1:], paths[1:], strict=True):
+    spreads = [
+        100 * float(np.median(np.abs(m.residuals()))) if m.profile.steps else None for m in models
+    ]
+    for index, (other, path) in enumerate(zip(models[1:], paths[1:], strict=True), start=1):
         ratios = []
         for grid in (first.profile, other.profile):
             base, alt = first.predictions(grid), other.predictions(grid)
             ratios.extend((np.abs(alt - base) / base).tolist())
         values = 100 * np.array(ratios)
+        median = float(np.median(values))
+        fitted = (_fitted(first), _fitted(other))
+        pair = (spreads[0], spreads[index])
+        where = profile_differences(first.profile, other.profile)
+        where = with_predictions(where, median, fitted, pair)
         out["pairs"].append(
             {
                 "profile": str(path),
-                "median_pct": float(np.median(values)),
+                "median_pct": median,
                 "p90_pct": float(np.percentile(values, 90)),
-                "where": profile_differences(first.profile, other.profile),
+                "where": where,
             }
         )
-    out["step_spread_pct"] = [
-        100 * float(np.median(np.abs(m.residuals()))) if m.profile.steps else None for m in models
-    ]
+    out["step_spread_pct"] = spreads
     return out

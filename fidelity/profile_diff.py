@@ -19,7 +19,7 @@ AGREE_PCT = 5.0
 BEYOND_SPREAD_SHARE = 0.5
 """The tables differ by more than their spread when more than this share of the shared points
 differ by more than the two points' spreads together."""
-VERDICTS = ("agree", "host", "device", "tables", "noisy")
+VERDICTS = ("agree", "host", "device", "tables", "noisy", "fit")
 
 
 def _shared_points(
@@ -239,6 +239,36 @@ def _pct(stats: dict[str, Any] | None) -> str:
     if not stats or stats.get("median_pct") is None:
         return "-"
     return f"{stats['median_pct']:+.1f}% (n={stats['n']})"
+
+
+def with_predictions(
+    differences: dict[str, Any],
+    predictions_pct: float,
+    fitted: tuple[dict[str, float], ...],
+    spreads_pct: tuple[float | None, ...] = (),
+) -> dict[str, Any]:
+    """``differences`` once the two models' predictions of the same steps are known: where
+    the data agree but the predictions differ by more than AGREE_PCT (median, ``predictions_pct``),
+    the verdict is ``fit``: not the machine but the models moved. That happens when a model
+    fits its own steps loosely (``spreads_pct``, each one's median |residual|), so that small
+    differences in the data move its coefficients (``fitted``, each model's) and its
+    predictions elsewhere."""
+    if differences["verdict"] != "agree" or predictions_pct <= AGREE_PCT:
+        return differences
+    moved = ", ".join(
+        f"{name} {a:.3g} against {b:.3g}"
+        for name, a in fitted[0].items()
+        if (b := fitted[1].get(name)) is not None and abs(b - a) > 0.05 * max(abs(a), abs(b))
+    )
+    spread = " and ".join(f"{x:.1f}%" for x in spreads_pct if x is not None)
+    text = (
+        f"{differences['text'].rsplit(':', 1)[0]}: the data agree, but the fitted models "
+        f"predict the same steps {predictions_pct:.1f}% apart (median)"
+        + (f", each scattering {spread} around its own steps" if spread else "")
+        + ": the model's fit moves with small differences in the data, not the machine"
+        + (f" ({moved})" if moved else "")
+    )
+    return {**differences, "verdict": "fit", "text": text}
 
 
 def describe(differences: dict[str, Any]) -> list[str]:

@@ -139,3 +139,26 @@ def test_the_recorded_calibrations_differ_in_the_host() -> None:
     steps = found["steps"]
     assert steps["all"]["n"] == 319
     assert steps["decode_only"]["median_pct"] > 40 > steps["with_prefill"]["median_pct"]
+
+
+def test_data_that_agree_with_predictions_apart_blame_the_fit() -> None:
+    """with_predictions: an ``agree`` verdict whose models predict the same steps more than 5%
+    apart becomes ``fit``, naming the coefficients that moved; anything else is left alone."""
+    from fidelity.profile_diff import with_predictions
+
+    agree = {"verdict": "agree", "text": "the op tables differ by 2.9%; ...: the two agree"}
+    fitted = (
+        {"decode_attention_scale": 1.02, "per_seq_overhead_s": 1.9e-4, "token_scale": 0.93},
+        {"decode_attention_scale": 1.83, "per_seq_overhead_s": 1.0e-4, "token_scale": 0.93},
+    )
+    found = with_predictions(agree, 7.5, fitted, (13.9, 10.2))
+    assert found["verdict"] == "fit" and found["verdict"] in VERDICTS
+    assert "13.9% and 10.2% around its own steps" in found["text"]
+    assert (
+        "7.5% apart" in found["text"]
+        and "decode_attention_scale 1.02 against 1.83" in found["text"]
+    )
+    assert "token_scale" not in found["text"]  # it did not move
+    assert with_predictions(agree, 4.0, fitted) is agree
+    host = {"verdict": "host", "text": "..."}
+    assert with_predictions(host, 9.0, fitted) is host
