@@ -14,20 +14,15 @@ from core.kv_manager import KVCacheManager, PagedKVManager
 from core.kv_state import KVState
 from core.memory import MemorySnapshot
 from core.parallel_sampling import SampleGroup, fan_out
-from core.policies import POLICIES, Policy, check_policy
+from core.policies import Policy, make_policy
 from core.request import Request, RequestStatus, TokenTimeline
-from core.step import Step, StepHost, arrival_order, insert_by_arrival
+from core.step import Step, StepHost, insert_by_arrival, insert_by_arrival_into
 
 
 def make_kv_manager(config: CacheConfig) -> KVCacheManager:
     if config.memory_model == "paged":
         return PagedKVManager(config)
     return ContiguousKVManager(config)
-
-
-def make_policy(config: SchedulerConfig) -> Policy:
-    check_policy(config.policy)
-    return POLICIES[config.policy](config)
 
 
 class Scheduler(StepHost):
@@ -135,7 +130,7 @@ class Scheduler(StepHost):
         request.live_seq_ids = list(request.seq_ids)
         self._next_seq_id += request.n
         self._requests[request.request_id] = request
-        self._insert_sorted(self.waiting, request)
+        insert_by_arrival_into(self.waiting, request)
         # Policies admit in FCFS order and stop at the first waiting request that does not
         # fit, so an arrival behind a waiting head cannot change the next step.
         if self.waiting[0] is request:
@@ -478,18 +473,6 @@ class Scheduler(StepHost):
 
     # -- mechanism used by Step --------------------------------------------------------------
 
-    def _insert_sorted(self, queue: deque[Request], request: Request) -> None:
-        """FCFS insert; preempted requests land ahead of everything that arrived later."""
-        key = arrival_order(request)
-        if not queue or arrival_order(queue[-1]) <= key:
-            queue.append(request)  # an arrival: the common case
-            return
-        # A preempted request is older than most of the queue: search from the front.
-        idx = 0
-        while arrival_order(queue[idx]) <= key:
-            idx += 1
-        queue.insert(idx, request)
-
     def preempt(self, victim: Request, batch: ScheduledBatch) -> None:
         """Take ``victim`` off the running list: swap it out, or drop its KV to recompute."""
         self.running.remove(victim)
@@ -501,7 +484,7 @@ class Scheduler(StepHost):
             batch.swap_out.extend(pairs)
             victim.num_blocks_swapped_out += len(pairs)
             victim.status = RequestStatus.SWAPPED
-            self._insert_sorted(self.swapped, victim)
+            insert_by_arrival_into(self.swapped, victim)
             return
         # Recompute: drop the KV; the request starts over from its known tokens.
         victim.num_recomputed_tokens += victim.num_computed_tokens
@@ -509,4 +492,4 @@ class Scheduler(StepHost):
         victim.num_computed_tokens = 0
         victim.forked = False
         victim.status = RequestStatus.WAITING
-        self._insert_sorted(self.waiting, victim)
+        insert_by_arrival_into(self.waiting, victim)

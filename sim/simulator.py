@@ -108,9 +108,9 @@ class Replica:
         self.process = self.env.process(self.step_loop())
 
     def add(self, request: Request) -> bool:
-        if self._held is not None and self.scheduler.refusal(request) is None:
+        if self._held is not None:
             end_s = self._step_end_s()
-            if end_s is not None:
+            if end_s is not None and self.scheduler.refusal(request) is None:
                 self._held.hold(request, end_s)
                 return True
         accepted = self.scheduler.add_request(request, self.env.now)

@@ -3,6 +3,7 @@ every config's check and the tests read it)."""
 
 from __future__ import annotations
 
+from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.policies.base import Policy, StepContext
 from core.policies.chunked import ChunkedPrefill
@@ -35,3 +36,9 @@ __all__ = [
     "StepContext",
     "check_policy",
 ]
+
+
+def make_policy(config: SchedulerConfig) -> Policy:
+    """The policy ``config`` names (checked against POLICIES)."""
+    check_policy(config.policy)
+    return POLICIES[config.policy](config)
