@@ -37,14 +37,13 @@ from engine.memory import check_memory, profile_batch, run_profiling_pass
 from engine.model.weights import load_model
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
+from engine.warm_up import shape_requests, short_request
 from kernels.contracts import resolve_backend
 
 CLOCKS = ("wall", "cpu")
 """How a step's duration is measured: ``wall`` (the clock on the wall: what a user waits) or
 ``cpu`` (the engine thread's CPU time: the step's own work, not the wait for a core on a
 loaded machine; CPU device with one torch thread only)."""
-WARMUP_PROMPT_TOKENS = 32
-WARMUP_OUTPUT_TOKENS = 3
 _T = TypeVar("_T")
 
 
@@ -352,35 +351,58 @@ class LLMEngine:
             self.scheduler = own
             self.runner.swap_tables(own_tables)
 
-    def warm_up(self) -> int:
-        """Run one short request (a prefill, then decodes) on a scratch scheduler, so that
-        one-off lazy initialisation (allocator pools, kernel selection, first-call caches) is
-        paid before the first measured step. The engine's own scheduler, its prefix cache and
-        its counters are untouched; the KV blocks written are overwritten before any later
-        read. Returns the number of steps run."""
+    def warm_up(self, shapes: bool | None = None) -> int:
+        """Run warm-up requests on a scratch scheduler, so that one-off lazy initialisation
+        (allocator pools, kernel selection and specialisation, first-call caches) is paid
+        before the first measured step: one short request, then with ``shapes`` (by default
+        on CUDA) every decode batch size up to ``max_num_seqs`` over short and long contexts
+        under the engine's own policy (``engine.warm_up``). The engine's own scheduler, its
+        prefix cache and its counters are untouched; the KV blocks written are overwritten
+        before any later read. Returns the number of steps run."""
         max_len = self.cache_config.resolved_max_model_len
-        prompt = min(WARMUP_PROMPT_TOKENS, max(1, max_len - WARMUP_OUTPUT_TOKENS))
-        outputs = max(1, min(WARMUP_OUTPUT_TOKENS, max_len - prompt))
         block_size = self.cache_config.block_size
+        prompt, outputs = short_request(max_len)
         if self.cache_config.num_usable_blocks * block_size < prompt + outputs + block_size:
             return 0  # a cache too small for the warm-up request: nothing to warm with
+        num_steps = self._run_scratch([(prompt, outputs)], "continuous")
+        if shapes if shapes is not None else self.device.type == "cuda":
+            requests = shape_requests(
+                self.scheduler_config.max_num_seqs,
+                max_len,
+                self.cache_config.num_usable_blocks,
+                block_size,
+            )
+            num_steps += self._run_scratch(requests, self.scheduler_config.policy)
+        return num_steps
+
+    def _run_scratch(self, requests: list[tuple[int, int]], policy: str) -> int:
+        """Serve ``requests`` ((prompt tokens, output tokens) each) to the end on a scratch
+        scheduler of ``policy``; the number of steps."""
+        if not requests:
+            return 0
         scratch_cache = replace(self.cache_config, num_cpu_blocks=0, enable_prefix_caching=False)
-        scratch_config = replace(self.scheduler_config, policy="continuous")
+        scratch_config = replace(self.scheduler_config, policy=policy)
+        vocab = self.model.config.vocab_size
+        ids = [f"__warm_up_{i}__" for i in range(len(requests))]
+        num_steps = 0
         try:
             with self.scheduled_by(scratch_cache, scratch_config) as scheduler:
-                vocab = self.model.config.vocab_size
-                ids = [(7 * i + 1) % vocab for i in range(prompt)]
-                params = SamplingParams(max_tokens=outputs, ignore_eos=True)
-                self.add_request("__warm_up__", ids, params, arrival_s=0.0, now_s=0.0)
-                self._num_added -= 1
+                for i, (request_id, (prompt, outputs)) in enumerate(
+                    zip(ids, requests, strict=True)
+                ):
+                    tokens = [(7 * k + 1 + i) % vocab for k in range(prompt)]
+                    params = SamplingParams(max_tokens=outputs, ignore_eos=True)
+                    self.add_request(request_id, tokens, params, arrival_s=0.0, now_s=0.0)
+                    self._num_added -= 1
                 scheduler.mark_arrivals_done()
-                num_steps = 0
                 # Bounded: a request the scratch scheduler cannot serve must not hang it.
-                while scheduler.has_unfinished() and num_steps < 4 * (prompt + outputs):
+                bound = 4 * sum(prompt + outputs for prompt, outputs in requests)
+                while scheduler.has_unfinished() and num_steps < bound:
                     self.step(now_s=0.0)
                     num_steps += 1
         finally:
-            self._sampling.pop("__warm_up__", None)
+            for request_id in ids:
+                self._sampling.pop(request_id, None)
         return num_steps
 
     # -- sizing ------------------------------------------------------------------------------
@@ -425,6 +447,11 @@ class LLMEngine:
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).total_memory
         utilization = config.cache.gpu_memory_utilization
+        if reserved_bytes < 0:
+            raise ValueError(
+                f"CUDA graphs measured at {reserved_bytes / GIB:.1f} GiB: memory was freed "
+                "while they were captured, so the KV cache cannot be sized from it"
+            )
         free_for_kv = total * utilization - peak - reserved_bytes
         num_blocks = int(free_for_kv // block_bytes)
         if num_blocks < 1:

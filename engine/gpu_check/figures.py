@@ -12,6 +12,8 @@ from typing import Any
 
 LOG_FILE = "log.txt"
 BENCH_ENGINE_FILE = "bench_engine.json"
+# A run's closing line: its counts, then "in 49.46s".
+PYTEST_SUMMARY = re.compile(r"^=*\s*\d+ (passed|failed|skipped|errors?|deselected)\b.* in [\d.]+s")
 PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 
 
@@ -30,13 +32,17 @@ def environment(folder: Path) -> dict[str, Any]:
 
 
 def pytest_counts(folder: Path) -> dict[str, Any]:
-    """The counts of pytest's last summary line (``3 failed, 71 passed in 49.46s``)."""
+    """The counts of pytest's summary lines (``3 failed, 71 passed in 49.46s``), summed over
+    the part's pytest runs."""
     path = folder / LOG_FILE
-    lines = [line for line in path.read_text().splitlines() if PYTEST_COUNT.search(line)]
+    lines = [line for line in path.read_text().splitlines() if PYTEST_SUMMARY.search(line)]
     if not lines:
         raise ValueError(f"{path}: no pytest summary line")
-    counts = {kind.rstrip("s") if kind.startswith("error") else kind: int(num)
-              for num, kind in PYTEST_COUNT.findall(lines[-1])}  # fmt: skip
+    counts: dict[str, int] = {}
+    for line in lines:
+        for num, kind in PYTEST_COUNT.findall(line):
+            key = kind.rstrip("s") if kind.startswith("error") else kind
+            counts[key] = counts.get(key, 0) + int(num)
     if not counts.get("passed") and not counts.get("failed"):
         # All skipped (no CUDA, or TRITON_INTERPRET=1): the part must not read as passed.
         raise ValueError(f"{path}: no test ran ({lines[-1].strip(' =')})")

@@ -162,8 +162,9 @@ class Check:
             if code is None:
                 status, reason = "timed out", f"stopped at {deadline - start:.0f} s"
                 break
-            if code != 0:
+            if code != 0 and status == "passed":
                 status, reason = "failed", f"exit code {code}: {log_tail(log)}"
+            if code != 0 and not part.keep_going:
                 break
         figures: dict[str, Any] = {}
         if status != "timed out" and part.read is not None:

@@ -155,6 +155,24 @@ def test_the_summary_holds_every_part(tmp_path: Path) -> None:
     assert "- parts: 1 passed, 1 failed, 1 skipped" in text
 
 
+def test_a_keep_going_part_runs_every_command_and_fails_on_the_first_failure(
+    tmp_path: Path,
+) -> None:
+    commands = (
+        _python("import sys; print('first broke'); sys.exit(2)"),
+        _python("print('second ran')"),
+        _python("import sys; sys.exit(5)"),
+    )
+    fields: dict[str, Any] = {"estimate_s": 1.0, "limit_s": 60.0}
+    on = Part("on", "keeps going", commands, keep_going=True, **fields)
+    off = Part("off", "stops", commands, **fields)
+    results = {r.name: r for r in _check(tmp_path).run([on, off])}
+    assert results["on"].status == results["off"].status == "failed"
+    assert results["on"].reason.startswith("exit code 2:")
+    assert "second ran" in (tmp_path / "on" / "log.txt").read_text()
+    assert "second ran" not in (tmp_path / "off" / "log.txt").read_text()
+
+
 def test_unreadable_results_fail_the_part(tmp_path: Path) -> None:
     def unreadable(folder: Path) -> dict[str, Any]:
         raise ValueError(f"{folder / 'x.json'}: missing")
@@ -181,6 +199,12 @@ def test_graphs_add_the_eager_runs(tmp_path: Path) -> None:
     assert "bench-engine-eager" in graphs and "bench-engine-eager" not in eager
     assert len(graphs["profile-decode"].commands) == 2
     assert "--enforce-eager" in graphs["profile-decode"].commands[1].args
+    # The eager engine as the engine with graphs: calibrated, run twice, validated on both.
+    assert all("--enforce-eager" in c.args for c in graphs["engine-self-eager"].commands)
+    validate = graphs["validate-example-chunked-eager"]
+    assert validate.after == ("calibrate-eager", "engine-self-eager")
+    assert str(tmp_path / "engine-self-eager" / "run2") in validate.commands[0].args
+    assert "engine-self-eager" not in eager
     flagged = {p.name: p for p in plan(CheckSettings(out=tmp_path, bench_graph_flag="--graph"))}
     assert flagged["kernels-bench"].commands[0].args[-1] == "--graph"
 

@@ -64,13 +64,16 @@ def test_a_recorded_validation_and_kernel_sweep_are_read(tmp_path: Path) -> None
     assert any("decode" in failed and "batch" in failed for failed in bench["failed"])
 
 
-def test_pytest_counts_come_from_the_last_summary_line(tmp_path: Path) -> None:
+def test_pytest_counts_are_summed_over_the_parts_runs(tmp_path: Path) -> None:
     (tmp_path / "log.txt").write_text(
         "$ python -m pytest -m gpu\n....F.\n3 passed in a docstring\n"
         "=== 2 failed, 71 passed, 3 skipped, 1 error in 49.46s ===\n"
+        "$ python -m pytest -m gpu_memory\n"
+        "FAILED tests/engine/test_gpu_memory.py::test_x - 1 failed in disguise\n"
+        "1 failed, 3 passed, 900 deselected in 20.10s\n"
     )
     assert figures.pytest_counts(tmp_path) == {
-        "failed": 2, "passed": 71, "skipped": 3, "error": 1,
+        "failed": 3, "passed": 74, "skipped": 3, "error": 1, "deselected": 900,
     }  # fmt: skip
     (tmp_path / "log.txt").write_text("ImportError: no module named triton\n")
     with pytest.raises(ValueError, match="no pytest summary line"):

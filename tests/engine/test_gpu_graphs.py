@@ -53,6 +53,7 @@ def test_graph_decodes_give_the_eager_engines_tokens() -> None:
     assert len(set(sizes)) >= 3, sorted(set(sizes))
 
 
+@pytest.mark.gpu_memory
 def test_the_kv_cache_is_sized_after_the_graphs() -> None:
     with_graphs = LLM(model="tiny-llama", weights="random", device="cuda", max_num_seqs=64)
     blocks = with_graphs.engine.cache_config.num_blocks
