@@ -103,6 +103,14 @@ def _add_replay_arguments(run: argparse.ArgumentParser) -> None:
         help="multiply trace arrival times by this (default: %(default)s)",
     )
     run.add_argument(
+        "--warm-up",
+        choices=("short", "shapes"),
+        default="short",
+        help="before the trace: one short request, or also every decode batch size over short "
+        "and long prompts (engine.warm_up; its effect on a GPU is not measured yet) "
+        "(default: %(default)s)",
+    )
+    run.add_argument(
         "--temperature",
         type=non_negative_float,
         default=0.0,
@@ -205,6 +213,7 @@ def run_command(args: argparse.Namespace) -> int:
     config = ReplayConfig(
         engine=config_from_args(args),
         time_scale=args.time_scale,
+        warm_up_shapes=args.warm_up == "shapes",
         temperature=args.temperature,
         slo_ttft_s=slo_s(args.slo_ttft),
         slo_tpot_s=slo_s(args.slo_tpot),

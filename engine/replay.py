@@ -46,6 +46,8 @@ class ReplayConfig:
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     time_scale: float = 1.0
+    # Also warm up on every decode batch size (``LLMEngine.warm_up(shapes=True)``).
+    warm_up_shapes: bool = False
     temperature: float = 0.0
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
@@ -157,7 +159,7 @@ def replay(
     """Run every request of ``trace`` through a fresh, warmed-up engine on its clock."""
     load_at_start = _load_average()
     engine = LLMEngine(config.engine)
-    engine.warm_up()
+    engine.warm_up(shapes=config.warm_up_shapes)
     pending = list(enumerate(trace.requests))
     pending.reverse()
     collected = _Collected()

@@ -1,15 +1,19 @@
 """The requests an engine warms up with before it serves (``LLMEngine.warm_up``).
 
-A short one first: one prefill and a few decodes pay the one-off lazy initialisation. On a GPU,
-an eager engine was still 30-45% slower than later in its first two seconds (the H200,
-2026-11-27: decode at batch 9 took 18.5 ms in the first second of an ``example.csv`` replay and
-10.7 ms after ten; the prefill of 167 tokens beside one decode 40.9 ms, against 16.7 ms in the
-engine with CUDA graphs, whose capture had run every decode batch size once). The shapes
-warm-up runs what a replay meets early: every decode batch size up to ``max_num_seqs`` (request
-``i`` of ``n`` decodes ``n - i`` tokens after its prefill, so the decode batch shrinks one at a
-time from ``n`` to 1) over contexts from a few to a few thousand tokens (one prompt in eight is
-long), with the engine's own policy, so chunked prefill mixes chunks into decode steps as it
-will."""
+A short one always: one prefill and a few decodes pay the one-off lazy initialisation. The
+shapes warm-up (``python -m engine run --warm-up shapes``) runs what a replay meets early:
+every decode batch size up to ``max_num_seqs`` (request ``i`` of ``n`` decodes ``n - i`` tokens
+after its prefill, so the decode batch shrinks one at a time from ``n`` to 1) over contexts from
+a few to a few thousand tokens (one prompt in eight is long), under the engine's own policy, so
+that chunked prefill mixes chunks into decode steps as it will.
+
+Why it exists, and why it is off by default: on the H200 (2026-11-27) the eager engine's first
+seconds of an ``example.csv`` replay ran slower than the rest (decode at batch 9: 18.5 ms in
+the first second, 10.7 ms at second ten), and the engine with CUDA graphs, whose capture runs
+every decode batch size once, did not. With the shapes warm-up, the next machine's eager runs
+still started slow in one run of two, and the mixed steps of the engine with graphs were slower
+(26-29 ms against 19-22 ms without it, on another machine): not shown to help, so it waits for
+an A/B run on one machine (benchmarks/results/gpu-h200-2026-11-27/README.md)."""
 
 from __future__ import annotations
 

@@ -104,7 +104,13 @@ def calibration(folder: Path) -> dict[str, Any]:
         "device": profile.get("device", {}).get("name"),
     }
     if isinstance(profile.get("host"), dict):
-        out["host"] = {k: _round(v) for k, v in profile["host"].items()}
+        # Seconds in microseconds: rounded as seconds, every per-launch term read 0.0.
+        out["host"] = {
+            (f"{k[:-2]}_us" if k.endswith("_s") else k): (
+                v if isinstance(v, bool) else _round(1e6 * v) if k.endswith("_s") else _round(v)
+            )
+            for k, v in profile["host"].items()
+        }
     repeats = folder / "profile-repeats.json"
     if repeats.exists():
         pairs = _json(repeats)["pairs"]

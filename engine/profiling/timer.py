@@ -1,6 +1,7 @@
 """How calibration times its points: every point warmed up, then timed once per round, round
 after round across the whole grid (``Timer.rounds``), so that drift over the calibration hits
-every point alike; each point keeps its median and its spread. On CUDA with CUDA events, the
+every point alike, each round starting one point later; each point keeps its median and its
+spread. On CUDA with CUDA events, the
 call's launches issued while the GPU is held busy, so that the events time the kernels alone
 (``device``); on CPU with the engine's clock: ``time.perf_counter`` (``wall``) or the calling
 thread's CPU time, ``time.thread_time`` (``cpu``)."""
@@ -71,9 +72,19 @@ class Timer:
                 for _ in range(grid.warmup):
                     self._launch_s[id(fn)] = _host_launch_s(fn, self.device)
             start = time.perf_counter()
+            keys = list(points)
             for done in range(1, grid.repeats + 1):
-                for key, fn in points.items():
-                    times[key].append(self._once(fn))
+                # Each round starts one point later, after one untimed call of its first: on
+                # the H200 (2026-11-27) the first two points of every round (linear and
+                # elementwise at one token) came out 1.5-9x slow in some calibrations, the
+                # host's launches reaching into their events after the round before ended
+                # on the swaps' long copies. Rotated, such a slow call hits each point in at
+                # most one round, which its median leaves out.
+                shift = (done - 1) % len(keys)
+                order = keys[shift:] + keys[:shift]
+                self._settle(points[order[0]])
+                for key in order:
+                    times[key].append(self._once(points[key]))
                 if on_round is not None:
                     on_round(done)
                 spent = time.perf_counter() - start
@@ -84,6 +95,12 @@ class Timer:
     def median_s(self, fn: Callable[[], Any]) -> float:
         """One point alone, timed over the rounds (``rounds`` of this point only)."""
         return self.rounds({0: fn})[0].median_s
+
+    def _settle(self, fn: Callable[[], Any]) -> None:
+        """One untimed call of ``fn`` (and, on CUDA, the wait for its kernels)."""
+        fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _once(self, fn: Callable[[], Any]) -> float:
         if self.device.type == "cuda":

@@ -132,3 +132,15 @@ def test_bench_engine_writes_its_figures_as_json(tmp_path: Path) -> None:
     assert set(read["steps_ms"]) == {"b1x32", "b2x32"} and read["decode_share_pct"] == {
         "b1x32": None
     }
+
+
+def test_the_calibration_figures_give_the_host_terms_in_microseconds(tmp_path: Path) -> None:
+    # The GPU check's own calibration on the H200 (benchmarks/results/gpu-h200-2026-11-27).
+    calibration = ROOT / "benchmarks/results/gpu-h200-2026-11-27/call2/calibrate"
+    shutil.copy(calibration / "profile.json", tmp_path / "profile.json")
+    read = figures.calibration(tmp_path)
+    host = read["host"]
+    assert host["layer_us"] == pytest.approx(372.2, abs=0.1)
+    assert host["attention_launch_us"] == pytest.approx(16.5, abs=0.1)
+    assert host["stall_share"] == pytest.approx(0.14, abs=0.01) and host["cuda_graphs"] is True
+    assert "layer_s" not in host

@@ -68,7 +68,7 @@ def test_the_shapes_warm_up_runs_every_decode_batch_size_and_leaves_the_engine_a
         return output
 
     engine.step = recording_step  # type: ignore[method-assign,assignment]
-    assert engine.warm_up(shapes=False) == len(batches) <= 5  # the short request alone
+    assert engine.warm_up() == len(batches) <= 5  # by default the short request alone
     batches.clear()
     num_steps = engine.warm_up(shapes=True)
     assert num_steps == len(batches) > 12

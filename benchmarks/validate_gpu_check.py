@@ -1,0 +1,112 @@
+"""The simulator against servesim's engine on a ``python -m engine gpu-check`` folder, offline:
+for the engine with CUDA graphs and the eager engine, ``python -m sim validate --replay run1
+--replay run2`` (the check's two runs of example.csv) with each of the check's two calibrations
+of that engine (``profile.json`` and ``profile-repeat2.json``), and the roofline beside them.
+Prints the median per-request |error| of TTFT, TPOT and E2E, the cost model's median |error| on
+the engine's own steps by kind, and the engine against itself.
+
+    python benchmarks/validate_gpu_check.py benchmarks/results/gpu-h200-2026-11-27/call2 \
+        > benchmarks/results/validate_gpu_check.txt
+
+Targets (issue 30, on a GPU): TPOT and E2E <= 5%, TTFT <= 10%, steps <= 5% on a fresh
+calibration of each engine; the two calibrations' step predictions within 5% of each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fidelity.replay_inputs import hardware_of, run_summary, trace_of  # noqa: E402
+from fidelity.validate import validate  # noqa: E402
+from fidelity.validate_config import ValidateConfig  # noqa: E402
+from traces.loaders import load_trace  # noqa: E402
+
+ENGINES = (
+    ("graphs", "engine-self", "calibrate"),
+    ("eager", "engine-self-eager", "calibrate-eager"),
+)
+PROFILES = ("profile.json", "profile-repeat2.json")
+METRICS = ("ttft", "tpot", "e2e")
+KINDS = ("prefill-heavy", "decode-only")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("check", help="a gpu-check output folder (engine-self*, calibrate*)")
+    args = parser.parse_args(argv)
+    check = Path(args.check)
+    started = time.time()
+    print(f"# python benchmarks/validate_gpu_check.py {shlex.join(argv or sys.argv[1:])}")
+    found = False
+    with tempfile.TemporaryDirectory() as scratch:
+        for engine, runs, calibration in ENGINES:
+            run1, run2 = check / runs / "run1", check / runs / "run2"
+            if not (run1 / "summary.json").exists() or not (run2 / "summary.json").exists():
+                print(f"\n## {engine}: no two engine runs under {check / runs}")
+                continue
+            found = True
+            print(f"\n## the engine, {engine}: {runs}/run1 against the simulator, run2 beside")
+            for name in PROFILES:
+                profile = check / calibration / name
+                if not profile.exists():
+                    print(f"- {calibration}/{name}: missing")
+                    continue
+                out = Path(scratch) / f"{engine}-{name}"
+                result = _validate(run1, run2, profile, out)
+                if name == PROFILES[0]:
+                    _print_floor(result)
+                    _print_model("roofline", result["models"]["roofline"])
+                _print_model(f"{calibration}/{name}", result["models"]["calibrated"])
+    print(f"\n# wall time {time.time() - started:.0f} s")
+    return 0 if found else 2
+
+
+def _validate(run1: Path, run2: Path, profile: Path, out: Path) -> dict[str, Any]:
+    summary = run_summary(run1)
+    config = summary.get("config") or {}
+    settings = ValidateConfig(
+        model=str(config.get("model", "llama-3-8b")),
+        device=str(config.get("device", "cuda")),
+        hardware=hardware_of(str(summary.get("device_name", ""))) or "H200",
+    )
+    trace = load_trace(str(trace_of(run1, summary)))
+    return validate(trace, settings, out, profile=str(profile), replay_dir=run1, floor_dir=run2)
+
+
+def _print_floor(result: dict[str, Any]) -> None:
+    floor = result.get("engine_floor") or {}
+    metrics = (floor.get("requests") or {}).get("metrics") or {}
+    cells = [
+        f"{m.upper()} {metrics[m]['median_abs_pct']:.1f}%"
+        for m in METRICS
+        if isinstance(metrics.get(m), dict)
+    ]
+    print(f"- engine against itself (run2 against run1), per request: {', '.join(cells)}")
+
+
+def _print_model(name: str, model: dict[str, Any]) -> None:
+    metrics = model["requests"]["metrics"]
+    requests = " / ".join(f"{metrics[m]['median_abs_pct']:.1f}" for m in METRICS)
+    steps = model["steps"]
+    kinds = ", ".join(
+        f"{kind} {steps['by_kind'][kind]['median_pct']:+.1f}% (n={steps['by_kind'][kind]['n']})"
+        for kind in KINDS
+        if steps["by_kind"][kind]["n"]
+    )
+    print(
+        f"- {name}: TTFT / TPOT / E2E {requests}%; engine's own steps "
+        f"{steps['all']['median_abs_pct']:.1f}% (median signed: {kinds})"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
