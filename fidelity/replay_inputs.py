@@ -29,19 +29,26 @@ def run_summary(run_dir: str | Path) -> dict[str, Any]:
 
 
 def trace_of(run_dir: str | Path, summary: dict[str, Any]) -> Path:
-    """The trace file the run replayed: the command's trace argument, found from the working
-    directory or the project root, else ``traces/data/<trace>.csv``."""
+    """The trace file the run replayed: the command's argument named after the run's trace,
+    else ``traces/data/<trace>.csv``, else any other trace-like argument; each found from the
+    working directory or the project root. (A command that never names its trace, like
+    ``benchmarks/validate_cpu.py --profile P.json``, has files of other kinds that end like
+    a trace.)"""
     tokens = shlex.split(str(summary.get("command") or ""))
-    for token in tokens:
-        if token.startswith("-") or not token.endswith(TRACE_SUFFIXES):
-            continue
+    name = summary.get("trace")
+    files = [t for t in tokens if not t.startswith("-") and t.endswith(TRACE_SUFFIXES)]
+    named = [t for t in files if Path(t).stem == name]
+    bundled = ROOT / "traces" / "data" / f"{name}.csv"
+    for token in named:
         for base in (Path.cwd(), ROOT):
             if (base / token).exists():
                 return base / token
-    name = summary.get("trace")
-    bundled = ROOT / "traces" / "data" / f"{name}.csv"
     if name and bundled.exists():
         return bundled
+    for token in files:
+        for base in (Path.cwd(), ROOT):
+            if (base / token).exists():
+                return base / token
     raise ValueError(
         f"--replay: cannot find the trace of {run_dir} (its command names none that exists, "
         f"and no bundled trace is called {name!r}); give the TRACE argument"

@@ -13,6 +13,7 @@ from sim.costmodel.calibrated_host import calibrated_host
 from sim.costmodel.profile import Profile, StepTiming, Table1D, Table2D
 from sim.costmodel.roofline import TERMS, RooflineCostModel
 from sim.costmodel.step_attention import step_attention_s
+from sim.costmodel.step_fit import DECODE_KNOTS, TOKEN_KNOTS, hat, least_absolute
 from sim.costmodel.step_shape import StepShape
 
 
@@ -46,9 +47,13 @@ class CalibratedCostModel:
         self._kv_bytes_per_token_per_layer = fallback.kv_bytes_per_token / self._layers
         self._fixed_overhead_s = fallback.config.step_overhead_s
         self._per_seq_overhead_s = 0.0
-        # Joint fit (v4 ``step_fit: joint``): scales of the per-token terms (linear, KV store,
-        # elementwise), of prefill and of decode attention; 1.0 means the tables as timed.
-        self._scales = (1.0, 1.0, 1.0)
+        # Joint fit (v4 ``step_fit: joint``, ``sim.costmodel.step_fit``): the per-token terms'
+        # scale (linear, KV store, elementwise) on each of TOKEN_KNOTS, the prefill
+        # attention's, and the decode attention's at each end of DECODE_KNOTS; 1.0 means the
+        # tables as timed.
+        self._token_scales = np.ones(len(TOKEN_KNOTS))
+        self._prefill_scale = 1.0
+        self._decode_scales = np.ones(len(DECODE_KNOTS))
         self._joint = profile.step_fit == "joint" and bool(profile.steps)
         self._fitting = False
         self._prefill_per_token: Table2D | None = None
@@ -84,22 +89,25 @@ class CalibratedCostModel:
         return StepShape(prefill_chunks=step.prefill_chunks, decode_context_tokens=contexts)
 
     def _fit_joint(self) -> None:
-        """Fit ``measured = a * tokens + b * prefill_attention + c * decode_attention + rest +
-        fixed + per_seq * num_seqs`` to the profile's whole engine steps, where ``tokens`` is
-        the linear, KV-store and elementwise terms as their tables give them, and ``rest`` the
-        LM head, copies and swaps as timed.
+        """Fit ``measured = tokens x s(num_tokens) + b x prefill_attention + decode_attention
+        x d(decode context) + rest + fixed + per_seq x num_seqs`` to the profile's whole engine
+        steps, where ``tokens`` is the linear, KV-store and elementwise terms as their tables
+        give them, ``s`` piecewise linear over log2(tokens) on TOKEN_KNOTS, ``d`` linear over
+        log2(the decode contexts' sum), and ``rest`` the LM head, copies and swaps as timed.
 
-        Why this form (benchmarks/results/step_anatomy.txt): in a real step every part runs
-        once per layer between the others, with the model's weights streamed from the shared
-        cache each step, not hot in a tight loop; and the step's Python glue (module calls,
-        views, residual adds, input preparation, sampling bookkeeping) is timed by no table.
-        The first is a per-step cost plus a change of the per-token rate, the second a fixed
-        and a per-sequence cost. Least squares on relative error (each residual weighs
-        1 / measured), decode-only and prefill steps weighted equally as groups, then fitted
-        again without steps off by more than three times the median relative error (steps
-        slowed by load). A negative coefficient is pinned (scales at 1, overheads at 0)."""
+        Why this form (benchmarks/results/step_anatomy.txt, ``sim.costmodel.step_fit``): in a
+        real step every part runs once per layer between the others, with the model's weights
+        and KV streamed from the shared cache each step, not hot in a tight loop, by an amount
+        that depends on the step's size; and the step's Python glue (module calls, views,
+        residual adds, input preparation, sampling bookkeeping) is timed by no table: a fixed
+        and a per-sequence cost. A least-absolute fit of relative error (each residual weighs
+        1 / measured), decode-only and prefill steps weighted equally as groups: a step slowed
+        by load moves it no more than another. A negative coefficient is pinned (scales at 1,
+        overheads at 0)."""
         self._fitting = True
-        self._scales = (1.0, 1.0, 1.0)
+        self._token_scales = np.ones(len(TOKEN_KNOTS))
+        self._prefill_scale = 1.0
+        self._decode_scales = np.ones(len(DECODE_KNOTS))
         self._fixed_overhead_s, self._per_seq_overhead_s = 0.0, 0.0
         rows, measured, weights = [], [], []
         steps = [s for s in self.profile.steps if s.measured_s > 0]
@@ -110,7 +118,9 @@ class CalibratedCostModel:
             terms = self.step_terms(shape)
             tokens = terms[0] + terms[3] + terms[4]
             rest = sum(terms) - tokens - terms[1] - terms[2] - terms[9]
-            rows.append((tokens, terms[1], terms[2], 1.0, float(shape.num_seqs), rest))
+            by_tokens = tokens * hat(shape.num_batched_tokens, TOKEN_KNOTS)
+            by_context = terms[2] * hat(sum(shape.decode_context_tokens), DECODE_KNOTS)
+            rows.append([*by_tokens, terms[1], *by_context, 1.0, float(shape.num_seqs), rest])
             measured.append(step.measured_s)
             group = num_prefill if step.prefill_chunks else num_decode_only
             weights.append(1.0 / (step.measured_s * group**0.5))
@@ -118,15 +128,17 @@ class CalibratedCostModel:
         if len(rows) < 5:
             return
         data = np.array(rows)
-        target = np.array(measured) - data[:, 5]
-        weight = np.array(weights)
-        keep = np.ones(len(rows), dtype=bool)
-        coef = _pinned_lstsq(data[:, :5], target, weight, keep)
-        relative = np.abs(data[:, :5] @ coef - target) / np.array(measured)
-        keep = relative <= 3 * float(np.median(relative)) + 1e-12
-        coef = _pinned_lstsq(data[:, :5], target, weight, keep)
-        self._scales = (float(coef[0]), float(coef[1]), float(coef[2]))
-        self._fixed_overhead_s, self._per_seq_overhead_s = float(coef[3]), float(coef[4])
+        steps_s = np.array(measured)
+        scales = len(TOKEN_KNOTS) + 1 + len(DECODE_KNOTS)
+        pinned_at = np.r_[np.ones(scales), 0.0, 0.0]
+        coef = least_absolute(
+            data[:, :-1], steps_s - data[:, -1], steps_s, np.array(weights), pinned_at
+        )
+        tokens_end, prefill_at = len(TOKEN_KNOTS), len(TOKEN_KNOTS)
+        self._token_scales = coef[:tokens_end]
+        self._prefill_scale = float(coef[prefill_at])
+        self._decode_scales = coef[prefill_at + 1 : scales]
+        self._fixed_overhead_s, self._per_seq_overhead_s = float(coef[-2]), float(coef[-1])
 
     @property
     def async_scheduling(self) -> bool:
@@ -137,13 +149,16 @@ class CalibratedCostModel:
     @property
     def fitted(self) -> dict[str, float]:
         """The step fit's coefficients (scales 1 and the config's overhead when none)."""
-        return {
-            "token_scale": self._scales[0],
-            "prefill_attention_scale": self._scales[1],
-            "decode_attention_scale": self._scales[2],
-            "fixed_overhead_s": self._fixed_overhead_s,
-            "per_seq_overhead_s": self._per_seq_overhead_s,
+        fitted = {
+            f"token_scale@{round(2**knot)}": float(scale)
+            for knot, scale in zip(TOKEN_KNOTS, self._token_scales, strict=True)
         }
+        fitted["prefill_attention_scale"] = self._prefill_scale
+        for knot, scale in zip(DECODE_KNOTS, self._decode_scales, strict=True):
+            fitted[f"decode_attention_scale@{round(2**knot)}"] = float(scale)
+        fitted["fixed_overhead_s"] = self._fixed_overhead_s
+        fitted["per_seq_overhead_s"] = self._per_seq_overhead_s
+        return fitted
 
     def _fit_overhead(self) -> tuple[float, float]:
         """The step overhead the per-op tables do not see (scheduler, per-sequence host work,
@@ -233,8 +248,12 @@ class CalibratedCostModel:
             terms[7] = table(shape.num_copy_blocks * block_bytes)
         terms[8] = self._swap_s(shape, block_bytes, terms[8])
         if self._joint and not self._fitting:
-            for i, scale in ((0, 0), (1, 1), (2, 2), (3, 0), (4, 0)):
-                terms[i] *= self._scales[scale]
+            token_scale = float(hat(num_tokens, TOKEN_KNOTS) @ self._token_scales)
+            for i in (0, 3, 4):
+                terms[i] *= token_scale
+            terms[1] *= self._prefill_scale
+            context = sum(shape.decode_context_tokens)
+            terms[2] *= float(hat(context, DECODE_KNOTS) @ self._decode_scales)
         terms[9] = self._overhead_s(num_seqs)
         return tuple(terms)
 
@@ -377,25 +396,3 @@ class CalibratedCostModel:
         return self.fallback.kv_transfer_time_s(
             num_tokens, link_bandwidth_bytes_per_s, link_latency_s
         )
-
-
-def _pinned_lstsq(
-    data: np.ndarray, target: np.ndarray, weight: np.ndarray, keep: np.ndarray
-) -> np.ndarray:
-    """Weighted least squares of ``data @ coef = target`` over the rows ``keep``; a
-    coefficient that comes out negative is pinned (the three scales at 1, the two overheads
-    at 0) and the rest fitted again."""
-    pinned_at = np.array([1.0, 1.0, 1.0, 0.0, 0.0])
-    free = np.ones(data.shape[1], dtype=bool)
-    coef = pinned_at.copy()
-    while free.any():
-        rows = data[keep] * weight[keep, None]
-        rhs = (target[keep] - data[keep][:, ~free] @ pinned_at[~free]) * weight[keep]
-        solved, *_ = np.linalg.lstsq(rows[:, free], rhs, rcond=None)
-        coef = pinned_at.copy()
-        coef[free] = solved
-        negative = free & (coef < 0)
-        if not negative.any():
-            return coef
-        free &= ~negative
-    return coef

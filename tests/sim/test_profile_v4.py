@@ -94,20 +94,32 @@ def _truth(terms: dict[str, float], num_seqs: int) -> float:
 
 def test_joint_fit_recovers_known_scales_and_overheads(tmp_path: Path) -> None:
     steps = [_step(s, _truth(_table_terms(tmp_path, s), s.num_seqs)) for s in SHAPES]
-    # One step slowed by load (3x) is left out of the second fit.
-    steps[3]["measured_s"] *= 3
     cost = make_cost_model(TINY, CPU, profile_path=_profile(tmp_path, steps), block_size=16)
     fitted = cost.fitted  # type: ignore[attr-defined]
-    assert fitted["token_scale"] == pytest.approx(1.3, rel=1e-6)
-    assert fitted["prefill_attention_scale"] == pytest.approx(0.9, rel=1e-6)
-    assert fitted["decode_attention_scale"] == pytest.approx(1.8, rel=1e-6)
-    assert fitted["fixed_overhead_s"] == pytest.approx(2e-3, rel=1e-6)
-    assert fitted["per_seq_overhead_s"] == pytest.approx(1e-4, rel=1e-6)
+    # The token scale on each knot it has steps around, the decode scale at both ends.
+    for knot in ("token_scale@1", "token_scale@4", "token_scale@16", "token_scale@256"):
+        assert fitted[knot] == pytest.approx(1.3, rel=2e-3), knot
+    assert fitted["prefill_attention_scale"] == pytest.approx(0.9, rel=2e-3)
+    assert fitted["decode_attention_scale@16"] == pytest.approx(1.8, rel=2e-3)
+    assert fitted["decode_attention_scale@1048576"] == pytest.approx(1.8, rel=2e-3)
+    assert fitted["fixed_overhead_s"] == pytest.approx(2e-3, rel=2e-3)
+    assert fitted["per_seq_overhead_s"] == pytest.approx(1e-4, rel=2e-2)
     shape = StepShape(decode_context_tokens=(300, 700, 900), prefill_chunks=((128, 64),))
     expected = _truth(_table_terms(tmp_path, shape), shape.num_seqs)
-    assert cost.step_time_s(shape) == pytest.approx(expected, rel=1e-6)
+    assert cost.step_time_s(shape) == pytest.approx(expected, rel=2e-3)
     breakdown = cost.step_breakdown(shape)
-    assert breakdown["overhead"] == pytest.approx(2e-3 + 4e-4, rel=1e-6)
+    assert breakdown["overhead"] == pytest.approx(2e-3 + 4e-4, rel=2e-3)
+
+
+def test_a_step_slowed_by_load_does_not_drag_the_fit(tmp_path: Path) -> None:
+    truths = [_truth(_table_terms(tmp_path, s), s.num_seqs) for s in SHAPES]
+    steps = [_step(s, t) for s, t in zip(SHAPES, truths, strict=True)]
+    steps[3]["measured_s"] *= 3  # one step slowed by load
+    cost = make_cost_model(TINY, CPU, profile_path=_profile(tmp_path, steps), block_size=16)
+    pairs = list(zip(SHAPES, truths, strict=True))
+    errors = [abs(cost.step_time_s(s) / t - 1) for i, (s, t) in enumerate(pairs) if i != 3]
+    assert sorted(errors)[len(errors) // 2] < 0.01
+    assert cost.step_time_s(SHAPES[3]) < 1.5 * truths[3]
 
 
 def test_a_negative_coefficient_is_pinned(tmp_path: Path) -> None:
@@ -120,7 +132,7 @@ def test_a_negative_coefficient_is_pinned(tmp_path: Path) -> None:
     cost = make_cost_model(TINY, CPU, profile_path=_profile(tmp_path, steps), block_size=16)
     fitted = cost.fitted  # type: ignore[attr-defined]
     assert fitted["per_seq_overhead_s"] == 0.0
-    assert fitted["fixed_overhead_s"] > 0 and fitted["token_scale"] > 0
+    assert fitted["fixed_overhead_s"] > 0 and fitted["token_scale@16"] > 0
 
 
 def test_version_3_keeps_the_overhead_fit(tmp_path: Path) -> None:
@@ -128,7 +140,7 @@ def test_version_3_keeps_the_overhead_fit(tmp_path: Path) -> None:
     path = _profile(tmp_path, steps, format_version=3)
     assert load_profile(path).step_fit == "overhead"
     fitted = make_cost_model(TINY, CPU, profile_path=path, block_size=16).fitted  # type: ignore[attr-defined]
-    assert (fitted["token_scale"], fitted["decode_attention_scale"]) == (1.0, 1.0)
+    assert {v for k, v in fitted.items() if "scale" in k} == {1.0}
 
 
 def test_bad_step_fit_names_the_field(tmp_path: Path) -> None:

@@ -1,0 +1,34 @@
+"""Which trace a recorded run replayed (``fidelity.replay_inputs.trace_of``): the command's
+argument named after the run's trace, else the bundled trace of that name, else another
+trace-like argument; never an option's file that merely ends like a trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fidelity.replay_inputs import ROOT, trace_of
+
+
+def test_an_options_json_file_is_not_taken_for_the_trace(tmp_path: Path) -> None:
+    profile = tmp_path / "profile.json"
+    profile.write_text("{}")
+    summary = {"command": f"benchmarks/validate_cpu.py --profile {profile}", "trace": "example"}
+    assert trace_of(tmp_path, summary) == ROOT / "traces" / "data" / "example.csv"
+
+
+def test_the_argument_named_after_the_trace_comes_first(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.csv"
+    mine.write_text("request_id,arrival_s,prompt_tokens,output_tokens\n")
+    other = tmp_path / "other.jsonl"
+    other.write_text("")
+    summary = {"command": f"python -m engine run {other} {mine}", "trace": "mine"}
+    assert trace_of(tmp_path, summary) == mine
+    # No argument and no bundled trace by the run's name: another trace-like argument.
+    assert trace_of(tmp_path, {"command": f"run {mine}", "trace": "gone"}) == mine
+
+
+def test_a_run_whose_trace_cannot_be_found_says_so(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot find the trace"):
+        trace_of(tmp_path, {"command": "run --profile nothing.json", "trace": "gone"})
