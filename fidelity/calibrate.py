@@ -16,6 +16,7 @@ from core.settings import build
 from engine import profiling
 from engine.llm_engine import EngineConfig
 from fidelity.clocks import resolve_clock
+from fidelity.decode_rule import apply_rule_by_steps
 from sim.costmodel.profile import DECODE_CONTEXT_RULES, FORMAT_VERSION, load_profile
 
 
@@ -118,6 +119,8 @@ def calibrate(
     name = _model_name(model)
     payload = profile_payload(measured, name, block_size, command)
     path.write_text(json.dumps(payload, indent=1) + "\n")
+    if device.split(":")[0] == "cpu" and apply_rule_by_steps(path) is not None:
+        payload = json.loads(path.read_text())  # the decode rule its whole steps chose
     payload.update(step_fit_report(path, device))
     path.write_text(json.dumps(payload, indent=1) + "\n")
     load_profile(path)  # what we wrote must read back
