@@ -60,9 +60,11 @@ def apply_rule_by_steps(path: Path) -> dict[str, Any] | None:
     if rule is None:
         return None
     data = json.loads(path.read_text())
+    earlier = data.get("decode_attention_rule") or {}  # (chosen before: keep the checks' rule)
     chosen = {
         "from": "whole steps",
-        "kernel_checks_chose": data.get("decode_attention_context"),
+        "kernel_checks_chose": earlier.get("kernel_checks_chose")
+        or data.get("decode_attention_context"),
         "skewed_steps": len(skewed_steps(data.get("steps") or [])),
         "median_abs_residual": {k: round(v, 6) for k, v in scores.items()},
     }
