@@ -4,7 +4,8 @@
 ``decode_attention_context``) from a few skewed batches of the decode kernel timed alone. On the
 CPU that chose ``max`` in seven of the eight calibrations of 2026-11-27. Yet in each of the
 eight, the profile's skewed whole engine steps (124 of them) sat closer to the fitted model
-under ``mean`` or ``per_sequence`` (3.8-7.8% by median) than under ``max`` (4.9-11.0%). The engine's TPOT came out 3.4-9.4% off under ``mean``
+under ``mean`` or ``per_sequence`` (3.8-7.8% by median) than under ``max`` (4.9-11.0%). On
+the first three pairs, the engine's TPOT came out 3.4-9.0% off under the rules the steps chose
 against 5.9-8.9% under ``max`` (``benchmarks/results/refit_cpu.txt``). In a whole step the
 batch's short sequences cost what they read, not what the longest does. So on the CPU, where
 the joint step fit prices every term, the rule is the one whose fitted model fits the skewed
