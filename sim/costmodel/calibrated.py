@@ -134,8 +134,8 @@ class CalibratedCostModel:
         coef = least_absolute(
             data[:, :-1], steps_s - data[:, -1], steps_s, np.array(weights), pinned_at
         )
-        tokens_end, prefill_at = len(TOKEN_KNOTS), len(TOKEN_KNOTS)
-        self._token_scales = coef[:tokens_end]
+        prefill_at = len(TOKEN_KNOTS)  # (the token scales come first, one per knot)
+        self._token_scales = coef[:prefill_at]
         self._prefill_scale = float(coef[prefill_at])
         self._decode_scales = coef[prefill_at + 1 : scales]
         self._fixed_overhead_s, self._per_seq_overhead_s = float(coef[-2]), float(coef[-1])
