@@ -17,7 +17,6 @@ same measurements.
 from __future__ import annotations
 
 import argparse
-import gzip
 import shlex
 import shutil
 import statistics
@@ -25,17 +24,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fidelity.decode_rule import apply_rule_by_steps  # noqa: E402
 from fidelity.profile_check import compare_profiles  # noqa: E402
-from fidelity.replay_inputs import run_summary, trace_of  # noqa: E402
-from fidelity.validate import engine_floor, validate  # noqa: E402
-from fidelity.validate_config import ValidateConfig  # noqa: E402
-from traces.loaders import load_trace  # noqa: E402
+from fidelity.recorded import validate_run  # noqa: E402
+from fidelity.validate import engine_floor  # noqa: E402
 
 PROFILES = ("profile.json", "profile-repeat2.json")
 METRICS = ("ttft", "tpot", "e2e")
@@ -101,30 +97,13 @@ def _medians(root: Path, profile: Path) -> dict[str, float]:
     """Medians over the runs of each metric's per-request median |error| (and the steps')."""
     values: dict[str, list[float]] = {k: [] for k in (*METRICS, "steps")}
     for run in _runs(root):
-        result = _validate(run, profile)
+        with tempfile.TemporaryDirectory() as out:
+            result = validate_run(run, profile, Path(out), first_requests=True)
         model = result["models"]["calibrated"]
         for metric in METRICS:
             values[metric].append(model["requests"]["metrics"][metric]["median_abs_pct"])
         values["steps"].append(model["steps"]["all"]["median_abs_pct"])
     return {k: statistics.median(v) for k, v in values.items()}
-
-
-def _validate(run: Path, profile: Path) -> dict[str, Any]:
-    summary = run_summary(run)
-    config = summary.get("config") or {}
-    requests = next(run.glob("requests.csv*"))
-    opener = gzip.open if requests.suffix == ".gz" else open
-    with opener(requests, "rt") as lines:
-        num_requests = sum(1 for _ in lines) - 1
-    settings = ValidateConfig(
-        model=str(config.get("model", "tiny-llama")),
-        device="cpu",
-        hardware="CPU-1T",
-        max_requests=num_requests,
-    )
-    trace = load_trace(str(trace_of(run, summary)))
-    with tempfile.TemporaryDirectory() as out:
-        return validate(trace, settings, out, profile=str(profile), replay_dir=run)
 
 
 def _floor(root: Path) -> dict[str, float]:

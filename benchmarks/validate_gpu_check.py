@@ -25,10 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fidelity.replay_inputs import hardware_of, run_summary, trace_of  # noqa: E402
-from fidelity.validate import validate  # noqa: E402
-from fidelity.validate_config import ValidateConfig  # noqa: E402
-from traces.loaders import load_trace  # noqa: E402
+from fidelity.recorded import validate_run  # noqa: E402
 
 ENGINES = (
     ("graphs", "engine-self", "calibrate"),
@@ -61,25 +58,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"- {calibration}/{name}: missing")
                     continue
                 out = Path(scratch) / f"{engine}-{name}"
-                result = _validate(run1, run2, profile, out)
+                result = validate_run(run1, profile, out, floor_dir=run2)
                 if name == PROFILES[0]:
                     _print_floor(result)
                     _print_model("roofline", result["models"]["roofline"])
                 _print_model(f"{calibration}/{name}", result["models"]["calibrated"])
     print(f"\n# wall time {time.time() - started:.0f} s")
     return 0 if found else 2
-
-
-def _validate(run1: Path, run2: Path, profile: Path, out: Path) -> dict[str, Any]:
-    summary = run_summary(run1)
-    config = summary.get("config") or {}
-    settings = ValidateConfig(
-        model=str(config.get("model", "llama-3-8b")),
-        device=str(config.get("device", "cuda")),
-        hardware=hardware_of(str(summary.get("device_name", ""))) or "H200",
-    )
-    trace = load_trace(str(trace_of(run1, summary)))
-    return validate(trace, settings, out, profile=str(profile), replay_dir=run1, floor_dir=run2)
 
 
 def _print_floor(result: dict[str, Any]) -> None:

@@ -432,6 +432,11 @@ class LLMEngine:
         """vLLM's rule: run the largest step once, then give the KV cache
         ``gpu_memory_utilization`` of total memory less the peak the pass reached and less
         ``reserved_bytes`` (the CUDA graphs)."""
+        if reserved_bytes < 0:
+            raise ValueError(
+                f"CUDA graphs measured at {reserved_bytes / GIB:.1f} GiB: memory was freed "
+                "while they were captured, so the KV cache cannot be sized from it"
+            )
         config = self.config
         # An engine its caller dropped may still hold its cache through a reference cycle:
         # collected now, it is not counted in this engine's peak.
@@ -447,11 +452,6 @@ class LLMEngine:
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).total_memory
         utilization = config.cache.gpu_memory_utilization
-        if reserved_bytes < 0:
-            raise ValueError(
-                f"CUDA graphs measured at {reserved_bytes / GIB:.1f} GiB: memory was freed "
-                "while they were captured, so the KV cache cannot be sized from it"
-            )
         free_for_kv = total * utilization - peak - reserved_bytes
         num_blocks = int(free_for_kv // block_bytes)
         if num_blocks < 1:

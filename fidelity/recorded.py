@@ -36,17 +36,28 @@ def profile_path(root: Path, name: str) -> Path:
     return root / "profiles" / f"llama-3-8b-h200-{name}.json"
 
 
-def validate_run(run_dir: Path, profile: Path, out: Path) -> dict[str, Any]:
-    """``python -m sim validate --replay run_dir --profile profile``, in process."""
+def validate_run(
+    run_dir: Path,
+    profile: Path,
+    out: Path,
+    floor_dir: Path | None = None,
+    first_requests: bool = False,
+) -> dict[str, Any]:
+    """``python -m sim validate --replay run_dir [--replay floor_dir] --profile profile``, in
+    process; ``first_requests``: the run replayed only the trace's first requests (as many as
+    it served), as ``benchmarks/validate_cpu.py`` runs do."""
     summary = run_summary(run_dir)
     config = summary.get("config") or {}
     settings = ValidateConfig(
         model=str(config.get("model", "llama-3-8b")),
         device=str(config.get("device", "cuda")),
         hardware=hardware_of(str(summary.get("device_name", ""))),
+        max_requests=len(load_run(run_dir).requests) if first_requests else None,
     )
     trace = load_trace(str(trace_of(run_dir, summary)))
-    return validate(trace, settings, out, profile=str(profile), replay_dir=run_dir)
+    return validate(
+        trace, settings, out, profile=str(profile), replay_dir=run_dir, floor_dir=floor_dir
+    )
 
 
 def _row(model: dict[str, Any]) -> dict[str, float]:
