@@ -11,7 +11,6 @@ and the bucket choice are tested without a GPU.
 
 from __future__ import annotations
 
-import bisect
 import gc
 import time
 from dataclasses import dataclass
@@ -19,34 +18,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from core.decode_split import GRAPH_MAX_BATCH as GRAPH_MAX_BATCH
+from core.decode_split import graph_batch_sizes as graph_batch_sizes
+from core.decode_split import padded_batch_size
 from engine.attention import AttentionMetadata, device_metadata
 from engine.input_batch import StepBuffers
 from engine.kv_cache import KVCache
 from engine.model.llama import LlamaForCausalLM
 from engine.step_inputs import HostStep
 
-GRAPH_MAX_BATCH = 512
-SMALL_BATCH_SIZES = (1, 2, 4, 8)
-BATCH_SIZE_STEP = 8
 # The inputs a decode graph reads, copied in from the step's host buffers.
 _GRAPH_INPUTS = ("input_ids", "positions", "slot_mapping", "decode_seq_lens", "decode_block_tables")
-
-
-def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
-    """The padded batch sizes to capture: 1, 2, 4, 8, then every multiple of 8 below
-    ``min(max_num_seqs, 512)``, and that bound itself (so every batch up to it has one)."""
-    if max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs!r}")
-    largest = min(max_num_seqs, GRAPH_MAX_BATCH)
-    steps = range(2 * BATCH_SIZE_STEP, largest, BATCH_SIZE_STEP)
-    sizes = [s for s in (*SMALL_BATCH_SIZES, *steps) if s < largest]
-    return (*sizes, largest)
-
-
-def padded_batch_size(sizes: tuple[int, ...], num_rows: int) -> int | None:
-    """The smallest of ``sizes`` (ascending) that holds ``num_rows`` rows, None if none."""
-    idx = bisect.bisect_left(sizes, num_rows)
-    return sizes[idx] if idx < len(sizes) and num_rows > 0 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,19 +103,23 @@ def sim_config(engine_dir: Path, config: ValidateConfig, profile: str | None) ->
     )
 
 
-def _cost_config(run: RunConfig, engine_kind: str = "servesim-eager") -> CostModelConfig:
+def engine_cost_config(run: RunConfig, engine_kind: str = "servesim-eager") -> CostModelConfig:
     """The engine's step as the simulator prices it: servesim's own host clock of the kind the
     engine ran as (no overlap of host and model work; eager launches, or decode graphs:
     ``sim.costmodel.host_time``), and no padding, since the engine packs a batch's real rows
     and never computes a static batch's padding."""
     return CostModelConfig(
-        async_scheduling=run.async_scheduling, price_padding=False, engine=engine_kind
+        async_scheduling=run.async_scheduling,
+        price_padding=False,
+        engine=engine_kind,
+        max_num_seqs=run.scheduler.max_num_seqs,
+        max_model_len=run.cache.max_model_len,
     )
 
 
 def cost_models(run: RunConfig, engine_kind: str) -> dict[str, CostModel]:
     model, hardware = load_model_spec(run.model), get_hardware_preset(run.hardware)
-    cost_config = _cost_config(run, engine_kind)
+    cost_config = engine_cost_config(run, engine_kind)
     models = {
         "roofline": make_cost_model(
             model, hardware, run.tp, config=cost_config, block_size=run.cache.block_size
@@ -219,7 +223,7 @@ def compare(
         "profile": run.profile,
         "roofline_hardware": run.hardware,
         "sim_config": flat_settings(run),
-        "cost_config": asdict(_cost_config(run, engine_kind)),
+        "cost_config": asdict(engine_cost_config(run, engine_kind)),
         "engine_kind": engine_kind,
         "models": {},
         "ttft_phase_floor": ttft_floor.phase_floor(measured.requests, engine_steps),
@@ -243,7 +247,7 @@ def compare(
             trace,
             config,
             progress=progress,
-            cost_config=_cost_config(run, engine_kind),
+            cost_config=engine_cost_config(run, engine_kind),
             wrap_executor=wrap,
         )
         simulated.write(out / f"sim-{name}")

@@ -8,7 +8,6 @@ capture it: the plan's tensors and launch parameters stay fixed).
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -16,15 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
+from core.decode_split import choose_num_splits as choose_num_splits
+from core.decode_split import gpu_tile_tokens
+from core.decode_split import plan_splits as _plan_splits
 from kernels import contracts
 from kernels.torch_attention import paged_decode_attention_torch, plan_decode
 
 LOG2_E = 1.4426950408889634
 # tl.dot needs M >= 16, so the GQA group (the M dim of the decode dot) is padded up to it.
 MIN_DOT_ROWS = 16
-# Splitting below this many tiles per split costs more in the reduce than it wins.
-MIN_TILES_PER_SPLIT = 4
-MAX_SPLITS = 64
 
 
 @triton.jit
@@ -160,25 +159,13 @@ def parallel_programs(device: torch.device) -> int:
     return os.cpu_count() or 1
 
 
-def choose_num_splits(num_programs: int, max_tiles: int, target_programs: int) -> int:
-    """Split the tokens only when (sequences x kv heads) programs cannot fill the device."""
-    if num_programs >= target_programs:
-        return 1
-    wanted = math.ceil(target_programs / num_programs)
-    by_length = max(1, max_tiles // MIN_TILES_PER_SPLIT)
-    return max(1, min(wanted, by_length, MAX_SPLITS))
-
-
 def plan_splits(
     num_programs: int, max_seq_len: int, tile: int, num_splits: int | None, device: torch.device
 ) -> tuple[int, int]:
-    """(num_splits, tokens_per_split), the split a whole number of tiles long."""
-    max_tiles = math.ceil(max_seq_len / tile)
-    if num_splits is None:
-        num_splits = choose_num_splits(num_programs, max_tiles, parallel_programs(device))
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    return num_splits, math.ceil(max(max_tiles, 1) / num_splits) * tile
+    """(num_splits, tokens_per_split), the split a whole number of tiles long
+    (``core.decode_split.plan_splits`` on this device's parallel programs)."""
+    target = parallel_programs(device) if num_splits is None else 1
+    return _plan_splits(num_programs, max_seq_len, tile, target, num_splits)
 
 
 def decode_tile_tokens(head_dim: int, device: torch.device) -> int:
@@ -186,7 +173,7 @@ def decode_tile_tokens(head_dim: int, device: torch.device) -> int:
     # registers, which caps the tile for head_dim 256.
     if device.type != "cuda":
         return 32
-    return 32 if head_dim >= 256 else 64
+    return gpu_tile_tokens(head_dim)
 
 
 @dataclass(frozen=True, slots=True)

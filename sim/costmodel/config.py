@@ -36,6 +36,11 @@ class CostModelConfig:
     # Whose host clock a step pays (``host_time.ENGINE_KINDS``), or that exact set.
     engine: str = "vllm"
     host: HostParams | None = None
+    # What sizes servesim's decode plan (``sim.costmodel.decode_chain``): the scheduler's
+    # ``max_num_seqs`` (the largest decode graph) and the cache's ``max_model_len`` (each
+    # graph's split plan; None: the model's).
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
@@ -46,6 +51,14 @@ class CostModelConfig:
             raise ValueError(
                 "CostModelConfig.host_link_efficiency must be in (0, 1], "
                 f"got {self.host_link_efficiency!r}"
+            )
+        if self.max_num_seqs < 1:
+            raise ValueError(
+                f"CostModelConfig.max_num_seqs must be >= 1, got {self.max_num_seqs!r}"
+            )
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(
+                f"CostModelConfig.max_model_len must be >= 1 or None, got {self.max_model_len!r}"
             )
         for field in ("step_overhead_s", "per_sequence_overhead_s"):
             value = getattr(self, field)

@@ -11,6 +11,7 @@ import numpy as np
 
 from core.model.spec import ModelSpec, check_tp
 from sim.costmodel.config import CostModelConfig
+from sim.costmodel.decode_chain import DecodeChain
 from sim.costmodel.host_time import HostTimeModel
 from sim.costmodel.kernel_costs import allreduce_s, gemm_s, streaming_s
 from sim.costmodel.layer_ops import LayerOps
@@ -71,10 +72,32 @@ class RooflineCostModel:
         self.host = HostTimeModel(
             config.host_params(), model.num_layers, model.kv_heads_per_shard(tp)
         )
+        self.decode_chain = self._decode_chain(model, hardware, tp, config)
+        # Steps priced from aggregates (fast-forward) need a host clock of sequence counts
+        # alone and no decode walk (which reads the longest context).
+        self._aggregates_ok = self.host.simple and self.decode_chain is None
         self._precompute_shapes(model, tp)
         # Terms that depend only on (tokens, sequences) in a step, computed once per pair.
         self._by_size: dict[tuple[int, int], tuple[float, ...]] = {}
         self._steppers: dict[tuple[int, int, int], RepeatStepper] = {}
+
+    @staticmethod
+    def _decode_chain(
+        model: ModelSpec, hardware: HardwareSpec, tp: int, config: CostModelConfig
+    ) -> DecodeChain | None:
+        """servesim's decode plan (``DecodeChain``) where the engine priced is servesim's own
+        and the hardware states a tile time; None otherwise (vLLM runs other kernels)."""
+        if config.engine == "vllm" or not hardware.decode_tile_s:
+            return None
+        return DecodeChain.for_engine(
+            kv_heads=model.kv_heads_per_shard(tp),
+            head_dim=model.head_dim,
+            num_sms=hardware.num_sms,
+            tile_s=hardware.decode_tile_s,
+            cuda_graphs=config.host_params().cuda_graphs,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len or model.full_attention_len,
+        )
 
     def _precompute_shapes(self, model: ModelSpec, tp: int) -> None:
         """Per-model constants, so a step costs a few multiplications."""
@@ -132,11 +155,18 @@ class RooflineCostModel:
         return latency + max(compute, bytes_moved / self._attention_bytes_per_s)
 
     def decode_attention_s(
-        self, num_seqs: int, sum_context_tokens: int, kv_read_tokens: int, mixed: bool = False
+        self,
+        num_seqs: int,
+        sum_context_tokens: int,
+        kv_read_tokens: int,
+        mixed: bool = False,
+        max_context: int = 0,
     ) -> float:
         """One query token per sequence against its whole context; `kv_read_tokens` is the
         context rounded up to whole blocks (what a paged kernel actually reads). ``mixed``: the
-        step also prefills (its decodes read at `mixed_attention_bandwidth_efficiency`)."""
+        step also prefills (its decodes read at `mixed_attention_bandwidth_efficiency`).
+        ``max_context``, the longest context, given: no faster than the kernel's longest walk
+        (``decode_walk_s``)."""
         if num_seqs <= 0:
             return 0.0
         compute = sum_context_tokens * self._attention_flops_per_pair / self._attention_flops_per_s
@@ -144,7 +174,15 @@ class RooflineCostModel:
             num_seqs * self._attention_q_bytes_per_token + kv_read_tokens * self._kv_bytes_per_token
         )
         rate = self._mixed_attention_bytes_per_s if mixed else self._attention_bytes_per_s
-        return self._attention_latency_s + max(compute, bytes_moved / rate)
+        walk = self.decode_walk_s(num_seqs, max_context, mixed) if max_context else 0.0
+        return self._attention_latency_s + max(compute, bytes_moved / rate, walk)
+
+    def decode_walk_s(self, num_seqs: int, max_context: int, mixed: bool = False) -> float:
+        """The decode kernel's longest walk over every layer (``DecodeChain``; 0 without one)."""
+        chain = self.decode_chain
+        if chain is None:
+            return 0.0
+        return self.model.num_layers * chain.layer_s(num_seqs, max_context, mixed)
 
     def store_kv_s(self, num_tokens: int) -> float:
         """Scatter the new K and V into the cache, one kernel a layer: read once, write once."""
@@ -254,7 +292,9 @@ class RooflineCostModel:
         device = (
             linear,
             self.prefill_attention_s(chunks) if chunks else 0.0,
-            self.decode_attention_s(num_decode, sum_context, kv_read_tokens, bool(chunks)),
+            self.decode_attention_s(
+                num_decode, sum_context, kv_read_tokens, bool(chunks), max_context
+            ),
             store_kv,
             elementwise,
             lm_head,
@@ -355,13 +395,14 @@ class RooflineCostModel:
     def prices_aggregates(self) -> bool:
         """Whether a step's aggregates (chunks, decode count, summed context and blocks) are
         enough to price it: not when the host's clock reads more (``host_time``), such as the
-        longest decode context."""
-        return self.host.simple
+        longest decode context, or the decode kernel's longest walk (``decode_chain``)."""
+        return self._aggregates_ok
 
     def _check_aggregates(self) -> None:
-        if not self.host.simple:
+        if not self._aggregates_ok:
             raise ValueError(
-                "this cost model's host clock reads each decode's context: price by StepShape"
+                "this cost model reads each decode's context (its host clock, or the decode "
+                "kernel's longest walk): price by StepShape"
             )
 
     def aggregate_step_time_s(

@@ -71,6 +71,13 @@ class HardwareSpec:
     mixed_attention_bandwidth_efficiency: float | None = None
     attention_latency_s: float = 15e-6  # fixed cost of one attention call (split-KV reduce, setup)
     kernel_launch_floor_s: float = 2e-6  # the shortest a kernel runs, however little it does
+    # servesim's split-KV decode kernel (``core.decode_split``): what one program spends on one
+    # 64-token tile of K and V (head_dim 128), walking its split in series. A step's decode
+    # attention lasts at least its longest walk. Fit to the H200's decode-only steps of the
+    # engine with CUDA graphs (benchmarks/results/gpu-h200-2026-11-27/call2, 2.13 and 2.16 us
+    # in its two runs; benchmarks/decode_walk.py); no other GPU measured it. Priced for
+    # servesim's engines only (vLLM runs other kernels); 0 turns it off.
+    decode_tile_s: float = 2.1e-6
     # Row kernels (norm, rotary, activation) run one thread block per token: each thread walks
     # its row `row_block_threads` elements at a time, one dependent HBM round trip per step.
     row_block_threads: int = 1024
@@ -132,6 +139,7 @@ class HardwareSpec:
             "gemm_latency_s",
             "dram_latency_s",
             "attention_latency_s",
+            "decode_tile_s",
             "allreduce_call_latency_s",
             "scale_out_latency_s",
             "small_index_row_s",
@@ -218,7 +226,9 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
         # One x86 core for the engine's CPU runs (one torch thread): 16 fp32 FMA lanes x 2 at
         # ~3 GHz, ~10 GB/s of one core's DRAM streaming, memcpy-speed "host link". A rough
         # analytic baseline only; calibrated profiles are what CPU runs should use.
-        HardwareSpec("CPU-1T", 96e9, 96e9, None, 10e9, 8 * _GIB, 10e9, 0.0, 10e9),
+        HardwareSpec(
+            "CPU-1T", 96e9, 96e9, None, 10e9, 8 * _GIB, 10e9, 0.0, 10e9, decode_tile_s=0.0
+        ),
     ]
     presets += _workstation_presets() + _datacenter_presets()
     return {spec.name: spec for spec in presets}

@@ -22,7 +22,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "traces": frozenset({"core"}),
     "records": frozenset({"core"}),
     "reports": frozenset({"core", "records"}),
-    "kernels": frozenset(),
+    # The kernels read their decode split plan from the core (``core.decode_split``), which the
+    # cost model prices too.
+    "kernels": frozenset({"core"}),
     "sim": frozenset({"core", "traces", "records", "reports"}),
     "engine": frozenset({"core", "traces", "records", "reports", "kernels"}),
     "fidelity": frozenset({"core", "traces", "records", "reports", "kernels", "sim", "engine"}),

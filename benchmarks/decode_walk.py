@@ -1,0 +1,127 @@
+"""The decode kernel's longest walk on a GPU, from a ``python -m engine gpu-check`` folder: where
+``HardwareSpec.decode_tile_s`` comes from, and what pricing it changes.
+
+For each run of the engine with CUDA graphs (``engine-self/run*``), its decode-only steps (one
+graph replay each: no host launches inside) are fitted by least squares as
+
+    duration = a + b x padded batch + c x tiles of the longest walk (``core.decode_split``)
+
+so ``c / layers`` is one tile's time. Beside it, the same steps' median error by batch size
+under the roofline and each calibration of that engine, with the walk priced (the H200's
+``decode_tile_s``) and without it (0).
+
+    python benchmarks/decode_walk.py benchmarks/results/gpu-h200-2026-11-27/call2 \
+        > benchmarks/results/decode_walk.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from core.model.presets import load_model_spec  # noqa: E402
+from fidelity import validation  # noqa: E402
+from fidelity.validate import engine_cost_config, sim_config  # noqa: E402
+from fidelity.validate_config import ValidateConfig  # noqa: E402
+from records.run_dir import run_file  # noqa: E402
+from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes  # noqa: E402
+from sim.costmodel.base import make_cost_model  # noqa: E402
+from sim.costmodel.roofline import RooflineCostModel  # noqa: E402
+from sim.specs.hardware import get_hardware_preset  # noqa: E402
+
+BINS = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 512))
+PROFILES = ("profile.json", "profile-repeat2.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("check", help="a gpu-check output folder (engine-self, calibrate)")
+    parser.add_argument("--hardware", default="H200")
+    parser.add_argument("--model", default="llama-3-8b")
+    args = parser.parse_args(argv)
+    check = Path(args.check)
+    started = time.time()
+    print(f"# python benchmarks/decode_walk.py {shlex.join(argv or sys.argv[1:])}")
+    runs = sorted(p for p in (check / "engine-self").glob("run*") if p.is_dir())
+    if not runs:
+        print(f"no engine runs under {check / 'engine-self'}")
+        return 2
+    settings = ValidateConfig(model=args.model, device="cuda", hardware=args.hardware)
+    spec, hardware = load_model_spec(args.model), get_hardware_preset(args.hardware)
+    layers = spec.num_layers
+    print(f"{args.hardware}: decode_tile_s as stated {hardware.decode_tile_s * 1e6:.2f} us\n")
+    for run_dir in runs:
+        run = sim_config(run_dir, settings, None)
+        config = engine_cost_config(run, "servesim-graphs")
+        roofline = RooflineCostModel(spec, hardware, 1, config, block_size=run.cache.block_size)
+        chain = roofline.decode_chain
+        assert chain is not None
+        steps = [
+            s
+            for s in load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE))
+            if not s.prefill_chunks and s.decode_context_tokens
+        ]
+        measured = np.array([s.duration_s for s in steps])
+        batch = np.array([len(s.decode_context_tokens) for s in steps])
+        padded = np.array([chain.graph_sizes and _padded(chain.graph_sizes, n) for n in batch])
+        walks = np.array([chain.tiles(len(s.decode_context_tokens), max(s.decode_context_tokens))
+                          for s in steps])  # fmt: skip
+        data = np.c_[np.ones(len(steps)), padded, walks]
+        coef = np.linalg.lstsq(data, measured, rcond=None)[0]
+        fit_error = np.abs(data @ coef / measured - 1)
+        print(f"## {run_dir.name}: {len(steps)} decode-only steps (graph replays)")
+        print(
+            f"fit: a {coef[0] * 1e3:.3f} ms + b {coef[1] * 1e6:.1f} us x padded batch + "
+            f"c {coef[2] * 1e6:.1f} us x walk tiles; one tile {coef[2] / layers * 1e6:.2f} us "
+            f"a layer; median |error| {100 * np.median(fit_error):.2f}%, "
+            f"p90 {100 * np.percentile(fit_error, 90):.2f}%"
+        )
+        models = {}
+        for walk_priced in (False, True):
+            hw = hardware if walk_priced else replace(hardware, decode_tile_s=0.0)
+            tag = "walk" if walk_priced else "no walk"
+            models[f"roofline, {tag}"] = make_cost_model(
+                spec, hw, 1, None, config, block_size=run.cache.block_size
+            )
+            for name in PROFILES:
+                profile = check / "calibrate" / name
+                if profile.exists():
+                    models[f"{name}, {tag}"] = make_cost_model(
+                        spec, hw, 1, profile, config, block_size=run.cache.block_size
+                    )
+        head = "".join(f"{f'{lo}-{hi}':>8}" for lo, hi in BINS)
+        print(f"median signed error % by decode batch size{'':14}{head}      all |all|")
+        counts = "".join(f"{int(((batch >= lo) & (batch <= hi)).sum()):>8}" for lo, hi in BINS)
+        print(f"{'steps':<56}{counts}")
+        for name, model in models.items():
+            predicted = np.array([model.step_time_s(validation.shape_of(s)) for s in steps])
+            error = 100 * (predicted / measured - 1)
+            cells = "".join(
+                f"{np.median(error[(batch >= lo) & (batch <= hi)]):>+8.1f}"
+                if ((batch >= lo) & (batch <= hi)).any()
+                else f"{'-':>8}"
+                for lo, hi in BINS
+            )
+            print(f"{name:<56}{cells}{np.median(error):>+9.1f}{np.median(np.abs(error)):>5.1f}")
+        print()
+    print(f"# wall time {time.time() - started:.0f} s")
+    return 0
+
+
+def _padded(sizes: tuple[int, ...], num_rows: int) -> int:
+    from core.decode_split import padded_batch_size
+
+    return padded_batch_size(sizes, num_rows) or num_rows
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""The longest walk of servesim's split-KV decode kernel, priced: a step's decode attention lasts
+at least as long as the program that walks the most tiles of K and V in series
+(``core.decode_split``), whatever bandwidth the batch's total reads would allow.
+
+Which plan a step runs is the engine's: an eager step splits for its own batch and its longest
+context; a decode-only step on CUDA graphs replays the graph of its padded batch size, whose
+split was fixed at capture for the whole ``max_model_len``. With few sequences the graph's walks
+are long: at 5-8 decodes on an H200 (8 KV heads, 8,192 tokens), each program walks up to 1,664
+tokens where the eager plan would split a 2,000-token context into walks of 256.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.decode_split import (
+    gpu_tile_tokens,
+    graph_batch_sizes,
+    longest_walk_tiles,
+    padded_batch_size,
+    plan_splits,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeChain:
+    """servesim's decode plan on one GPU: ``kv_heads`` per rank, tiles of ``tile_tokens``, as
+    many programs as ``target_programs`` fill (two per SM), ``tile_s`` seconds per tile; and
+    with CUDA graphs, the captured batch sizes and the length their plan is sized for."""
+
+    kv_heads: int
+    tile_tokens: int
+    target_programs: int
+    tile_s: float
+    graph_sizes: tuple[int, ...] = ()
+    graph_len: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("kv_heads", "tile_tokens", "target_programs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DecodeChain.{name} must be >= 1, got {getattr(self, name)!r}")
+        if not self.tile_s >= 0:
+            raise ValueError(f"DecodeChain.tile_s must be >= 0, got {self.tile_s!r}")
+        if self.graph_sizes and self.graph_len < 1:
+            raise ValueError(f"DecodeChain.graph_len must be >= 1, got {self.graph_len!r}")
+
+    @classmethod
+    def for_engine(
+        cls,
+        *,
+        kv_heads: int,
+        head_dim: int,
+        num_sms: int,
+        tile_s: float,
+        cuda_graphs: bool,
+        max_num_seqs: int,
+        max_model_len: int,
+    ) -> DecodeChain:
+        """The plan servesim's engine launches on a GPU of ``num_sms`` SMs."""
+        sizes = graph_batch_sizes(max_num_seqs) if cuda_graphs else ()
+        return cls(kv_heads, gpu_tile_tokens(head_dim), 2 * num_sms, tile_s, sizes, max_model_len)
+
+    def tiles(self, num_decodes: int, max_context: int, mixed: bool = False) -> int:
+        """Tiles the busiest program walks in a step of ``num_decodes`` decodes, the longest of
+        ``max_context`` tokens; ``mixed``: the step also prefills (it runs eagerly)."""
+        if num_decodes <= 0 or max_context <= 0:
+            return 0
+        padded = None if mixed else padded_batch_size(self.graph_sizes, num_decodes)
+        rows, plan_len = (num_decodes, max_context) if padded is None else (padded, self.graph_len)
+        _, per_split = plan_splits(
+            rows * self.kv_heads, plan_len, self.tile_tokens, self.target_programs
+        )
+        return longest_walk_tiles(max_context, per_split, self.tile_tokens)
+
+    def layer_s(self, num_decodes: int, max_context: int, mixed: bool = False) -> float:
+        """One layer's longest walk, in seconds."""
+        return self.tile_s * self.tiles(num_decodes, max_context, mixed)

@@ -1,0 +1,177 @@
+"""servesim's decode plan priced (``sim.costmodel.decode_chain``): the split plan the engine
+launches (``core.decode_split``, shared with ``kernels.paged_attention`` and
+``engine.cuda_graphs``), the longest walk it leaves, and the roofline and a calibrated profile no
+faster than that walk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from core.decode_split import (
+    graph_batch_sizes,
+    longest_walk_tiles,
+    padded_batch_size,
+    plan_splits,
+)
+from core.model.presets import load_model_spec
+from sim.costmodel.base import make_cost_model
+from sim.costmodel.config import CostModelConfig
+from sim.costmodel.decode_chain import DecodeChain
+from sim.costmodel.roofline import RooflineCostModel
+from sim.costmodel.step_shape import StepShape
+from sim.specs.hardware import get_hardware_preset
+
+A100_PROFILE = Path(__file__).parent / "data" / "llama2_7b_a100_tp1.json"
+H200 = get_hardware_preset("H200")
+LLAMA = load_model_spec("llama-3-8b")
+
+
+def _chain(graphs: bool) -> DecodeChain:
+    return DecodeChain.for_engine(
+        kv_heads=8,
+        head_dim=128,
+        num_sms=132,
+        tile_s=2e-6,
+        cuda_graphs=graphs,
+        max_num_seqs=256,
+        max_model_len=8192,
+    )
+
+
+def test_the_plan_splits_small_batches_into_whole_tiles() -> None:
+    # One sequence of 8 KV heads on 264 programs: 33 splits wanted, 2,000 tokens of 64-token
+    # tiles (32) allow 32 // 4 = 8; each split 4 tiles long.
+    assert plan_splits(8, 2000, 64, 264) == (8, 256)
+    # Enough programs: one split, the whole context.
+    assert plan_splits(40 * 8, 2000, 64, 264) == (1, 2048)
+    assert plan_splits(8, 2000, 64, 264, num_splits=3) == (3, 704)
+    with pytest.raises(ValueError, match="num_splits must be >= 1"):
+        plan_splits(8, 2000, 64, 264, num_splits=0)
+    assert longest_walk_tiles(2000, 256, 64) == 4
+    assert longest_walk_tiles(100, 256, 64) == 2
+    assert longest_walk_tiles(0, 256, 64) == 0
+
+
+def test_the_graph_buckets_are_the_engines() -> None:
+    sizes = graph_batch_sizes(256)
+    assert sizes[:6] == (1, 2, 4, 8, 16, 24) and sizes[-1] == 256
+    assert [padded_batch_size(sizes, n) for n in (1, 3, 5, 9, 17, 256, 257)] == [
+        1,
+        4,
+        8,
+        16,
+        24,
+        256,
+        None,
+    ]
+
+
+def test_a_graph_walks_further_than_an_eager_step_of_the_same_batch() -> None:
+    eager, graphs = _chain(False), _chain(True)
+    # Six decodes, the longest 2,000 tokens. Eager: 48 programs want 6 splits, 32 tiles allow
+    # 8 -> 6 splits of 6 tiles. Graph of 8 rows, planned for 8,192 tokens: 64 programs want
+    # 5 splits of ceil(128 / 5) = 26 tiles, so the longest context walks 26 tiles.
+    assert eager.tiles(6, 2000) == 6
+    assert graphs.tiles(6, 2000) == 26
+    # A mixed step runs eagerly even where graphs exist; so does a batch above the largest.
+    assert graphs.tiles(6, 2000, mixed=True) == 6
+    assert graphs.tiles(300, 2000) == eager.tiles(300, 2000) == 32
+    assert graphs.layer_s(6, 2000) == pytest.approx(26 * 2e-6)
+    assert graphs.tiles(0, 2000) == graphs.tiles(6, 0) == 0
+
+
+def test_bad_chain_parameters_name_the_field() -> None:
+    with pytest.raises(ValueError, match=r"DecodeChain\.kv_heads"):
+        DecodeChain(0, 64, 264, 1e-6)
+    with pytest.raises(ValueError, match=r"DecodeChain\.tile_s"):
+        DecodeChain(8, 64, 264, -1e-6)
+    with pytest.raises(ValueError, match=r"DecodeChain\.graph_len"):
+        DecodeChain(8, 64, 264, 1e-6, graph_sizes=(1, 2))
+
+
+def _roofline(engine: str) -> RooflineCostModel:
+    config = CostModelConfig(async_scheduling=engine == "vllm", engine=engine, max_num_seqs=256)
+    return RooflineCostModel(LLAMA, H200, 1, config, block_size=16)
+
+
+def test_only_servesims_engines_walk() -> None:
+    assert _roofline("vllm").decode_chain is None
+    assert _roofline("servesim-eager").decode_chain is not None
+    cpu = get_hardware_preset("CPU-1T")
+    config = CostModelConfig(async_scheduling=False, engine="servesim-eager")
+    assert RooflineCostModel(LLAMA, cpu, 1, config, block_size=16).decode_chain is None
+
+
+def test_the_walk_floors_a_skewed_graph_decode() -> None:
+    graphs = _roofline("servesim-graphs")
+    # One 2,000-token context among five short ones: the KV read is small, the walk long.
+    skewed = StepShape(decode_context_tokens=(2000, 64, 64, 64, 64, 64))
+    walk = graphs.decode_walk_s(6, 2000)
+    assert walk == pytest.approx(LLAMA.num_layers * 26 * H200.decode_tile_s)
+    attention = graphs.step_breakdown(skewed)["decode_attention"]
+    assert attention == pytest.approx(graphs._attention_latency_s + walk)
+    # The same batch without the longest context given prices its reads alone.
+    reads = graphs.decode_attention_s(6, 2320, 2320)
+    assert reads < attention
+    # vLLM's engine: no walk.
+    assert _roofline("vllm").decode_walk_s(6, 2000) == 0.0
+
+
+def test_a_walking_roofline_refuses_aggregates() -> None:
+    config = CostModelConfig(
+        async_scheduling=False,
+        engine="servesim-graphs",
+        host=CostModelConfig().host_params(),
+    )
+    model = RooflineCostModel(LLAMA, H200, 1, config, block_size=16)
+    assert model.host.simple and model.decode_chain is not None
+    assert not model.prices_aggregates
+    with pytest.raises(ValueError, match="longest walk"):
+        model.decode_step_time_s(4, 4000, 250)
+
+
+def test_config_checks_the_plans_sizes() -> None:
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        CostModelConfig(max_num_seqs=0)
+    with pytest.raises(ValueError, match="max_model_len"):
+        CostModelConfig(max_model_len=0)
+
+
+def test_max_model_len_sizes_the_graph_plan() -> None:
+    short = RooflineCostModel(
+        LLAMA,
+        H200,
+        1,
+        CostModelConfig(async_scheduling=False, engine="servesim-graphs", max_model_len=2048),
+        block_size=16,
+    )
+    assert short.decode_chain is not None and short.decode_chain.graph_len == 2048
+    # 8 rows planned for 2,048 tokens: 5 splits of ceil(32 / 5) = 7 tiles.
+    assert short.decode_chain.tiles(6, 2000) == 7
+
+
+def test_a_calibrated_profile_is_no_faster_than_the_walk(tmp_path: Path) -> None:
+    """A GPU profile's decode table, timed under the eager plan at uniform contexts, prices a
+    graph's skewed batch by its reads; the walk floors it."""
+    data = json.loads(A100_PROFILE.read_text())
+    table = data["ops"]["decode_attention"]
+    table["time_s"] = [[1e-9 for _ in row] for row in table["time_s"]]  # far below any walk
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(data))
+    a100, llama2 = get_hardware_preset("A100-80GB"), load_model_spec("Llama-2-7B")
+    skewed = StepShape(decode_context_tokens=(2000, 64, 64, 64, 64, 64))
+    walks = {}
+    for engine in ("servesim-graphs", "vllm"):
+        config = CostModelConfig(async_scheduling=False, engine=engine, price_padding=False)
+        model = make_cost_model(llama2, a100, 1, profile, config, block_size=16)
+        roofline = RooflineCostModel(llama2, a100, 1, config, block_size=16)
+        walks[engine] = roofline.decode_walk_s(6, 2000)
+        attention = model.step_breakdown(skewed)["decode_attention"]
+        if engine == "vllm":
+            assert walks[engine] == 0.0 and attention < 1e-6
+        else:
+            assert walks[engine] > 1e-4
+            assert attention == pytest.approx(walks[engine])
