@@ -8,7 +8,8 @@ graph replay each: no host launches inside) are fitted by least squares as
 
 so ``c / layers`` is one tile's time. Beside it, the same steps' median error by batch size
 under the roofline and each calibration of that engine, with the walk priced (the H200's
-``decode_tile_s``) and without it (0).
+``decode_tile_s``) and without it (0); both with the calibrations' tables made monotone and
+the H200's GEMM efficiencies, as the cost model now reads them.
 
     python benchmarks/decode_walk.py benchmarks/results/gpu-h200-2026-11-27/call2 \
         > benchmarks/results/decode_walk.txt

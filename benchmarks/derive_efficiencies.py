@@ -7,7 +7,11 @@
   (Llama-3.1-8B and Qwen3-32B, TP 1 and 2);
 - RTX-4090: LLMServingSim's RTX 4090 bundle (Llama-3.1-8B, TP 1), read from
   ``--llmservingsim-repo`` (a checkout or the git directory of github.com/casys-kaist/
-  LLMServingSim) into a scratch folder when given.
+  LLMServingSim) into a scratch folder when given;
+- H200: the linear tables of our own four calibrations of Llama-3-8B on an H200
+  (``--servesim-profiles``, by default those of benchmarks/results/gpu-h200-2026-11-27/call2:
+  the engine with CUDA graphs and the eager engine, twice each). Only the GEMM efficiencies:
+  the attention tables time servesim's Triton kernels, not vLLM's.
 
 Each fit starts from HardwareSpec's defaults, so what it derives does not depend on what the
 preset says today; the preset's values are printed beside, and a mismatch is flagged for the
@@ -15,7 +19,7 @@ presets that state derived values (the A100 keeps the defaults, fitted on the sa
 earlier: the differences are shown).
 
 Run from the repository root:
-PYTHONPATH=. python benchmarks/derive_efficiencies.py [--llmservingsim-repo PATH]
+PYTHONPATH=. python benchmarks/derive_efficiencies.py [--llmservingsim-repo PATH] [--gpu NAME]
 (results committed in benchmarks/results/efficiencies.txt)
 """
 
@@ -36,11 +40,18 @@ from sim.costmodel.efficiency_fit import (
     OpTable,
     bundle_tables,
     fit_efficiencies,
+    servesim_table,
     vidur_tables,
 )
 from sim.specs.hardware import HardwareSpec, get_hardware_preset
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "profiles"
+H200_CHECK = Path(__file__).resolve().parent / "results" / "gpu-h200-2026-11-27" / "call2"
+H200_PROFILES = tuple(
+    H200_CHECK / calibration / name
+    for calibration in ("calibrate", "calibrate-eager")
+    for name in ("profile.json", "profile-repeat2.json")
+)
 VIDUR_MODELS = ("Llama-2-7B", "Llama-2-70B", "Llama-3-8B", "Llama-3-70B")
 DIGITS = 2  # as the presets state them
 
@@ -98,20 +109,30 @@ def main() -> int:
     parser.add_argument("--vidur", type=Path, default=SHARED / "vidur")
     parser.add_argument("--bundles", type=Path, default=SHARED / "llmservingsim")
     parser.add_argument("--llmservingsim-repo", type=Path, default=None)
+    parser.add_argument(
+        "--servesim-profiles", type=Path, nargs="+", default=list(H200_PROFILES),
+        help="servesim profiles timed on an H200 (the H200's GEMM efficiencies)",
+    )  # fmt: skip
+    parser.add_argument("--gpu", action="append", help="only these presets (repeatable)")
     args = parser.parse_args()
+    wanted = set(args.gpu or ("A100-80GB", "RTX-PRO-6000-Server", "RTX-4090", "H200"))
     print(f"python {platform.python_version()} on {platform.machine()}")
     print("per field: the fitted value, as the preset would state it, what the preset states,")
     print("the points it stands on, and the roofline's median signed error over them (+ =")
     print("slower than measured) at HardwareSpec's default (fields fitted before it applied; for")
     print("the mixed field, None: the decode-only efficiency fitted above) and at the fit")
-    if (args.vidur / "compute" / "a100").is_dir():
+    if "A100-80GB" not in wanted:
+        pass
+    elif (args.vidur / "compute" / "a100").is_dir():
         models = [load_model_spec(m) for m in VIDUR_MODELS]
         tables = _unique([t for m in models for t in vidur_tables(args.vidur, m, "a100")])
         where = f"Vidur's a100 tables, {', '.join(VIDUR_MODELS)}: the defaults' source"
         _report("A100-80GB", where, tables, derived=False)
     else:
         print(f"\nskipped A100-80GB: {args.vidur} is absent")
-    if (args.bundles / "RTXPRO6000").is_dir():
+    if "RTX-PRO-6000-Server" not in wanted:
+        pass
+    elif (args.bundles / "RTXPRO6000").is_dir():
         _report(
             "RTX-PRO-6000-Server",
             "LLMServingSim's RTXPRO6000 bundles",
@@ -119,7 +140,9 @@ def main() -> int:
         )
     else:
         print(f"\nskipped RTX-PRO-6000-Server: {args.bundles} is absent")
-    if args.llmservingsim_repo is not None:
+    if "RTX-4090" not in wanted:
+        pass
+    elif args.llmservingsim_repo is not None:
         with tempfile.TemporaryDirectory() as scratch:
             root = copy_bundles(args.llmservingsim_repo, Path(scratch))
             where = "LLMServingSim's RTX4090 bundle, from --llmservingsim-repo"
@@ -128,6 +151,16 @@ def main() -> int:
         print(
             "\nskipped RTX-4090: its bundle is in LLMServingSim's repository (--llmservingsim-repo)"
         )
+    if "H200" in wanted:
+        present = [p for p in args.servesim_profiles if p.is_file()]
+        if present:
+            where = "servesim's calibrations on an H200, linear tables only: " + ", ".join(
+                str(p.relative_to(H200_CHECK)) if p.is_relative_to(H200_CHECK) else str(p)
+                for p in present
+            )
+            _report("H200", where, [servesim_table(p) for p in present])
+        else:
+            print("\nskipped H200: no servesim profile found (--servesim-profiles)")
     return 0
 
 

@@ -25,7 +25,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
+
+from fidelity import validation  # noqa: E402
 from fidelity.recorded import validate_run  # noqa: E402
+from fidelity.replay_inputs import hardware_of, run_summary  # noqa: E402
+from fidelity.validate import cost_models, sim_config  # noqa: E402
+from fidelity.validate_config import ValidateConfig  # noqa: E402
+from records.run_dir import run_file  # noqa: E402
+from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes  # noqa: E402
 
 ENGINES = (
     ("graphs", "engine-self", "calibrate"),
@@ -63,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
                     _print_floor(result)
                     _print_model("roofline", result["models"]["roofline"])
                 _print_model(f"{calibration}/{name}", result["models"]["calibrated"])
+            profiles = [check / calibration / name for name in PROFILES]
+            if all(p.exists() for p in profiles):
+                _print_agreement(run1, profiles, engine)
     print(f"\n# wall time {time.time() - started:.0f} s")
     return 0 if found else 2
 
@@ -90,6 +101,30 @@ def _print_model(name: str, model: dict[str, Any]) -> None:
     print(
         f"- {name}: TTFT / TPOT / E2E {requests}%; engine's own steps "
         f"{steps['all']['median_abs_pct']:.1f}% (median signed: {kinds})"
+    )
+
+
+def _print_agreement(run_dir: Path, profiles: list[Path], engine: str) -> None:
+    """The two calibrations' predictions of the engine's own steps: median |first - second| /
+    second, over all steps and by kind (issue 30: within 5%)."""
+    summary = run_summary(run_dir)
+    settings = ValidateConfig(
+        model=str((summary.get("config") or {}).get("model", "llama-3-8b")),
+        device="cuda",
+        hardware=hardware_of(str(summary.get("device_name", ""))),
+    )
+    steps = load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE))
+    kind = "servesim-graphs" if engine == "graphs" else "servesim-eager"
+    predicted = []
+    for profile in profiles:
+        model = cost_models(sim_config(run_dir, settings, str(profile)), kind)["calibrated"]
+        predicted.append(np.array([model.step_time_s(validation.shape_of(s)) for s in steps]))
+    apart = 100 * np.abs(predicted[0] / predicted[1] - 1)
+    prefill = np.array([bool(s.prefill_chunks) for s in steps])
+    print(
+        f"- the two calibrations on the engine's own steps, median |difference|: "
+        f"{np.median(apart):.1f}% (decode-only {np.median(apart[~prefill]):.1f}%, "
+        f"with a prompt chunk {np.median(apart[prefill]):.1f}%)"
     )
 
 

@@ -314,6 +314,29 @@ def _bundle_rows(dense: Path) -> tuple[tuple[str, int, float], ...]:
         )
 
 
+def servesim_table(path: str | Path) -> OpTable:
+    """The linear layers of a servesim profile timed on a GPU (``python -m sim calibrate``):
+    its ``linear`` table, the layer's four projections (cuBLAS GEMMs, as in vLLM), made
+    monotone in tokens as the cost model reads a GPU profile (``calibrated.monotone``). Its
+    attention tables time servesim's own Triton kernels, not the ones the roofline's
+    attention efficiencies describe, so they are left out."""
+    from core.model.presets import load_model_spec
+    from sim.costmodel.calibrated import monotone
+    from sim.costmodel.calibrated_host import is_cpu_profile
+    from sim.costmodel.profile import Table1D, load_profile
+
+    profile = load_profile(path)
+    if is_cpu_profile(profile):
+        raise EfficiencyFitError(f"{path}: field 'device': timed on a CPU, not a GPU")
+    table = profile.ops.get("linear")
+    if not isinstance(table, Table1D):
+        raise EfficiencyFitError(f"{path}: field 'ops.linear': missing")
+    linear = monotone(table)
+    points = tuple((round(x), t) for x, t in zip(linear.xs, linear.times_s, strict=True))
+    spec = load_model_spec(profile.model)
+    return OpTable(str(path), spec, profile.tp, profile.block_size, linear=points)
+
+
 def vidur_tables(vidur_dir: str | Path, model: ModelSpec, gpu: str) -> list[OpTable]:
     """One OpTable per TP degree of ``model``'s Vidur files on ``gpu`` (``compute/<gpu>/``,
     matched by shape as ``import-vidur`` matches them): mlp.csv's four projections summed,

@@ -210,6 +210,10 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
             num_sms=132,
             scale_out_bandwidth_bytes_per_s=50e9,
         ),
+        # The GEMM efficiencies derived from our own H200 calibrations' linear tables (four,
+        # within 1% of each other: benchmarks/derive_efficiencies.py --gpu H200, results in
+        # benchmarks/results/efficiencies.txt); the row kernels and attention keep the
+        # defaults (no table of vLLM's kernels on an H200 here).
         HardwareSpec(
             "H200",
             989.4e12,
@@ -222,6 +226,9 @@ def _hardware_presets() -> dict[str, HardwareSpec]:
             64e9,
             num_sms=132,
             scale_out_bandwidth_bytes_per_s=50e9,
+            memory_bandwidth_efficiency=0.91,
+            gemm_flops_efficiency=0.88,
+            gemm_overlap_efficiency=0.71,
         ),
         # One x86 core for the engine's CPU runs (one torch thread): 16 fp32 FMA lanes x 2 at
         # ~3 GHz, ~10 GB/s of one core's DRAM streaming, memcpy-speed "host link". A rough

@@ -5,6 +5,7 @@ their tables give (on ../shared's tables, when present)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from sim.costmodel.efficiency_fit import (
     bundle_tables,
     fit_efficiencies,
     fit_efficiency,
+    servesim_table,
     vidur_tables,
 )
 from sim.costmodel.layer_ops import LINEAR_OPS, LayerOps
@@ -128,6 +130,37 @@ def test_the_rtx_pro_6000_server_preset_states_what_its_tables_give() -> None:
     assert set(fits) == set(FIELDS)
     for field, fit in fits.items():
         assert getattr(preset, field) == round(fit.value, 2), field
+
+
+def test_the_h200_preset_states_what_our_calibrations_linear_tables_give() -> None:
+    """The H200's GEMM efficiencies are those of the four calibrations committed with the GPU
+    check (benchmarks/derive_efficiencies.py --gpu H200)."""
+    check = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    check = check / "gpu-h200-2026-11-27" / "call2"
+    tables = [
+        servesim_table(check / calibration / name)
+        for calibration in ("calibrate", "calibrate-eager")
+        for name in ("profile.json", "profile-repeat2.json")
+    ]
+    # Read monotone: the timing round's slow first call (linear at one token) is gone.
+    times = [t for _, t in tables[0].linear]
+    assert times == sorted(times)
+    preset = get_hardware_preset("H200")
+    defaults = {f.name: f.default for f in dataclasses.fields(HardwareSpec) if f.name in FIELDS}
+    fits = fit_efficiencies(tables, dataclasses.replace(preset, **defaults))
+    gemm = {"memory_bandwidth_efficiency", "gemm_flops_efficiency", "gemm_overlap_efficiency"}
+    assert set(fits) == gemm  # the linear tables govern nothing else
+    for field, fit in fits.items():
+        assert getattr(preset, field) == round(fit.value, 2), field
+
+
+def test_a_cpu_profile_is_no_source_of_gpu_efficiencies(tmp_path: Path) -> None:
+    data = json.loads((Path(__file__).parent / "data" / "llama2_7b_a100_tp1.json").read_text())
+    data["device"]["name"] = "cpu (x86_64)"
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(EfficiencyFitError, match="timed on a CPU"):
+        servesim_table(path)
 
 
 @pytest.mark.shared
