@@ -18,6 +18,7 @@ the H200's GEMM efficiencies, as the cost model now reads them.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("check", help="a gpu-check output folder (engine-self, calibrate)")
     parser.add_argument("--hardware", default="H200")
     parser.add_argument("--model", default="llama-3-8b")
+    parser.add_argument("--json", type=Path, help="also write the figures here, as data")
     args = parser.parse_args(argv)
     check = Path(args.check)
     started = time.time()
@@ -59,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = ValidateConfig(model=args.model, device="cuda", hardware=args.hardware)
     spec, hardware = load_model_spec(args.model), get_hardware_preset(args.hardware)
     layers = spec.num_layers
+    figures: dict[str, object] = {
+        "hardware": args.hardware,
+        "stated_tile_s": hardware.decode_tile_s,
+    }
+    fitted: dict[str, object] = {}
+    figures["runs"] = fitted
     print(f"{args.hardware}: decode_tile_s as stated {hardware.decode_tile_s * 1e6:.2f} us\n")
     for run_dir in runs:
         run = sim_config(run_dir, settings, None)
@@ -86,6 +94,16 @@ def main(argv: list[str] | None = None) -> int:
             f"a layer; median |error| {100 * np.median(fit_error):.2f}%, "
             f"p90 {100 * np.percentile(fit_error, 90):.2f}%"
         )
+        by_model: dict[str, dict[str, float]] = {}
+        fitted[run_dir.name] = {
+            "decode_only_steps": len(steps),
+            "fixed_s": float(coef[0]),
+            "per_padded_row_s": float(coef[1]),
+            "tile_s": float(coef[2] / layers),
+            "fit_median_abs_pct": float(100 * np.median(fit_error)),
+            "fit_p90_abs_pct": float(100 * np.percentile(fit_error, 90)),
+            "models": by_model,
+        }
         models = {}
         for walk_priced in (False, True):
             hw = hardware if walk_priced else replace(hardware, decode_tile_s=0.0)
@@ -106,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, model in models.items():
             predicted = np.array([model.step_time_s(validation.shape_of(s)) for s in steps])
             error = 100 * (predicted / measured - 1)
+            by_model[name] = {
+                "median_pct": float(np.median(error)),
+                "median_abs_pct": float(np.median(np.abs(error))),
+            }
             cells = "".join(
                 f"{np.median(error[(batch >= lo) & (batch <= hi)]):>+8.1f}"
                 if ((batch >= lo) & (batch <= hi)).any()
@@ -115,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<56}{cells}{np.median(error):>+9.1f}{np.median(np.abs(error)):>5.1f}")
         print()
     print(f"# wall time {time.time() - started:.0f} s")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures, indent=1) + "\n")
     return 0
 
 

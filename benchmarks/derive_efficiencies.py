@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import platform
 import tempfile
 from pathlib import Path
@@ -78,11 +79,19 @@ def _bundles(root: Path, gpu: str) -> list[OpTable]:
     ]
 
 
-def _report(name: str, where: str, tables: list[OpTable], derived: bool = True) -> None:
+def _report(
+    name: str, where: str, tables: list[OpTable], derived: bool = True, out: dict | None = None
+) -> None:
     """Fit ``tables`` and print each field beside preset ``name``'s; ``derived``: the preset
-    states these fits (a mismatch is flagged), else it keeps the defaults (differences shown)."""
+    states these fits (a mismatch is flagged), else it keeps the defaults (differences shown).
+    ``out``: also store the fits there, under ``name``, as data."""
     preset = get_hardware_preset(name)
     fits = fit_efficiencies(tables, _defaults(preset), DIGITS)
+    if out is not None:
+        out[name] = {
+            field: {**dataclasses.asdict(fit), "preset": getattr(preset, field)}
+            for field, fit in fits.items()
+        }
     print(f"\n{name} ({where}; {len(tables)} tables)")
     print(f"  {'field':<38} {'fit':>6} {'stated':>7} {'preset':>7} {'points':>7} "
           f"{'err before':>11} {'after':>7}")  # fmt: skip
@@ -113,9 +122,14 @@ def main() -> int:
         "--servesim-profiles", type=Path, nargs="+", default=list(H200_PROFILES),
         help="servesim profiles timed on an H200 (the H200's GEMM efficiencies)",
     )  # fmt: skip
+    parser.add_argument(
+        "--servesim-gpu", default="H200", help="the preset --servesim-profiles were timed on"
+    )
     parser.add_argument("--gpu", action="append", help="only these presets (repeatable)")
+    parser.add_argument("--json", type=Path, help="also write the fits here, as data")
     args = parser.parse_args()
-    wanted = set(args.gpu or ("A100-80GB", "RTX-PRO-6000-Server", "RTX-4090", "H200"))
+    wanted = set(args.gpu or ("A100-80GB", "RTX-PRO-6000-Server", "RTX-4090", args.servesim_gpu))
+    fits: dict[str, dict] = {}
     print(f"python {platform.python_version()} on {platform.machine()}")
     print("per field: the fitted value, as the preset would state it, what the preset states,")
     print("the points it stands on, and the roofline's median signed error over them (+ =")
@@ -127,7 +141,7 @@ def main() -> int:
         models = [load_model_spec(m) for m in VIDUR_MODELS]
         tables = _unique([t for m in models for t in vidur_tables(args.vidur, m, "a100")])
         where = f"Vidur's a100 tables, {', '.join(VIDUR_MODELS)}: the defaults' source"
-        _report("A100-80GB", where, tables, derived=False)
+        _report("A100-80GB", where, tables, derived=False, out=fits)
     else:
         print(f"\nskipped A100-80GB: {args.vidur} is absent")
     if "RTX-PRO-6000-Server" not in wanted:
@@ -137,6 +151,7 @@ def main() -> int:
             "RTX-PRO-6000-Server",
             "LLMServingSim's RTXPRO6000 bundles",
             _bundles(args.bundles, "RTXPRO6000"),
+            out=fits,
         )
     else:
         print(f"\nskipped RTX-PRO-6000-Server: {args.bundles} is absent")
@@ -146,21 +161,25 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as scratch:
             root = copy_bundles(args.llmservingsim_repo, Path(scratch))
             where = "LLMServingSim's RTX4090 bundle, from --llmservingsim-repo"
-            _report("RTX-4090", where, _bundles(root, "RTX4090"))
+            _report("RTX-4090", where, _bundles(root, "RTX4090"), out=fits)
     else:
         print(
             "\nskipped RTX-4090: its bundle is in LLMServingSim's repository (--llmservingsim-repo)"
         )
-    if "H200" in wanted:
+    gpu = args.servesim_gpu
+    if gpu in wanted:
         present = [p for p in args.servesim_profiles if p.is_file()]
         if present:
-            where = "servesim's calibrations on an H200, linear tables only: " + ", ".join(
+            where = "servesim's calibrations, linear tables only: " + ", ".join(
                 str(p.relative_to(H200_CHECK)) if p.is_relative_to(H200_CHECK) else str(p)
                 for p in present
             )
-            _report("H200", where, [servesim_table(p) for p in present])
+            _report(gpu, where, [servesim_table(p) for p in present], out=fits)
         else:
-            print("\nskipped H200: no servesim profile found (--servesim-profiles)")
+            print(f"\nskipped {gpu}: no servesim profile found (--servesim-profiles)")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(fits, indent=1) + "\n")
     return 0
 
 

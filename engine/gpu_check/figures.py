@@ -175,6 +175,22 @@ def engine_against_itself(folder: Path) -> dict[str, Any]:
     return out
 
 
+def model_fits(folder: Path) -> dict[str, Any]:
+    """The decode walk's tile time fitted to each engine run's graph replays (in us a layer,
+    with the fit's median |error|) beside the preset's, and each GEMM efficiency fitted to the
+    calibrations' linear tables beside the preset's."""
+    walk = _json(folder / "decode_walk.json")
+    out: dict[str, Any] = {"stated_tile_us": _round(1e6 * float(walk["stated_tile_s"]))}
+    for run, fit in walk["runs"].items():
+        out[f"{run}_tile_us"] = _round(1e6 * float(fit["tile_s"]))
+        out[f"{run}_fit_median_abs_pct"] = _round(fit["fit_median_abs_pct"])
+    for gpu, fields in _json(folder / "efficiencies.json").items():
+        out[f"{gpu}_efficiencies"] = {
+            field: [_round(fit["value"]), fit["preset"]] for field, fit in fields.items()
+        }
+    return out
+
+
 def kernels_bench(folder: Path) -> dict[str, Any]:
     """Rows timed and the target verdicts that failed (kernel and shape)."""
     data = _json(folder / "kernels_bench.json")

@@ -14,6 +14,8 @@ from engine.gpu_check import figures
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = "traces/data"
+WALK_JSON = "decode_walk.json"
+EFFICIENCIES_JSON = "efficiencies.json"
 ENGINE = ("torch", "triton", "safetensors")
 SIM = ("simpy", "pandas", "plotly", "tqdm")
 
@@ -108,6 +110,9 @@ def plan(settings: CheckSettings) -> list[Part]:
         # engine against itself beside it (the noise floor), from the same two runs.
         _engine_self(settings),
         _validate_self(settings),
+        # What the cost model takes from this GPU: the decode walk's tile time (from the
+        # engine's graph replays) and the GEMM efficiencies (from the calibrations' tables).
+        *([_model_fits(settings)] if settings.graphs else []),
         _kernels_bench(settings),
         # The other traces' first 100 requests: all four in about the time of one whole trace.
         _validate(settings, "example", "continuous", 0.25, max_requests=100),
@@ -246,6 +251,36 @@ def _validate_self(settings: CheckSettings, eager: bool = False) -> Part:
         modules=(*ENGINE, *SIM),
         after=(calibration, f"engine-self{tail}"),
         read=figures.validation,
+    )
+
+
+def _model_fits(settings: CheckSettings) -> Part:
+    """``benchmarks/decode_walk.py`` on engine-self's graph replays and
+    ``benchmarks/derive_efficiencies.py`` on calibrate's two profiles: the values this GPU's
+    preset would state (``HardwareSpec.decode_tile_s``, the GEMM efficiencies)."""
+    folder, out = settings.out / "model-fits", settings.out
+    calibration = out / "calibrate"
+    walk = (str(out), "--hardware", settings.hardware, "--model", settings.model)
+    efficiencies = (
+        "--gpu", settings.hardware, "--servesim-gpu", settings.hardware,
+        "--servesim-profiles", str(calibration / "profile.json"),
+        str(calibration / "profile-repeat2.json"),
+        "--json", str(folder / EFFICIENCIES_JSON),
+    )  # fmt: skip
+    return Part(
+        "model-fits",
+        "the decode kernel's tile time from the graph replays of engine-self (fit of "
+        "benchmarks/decode_walk.py) and the GEMM efficiencies from calibrate's linear tables "
+        "(benchmarks/derive_efficiencies.py), beside what the preset states",
+        (
+            Command(("benchmarks/decode_walk.py",), (*walk, "--json", str(folder / WALK_JSON))),
+            Command(("benchmarks/derive_efficiencies.py",), efficiencies),
+        ),
+        estimate_s=15,
+        limit_s=90,
+        modules=SIM,
+        after=("calibrate", "engine-self"),
+        read=figures.model_fits,
     )
 
 
