@@ -286,11 +286,18 @@ class Scheduler(StepHost):
             self._reserve_incoming(batch)  # preemption freed the room they lacked above
         if self.finishing:
             # Scheduled without them; their blocks are free by the time this step runs, and
-            # the next step is the policy's to build if a queued request may take their room.
+            # the next step is the policy's to build if a queued request may take their room,
+            # or if the room they held kept every running request out of this one (a decode
+            # pool whose only sequence slot a finished request held: nothing else would wake it).
             for request in self.finishing:
                 self.kv.free(request)
             self.finishing.clear()
-            if self.waiting or self.swapped or self.incoming:
+            if (
+                self.waiting
+                or self.swapped
+                or self.incoming
+                or (self.running and not batch.requests)
+            ):
                 self._changed_since_schedule = True
         batch.num_running = len(self.running)
         batch.num_waiting = len(self.waiting)

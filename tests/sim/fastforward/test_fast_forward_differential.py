@@ -121,3 +121,22 @@ def test_skipped_run_ends_exactly_when_the_steps_would() -> None:
         ),
     )
     assert_fast_forward_exact(trace, config)
+
+
+def test_a_decode_pool_left_empty_by_a_finished_request_schedules_again() -> None:
+    """Found by the draws (both modes stuck): on a decode pool of one sequence slot, a request
+    finishing in one step held that slot through the next schedule, which left the request
+    transferred meanwhile out; nothing woke the replica again."""
+    config = build(
+        RunConfig,
+        policy="disagg",
+        pool_policy="chunked",
+        memory_model="paged",
+        num_blocks=8,
+        max_num_seqs=1,
+        max_num_batched_tokens=8,
+        batch_size=1,
+        max_wait_s=0.0,
+        **SMALL,  # type: ignore[arg-type]
+    )
+    assert_fast_forward_exact(_trace((1, 4, 1), (1, 1, 1), (1, 2, 1), (1, 1, 1)), config)
