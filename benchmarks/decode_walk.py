@@ -30,6 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from core.decode_split import padded_batch_size  # noqa: E402
 from core.model.presets import load_model_spec  # noqa: E402
 from fidelity import validation  # noqa: E402
 from fidelity.validate import engine_cost_config, sim_config  # noqa: E402
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         measured = np.array([s.duration_s for s in steps])
         batch = np.array([len(s.decode_context_tokens) for s in steps])
-        padded = np.array([chain.graph_sizes and _padded(chain.graph_sizes, n) for n in batch])
+        padded = np.array([padded_batch_size(chain.graph_sizes, n) or n for n in batch])
         walks = np.array([chain.tiles(len(s.decode_context_tokens), max(s.decode_context_tokens))
                           for s in steps])  # fmt: skip
         data = np.c_[np.ones(len(steps)), padded, walks]
@@ -141,12 +142,6 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
     return 0
-
-
-def _padded(sizes: tuple[int, ...], num_rows: int) -> int:
-    from core.decode_split import padded_batch_size
-
-    return padded_batch_size(sizes, num_rows) or num_rows
 
 
 if __name__ == "__main__":

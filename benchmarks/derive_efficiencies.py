@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import platform
+import sys
 import tempfile
 from pathlib import Path
 
@@ -174,7 +175,12 @@ def main() -> int:
                 str(p.relative_to(H200_CHECK)) if p.is_relative_to(H200_CHECK) else str(p)
                 for p in present
             )
-            _report(gpu, where, [servesim_table(p) for p in present], out=fits)
+            try:
+                tables = [servesim_table(p) for p in present]
+            except (OSError, ValueError) as error:  # EfficiencyFitError, a malformed profile
+                print(f"derive_efficiencies: {error}", file=sys.stderr)
+                return 2
+            _report(gpu, where, tables, out=fits)
         else:
             print(f"\nskipped {gpu}: no servesim profile found (--servesim-profiles)")
     if args.json is not None:

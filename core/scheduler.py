@@ -285,19 +285,14 @@ class Scheduler(StepHost):
         if self.incoming and batch.preempted_ids:
             self._reserve_incoming(batch)  # preemption freed the room they lacked above
         if self.finishing:
-            # Scheduled without them; their blocks are free by the time this step runs, and
-            # the next step is the policy's to build if a queued request may take their room,
-            # or if the room they held kept every running request out of this one (a decode
-            # pool whose only sequence slot a finished request held: nothing else would wake it).
+            # Scheduled without them; their blocks are free by the time this step runs. The
+            # next step is the policy's to build if a queued request may take their room, or if
+            # their room kept every running one out of this step (nothing else would wake it).
             for request in self.finishing:
                 self.kv.free(request)
             self.finishing.clear()
-            if (
-                self.waiting
-                or self.swapped
-                or self.incoming
-                or (self.running and not batch.requests)
-            ):
+            left_out = bool(self.running) and not batch.requests
+            if self.waiting or self.swapped or self.incoming or left_out:
                 self._changed_since_schedule = True
         batch.num_running = len(self.running)
         batch.num_waiting = len(self.waiting)

@@ -44,6 +44,22 @@ def _trace(*requests: tuple[int, int, int]) -> Trace:
     )
 
 
+def _chunked_disagg(num_blocks: int, max_num_seqs: int) -> RunConfig:
+    """Disaggregated pools under chunked prefill, paged memory, a budget of 8 tokens."""
+    return build(
+        RunConfig,
+        policy="disagg",
+        pool_policy="chunked",
+        memory_model="paged",
+        num_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=8,
+        batch_size=1,
+        max_wait_s=0.0,
+        **SMALL,  # type: ignore[arg-type]
+    )
+
+
 def test_finished_samples_blocks_are_cached_as_step_by_step() -> None:
     """The issue's defect, shrunk: a run's bulk path freed the finished samples of an
     ``n = 2`` request before committing the blocks they filled during the run."""
@@ -100,18 +116,7 @@ def test_skipped_run_ends_exactly_when_the_steps_would() -> None:
     """Found by the benchmark's draws: SimPy's clock reached a skipped run's end a unit in the
     last place off the summed step times, so a disaggregated prefill's transfer (and the
     run's duration) differed from stepping one step at a time."""
-    config = build(
-        RunConfig,
-        policy="disagg",
-        pool_policy="chunked",
-        memory_model="paged",
-        num_blocks=800,
-        max_num_seqs=2,
-        max_num_batched_tokens=8,
-        batch_size=1,
-        max_wait_s=0.0,
-        **SMALL,  # type: ignore[arg-type]
-    )
+    config = _chunked_disagg(num_blocks=800, max_num_seqs=2)
     specs = [(0.0, 1)] * 4 + [(0.3, 469), (0.3, 4), (0.3, 1), (0.3, 1)]
     trace = Trace(
         name="regression",
@@ -127,16 +132,5 @@ def test_a_decode_pool_left_empty_by_a_finished_request_schedules_again() -> Non
     """Found by the draws (both modes stuck): on a decode pool of one sequence slot, a request
     finishing in one step held that slot through the next schedule, which left the request
     transferred meanwhile out; nothing woke the replica again."""
-    config = build(
-        RunConfig,
-        policy="disagg",
-        pool_policy="chunked",
-        memory_model="paged",
-        num_blocks=8,
-        max_num_seqs=1,
-        max_num_batched_tokens=8,
-        batch_size=1,
-        max_wait_s=0.0,
-        **SMALL,  # type: ignore[arg-type]
-    )
+    config = _chunked_disagg(num_blocks=8, max_num_seqs=1)
     assert_fast_forward_exact(_trace((1, 4, 1), (1, 1, 1), (1, 2, 1), (1, 1, 1)), config)
