@@ -11,6 +11,11 @@ under the roofline and each calibration of that engine, with the walk priced (th
 ``decode_tile_s``) and without it (0); both with the calibrations' tables made monotone and
 the H200's GEMM efficiencies, as the cost model now reads them.
 
+A run whose kernel split ``"fixed"`` (every run before 2026-11-28) also gets the fit's own
+projection of the ``"per_sequence"`` split: each step's walk under it, and ``c`` times the tiles
+it would not walk, as a share of the measured time. That is a prediction from the fit, not a
+measurement; the kernel benchmark's skewed graph decode (``kernels.bench_graph``) measures it.
+
     python benchmarks/decode_walk.py benchmarks/results/gpu-h200-2026-11-27/call2 \
         > benchmarks/results/decode_walk.txt
 """
@@ -33,11 +38,13 @@ sys.path.insert(0, str(ROOT))
 from core.decode_split import padded_batch_size  # noqa: E402
 from core.model.presets import load_model_spec  # noqa: E402
 from fidelity import validation  # noqa: E402
+from fidelity.replay_inputs import decode_split_of_run, run_summary  # noqa: E402
 from fidelity.validate import engine_cost_config, sim_config  # noqa: E402
 from fidelity.validate_config import ValidateConfig  # noqa: E402
 from records.run_dir import run_file  # noqa: E402
-from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes  # noqa: E402
+from records.step_shapes import STEP_SHAPES_FILE, StepShapeRecord, load_step_shapes  # noqa: E402
 from sim.costmodel.base import make_cost_model  # noqa: E402
+from sim.costmodel.decode_chain import DecodeChain  # noqa: E402
 from sim.costmodel.roofline import RooflineCostModel  # noqa: E402
 from sim.specs.hardware import get_hardware_preset  # noqa: E402
 
@@ -71,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.hardware}: decode_tile_s as stated {hardware.decode_tile_s * 1e6:.2f} us\n")
     for run_dir in runs:
         run = sim_config(run_dir, settings, None)
-        config = engine_cost_config(run, "servesim-graphs")
+        split = decode_split_of_run(run_summary(run_dir), run_dir / "summary.json")
+        config = engine_cost_config(run, "servesim-graphs", split)
         roofline = RooflineCostModel(spec, hardware, 1, config, block_size=run.cache.block_size)
         chain = roofline.decode_chain
         assert chain is not None
@@ -104,7 +112,12 @@ def main(argv: list[str] | None = None) -> int:
             "fit_median_abs_pct": float(100 * np.median(fit_error)),
             "fit_p90_abs_pct": float(100 * np.percentile(fit_error, 90)),
             "models": by_model,
+            "decode_split": split,
         }
+        if split == "fixed":
+            fitted[run_dir.name]["per_sequence"] = _per_sequence_projection(
+                replace(chain, split_mode="per_sequence"), steps, walks, coef[2], measured, batch
+            )
         models = {}
         for walk_priced in (False, True):
             hw = hardware if walk_priced else replace(hardware, decode_tile_s=0.0)
@@ -142,6 +155,42 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
     return 0
+
+
+def _per_sequence_projection(
+    chain: DecodeChain,
+    steps: list[StepShapeRecord],
+    walks: np.ndarray,
+    tile_s: float,
+    measured: np.ndarray,
+    batch: np.ndarray,
+) -> dict[str, object]:
+    """The fit's projection of the same steps under the per-sequence split: the tiles each
+    longest walk would lose, priced at the fitted ``tile_s`` (all layers), as a share of the
+    measured time; printed by batch size."""
+    shorter = np.array([chain.tiles(len(s.decode_context_tokens), max(s.decode_context_tokens))
+                        for s in steps])  # fmt: skip
+    saved = tile_s * (walks - shorter)
+    share = 100 * saved / measured
+    total = float(100 * saved.sum() / measured.sum())
+    print(
+        f"per-sequence split, projected by this fit: longest walk median {np.median(walks):.0f} "
+        f"-> {np.median(shorter):.0f} tiles; decode-only time -{total:.1f}% in all, median "
+        f"step -{np.median(share):.1f}%"
+    )
+    cells = "".join(
+        f"{np.median(share[(batch >= lo) & (batch <= hi)]):>8.1f}"
+        if ((batch >= lo) & (batch <= hi)).any()
+        else f"{'-':>8}"
+        for lo, hi in BINS
+    )
+    print(f"{'  median step time saved % by decode batch size':<56}{cells}")
+    return {
+        "median_walk_tiles": float(np.median(walks)),
+        "median_walk_tiles_per_sequence": float(np.median(shorter)),
+        "decode_only_time_saved_pct": total,
+        "median_step_saved_pct": float(np.median(share)),
+    }
 
 
 if __name__ == "__main__":

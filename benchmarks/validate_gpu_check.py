@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 from fidelity import validation  # noqa: E402
 from fidelity.recorded import validate_run  # noqa: E402
-from fidelity.replay_inputs import hardware_of, run_summary  # noqa: E402
+from fidelity.replay_inputs import decode_split_of_run, hardware_of, run_summary  # noqa: E402
 from fidelity.validate import cost_models, sim_config  # noqa: E402
 from fidelity.validate_config import ValidateConfig  # noqa: E402
 from records.run_dir import run_file  # noqa: E402
@@ -117,7 +117,9 @@ def _print_agreement(run_dir: Path, profiles: list[Path], engine: str) -> None:
     kind = "servesim-graphs" if engine == "graphs" else "servesim-eager"
     predicted = []
     for profile in profiles:
-        model = cost_models(sim_config(run_dir, settings, str(profile)), kind)["calibrated"]
+        run = sim_config(run_dir, settings, str(profile))
+        split = decode_split_of_run(summary, run_dir / "summary.json")
+        model = cost_models(run, kind, split)["calibrated"]
         predicted.append(np.array([model.step_time_s(validation.shape_of(s)) for s in steps]))
     apart = 100 * np.abs(predicted[0] / predicted[1] - 1)
     prefill = np.array([bool(s.prefill_chunks) for s in steps])

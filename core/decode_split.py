@@ -5,6 +5,17 @@ and the one the cost model prices (``sim.costmodel.decode_chain``), from one pla
 The kernel runs one program per (sequence, KV head, split): each program walks its share of the
 sequence's context one tile of K and V at a time, in series. A step's decode attention therefore
 lasts at least as long as its longest walk, ``longest_walk_tiles``, whatever the bandwidth.
+
+How a sequence's context is shared among its splits (``SPLIT_MODES``):
+
+- ``"fixed"``: every split is ``tokens_per_split`` long, planned for the longest context the
+  launch allows. A decode graph plans for the whole ``max_model_len``, so at 5-8 decodes a
+  2,000-token context walks 1,664 tokens in its first split while the other splits idle. The
+  engine ran this plan until 2026-11-28; runs recorded without a ``decode_split`` field did.
+- ``"per_sequence"``: each sequence divides its own context among the launch's splits (whole
+  tiles each, ``sequence_split_tokens``), so the count fixed at capture no longer sets the walk.
+  The engine's plan since then.
+
 Standard library only.
 """
 
@@ -17,6 +28,11 @@ from typing import Final
 MIN_TILES_PER_SPLIT: Final = 4
 """Splitting below this many tiles per split costs more in the reduce than it wins."""
 MAX_SPLITS: Final = 64
+
+SPLIT_MODES: Final = ("per_sequence", "fixed")
+"""How a sequence's context is shared among its splits (see the module docstring)."""
+DEFAULT_SPLIT: Final = "per_sequence"
+"""The engine's split mode; a run or profile that names none ran ``"fixed"`` (``split_mode_of``)."""
 
 GRAPH_MAX_BATCH: Final = 512
 SMALL_BATCH_SIZES: Final = (1, 2, 4, 8)
@@ -55,9 +71,45 @@ def plan_splits(
     return num_splits, math.ceil(max(max_tiles, 1) / num_splits) * tile
 
 
-def longest_walk_tiles(max_context: int, tokens_per_split: int, tile: int) -> int:
-    """Tiles the busiest program walks in series: the longest context's first split."""
-    return math.ceil(min(max_context, tokens_per_split) / tile) if max_context > 0 else 0
+def check_split_mode(mode: object, where: str = "decode_split") -> str:
+    """``mode`` if it is one of ``SPLIT_MODES``, else a ValueError naming ``where``."""
+    if mode not in SPLIT_MODES:
+        raise ValueError(f"{where} must be one of {SPLIT_MODES}, got {mode!r}")
+    return str(mode)
+
+
+def split_mode_of(recorded: dict[str, object] | None, where: str = "decode_split") -> str:
+    """The split mode a run's or profile's engine settings name (``decode_split``); ``"fixed"``
+    where they name none: those were recorded before the engine had another."""
+    mode = (recorded or {}).get("decode_split", "fixed")
+    return check_split_mode(mode, where)
+
+
+def sequence_split_tokens(context: int, num_splits: int, tile: int) -> int:
+    """Tokens in each split of one ``context``-token sequence under ``"per_sequence"``: its
+    tiles divided among ``num_splits``, rounded up to whole tiles (the last split may be
+    shorter, and later ones empty)."""
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    return math.ceil(math.ceil(max(context, 0) / tile) / num_splits) * tile
+
+
+def longest_walk_tiles(
+    max_context: int,
+    tokens_per_split: int,
+    tile: int,
+    *,
+    num_splits: int = 1,
+    mode: str = "fixed",
+) -> int:
+    """Tiles the busiest program walks in series: the longest context's first split, which is
+    ``tokens_per_split`` long (``"fixed"``) or its own share of ``num_splits``
+    (``"per_sequence"``)."""
+    if max_context <= 0:
+        return 0
+    if check_split_mode(mode, "mode") == "per_sequence":
+        tokens_per_split = sequence_split_tokens(max_context, num_splits, tile)
+    return math.ceil(min(max_context, tokens_per_split) / tile)
 
 
 def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from core.decode_split import DEFAULT_SPLIT
 from kernels.contracts import check_queries, resolve_backend
 from kernels.torch_attention import (
     DecodePlan,
@@ -58,7 +59,9 @@ class AttentionMetadata:
     (a CUDA graph's bucket): slot -1 and length 0, so they store nothing, read nothing and
     come back zero. ``backend`` is resolved ("triton" or "torch"); ``torch_plan`` holds the
     torch backend's gather plans; ``decode_num_splits`` fixes the decode split count (CUDA
-    graphs; None lets the kernel plan choose); ``launches`` is filled by the first ``attend``.
+    graphs; None lets the kernel plan choose); ``decode_split`` says how each decode shares
+    its context among the splits (``core.decode_split.SPLIT_MODES``); ``launches`` is filled
+    by the first ``attend``.
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64
@@ -75,6 +78,7 @@ class AttentionMetadata:
     torch_plan: tuple[DecodePlan | RowDecodePlan, list[PrefillChunk]] | None = None
     num_padding_tokens: int = 0
     decode_num_splits: int | None = None
+    decode_split: str = DEFAULT_SPLIT
     launches: KernelLaunches | None = None
 
     @property
@@ -111,6 +115,7 @@ def device_metadata(
     backend: str,
     decode_num_splits: int | None = None,
     max_decode_seq_len: int | None = None,
+    decode_split: str = DEFAULT_SPLIT,
 ) -> AttentionMetadata:
     """The step's ``AttentionMetadata`` from its host arrays, each uploaded once; the torch
     backend's gather plans are made here (``backend`` must be resolved)."""
@@ -148,6 +153,7 @@ def device_metadata(
         torch_plan=torch_plan,
         num_padding_tokens=host.num_padding_tokens,
         decode_num_splits=decode_num_splits,
+        decode_split=decode_split,
     )
 
 
@@ -206,6 +212,7 @@ def _plan_launches(
         decode = plan_paged_decode(
             k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, q.shape[1], scale,
             max_seq_len=meta.max_decode_seq_len, num_splits=meta.decode_num_splits,
+            split_mode=meta.decode_split,
         )  # fmt: skip
     if meta.num_prefills:
         prefill = plan_paged_prefill(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import LAYOUT_SETTINGS, CacheConfig, SchedulerConfig
+from core.decode_split import SPLIT_MODES
 from core.flags import add_setting_flags, given_settings
 from core.settings import build
 from engine.llm_engine import CLOCKS, EngineConfig
@@ -91,6 +92,14 @@ def _add_model_arguments(run: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run every step eagerly: no CUDA graphs for decode (as vLLM's flag; CPU never "
         "uses them)",
+    )
+    run.add_argument(
+        "--decode-split",
+        default=DEFAULTS.decode_split,
+        choices=list(SPLIT_MODES),
+        help="how the Triton decode kernel shares each sequence's context among its KV splits: "
+        "per_sequence (each its own share) or fixed (every split the planned length, the "
+        "engine before 2026-11-28; for A/B runs)",
     )
 
 
@@ -195,6 +204,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
             "cpu_threads": args.cpu_threads,
             "clock": args.clock,
             "enforce_eager": args.enforce_eager,
+            "decode_split": args.decode_split,
         },
     )
 

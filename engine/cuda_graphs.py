@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from core.decode_split import DEFAULT_SPLIT, check_split_mode, padded_batch_size
 from core.decode_split import GRAPH_MAX_BATCH as GRAPH_MAX_BATCH
 from core.decode_split import graph_batch_sizes as graph_batch_sizes
-from core.decode_split import padded_batch_size
 from engine.attention import AttentionMetadata, device_metadata
 from engine.input_batch import StepBuffers
 from engine.kv_cache import KVCache
@@ -53,12 +53,14 @@ class DecodeGraphs:
         max_model_len: int,
         backend: str,
         replay: bool,
+        decode_split: str = DEFAULT_SPLIT,
     ) -> None:
         if replay and kv_cache.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {kv_cache.device}")
         self.model, self.kv_cache, self.buffers = model, kv_cache, buffers
         self.sizes, self.max_model_len, self.backend = sizes, max_model_len, backend
         self.replay = replay
+        self.decode_split = check_split_mode(decode_split)
         device, largest = kv_cache.device, sizes[-1]
         width = buffers.max_blocks_per_seq
         self.inputs = {
@@ -153,6 +155,7 @@ class DecodeGraphs:
             prefill_context_lens=empty,
             max_prefill_query_len=0,
             backend=self.backend,
+            decode_split=self.decode_split,
         )
 
     def _eager_metadata(self, step: HostStep, size: int) -> AttentionMetadata:
@@ -171,4 +174,5 @@ class DecodeGraphs:
             self.kv_cache.block_size,
             self.backend,
             max_decode_seq_len=self.max_model_len,
+            decode_split=self.decode_split,
         )

@@ -25,6 +25,7 @@ import torch
 
 from core.batch import ScheduledBatch, StepResult
 from core.config import GIB, CacheConfig, SchedulerConfig, check_serving
+from core.decode_split import DEFAULT_SPLIT, check_split_mode
 from core.model.spec import ModelSpec
 from core.parallel_sampling import child_id
 from core.policies import check_policy
@@ -72,6 +73,9 @@ class EngineConfig:
     cpu_threads: int = 1
     clock: str = "wall"
     enforce_eager: bool = False
+    # How the decode kernel shares each sequence's context among its splits
+    # (``core.decode_split.SPLIT_MODES``); "fixed" is the plan before 2026-11-28, for A/B runs.
+    decode_split: str = DEFAULT_SPLIT
 
     def __post_init__(self) -> None:
         check_policy(self.scheduler.policy)
@@ -86,6 +90,7 @@ class EngineConfig:
             raise ValueError(f"weights must be 'auto' or 'random', got {self.weights!r}")
         if self.cpu_threads < 0:
             raise ValueError(f"cpu_threads must be >= 0, got {self.cpu_threads!r}")
+        check_split_mode(self.decode_split)
         if self.clock not in CLOCKS:
             raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
         if self.clock == "cpu" and self.device != "cpu":
@@ -199,6 +204,7 @@ class LLMEngine:
             max_len,
             eos_token_ids=self.eos_token_ids,
             backend=config.backend,
+            decode_split=config.decode_split,
         )
         self.graph_stats: GraphStats | None = None
         if self._uses_graphs():
@@ -230,6 +236,7 @@ class LLMEngine:
             max_len,
             "triton",
             replay=True,
+            decode_split=self.config.decode_split,
         )
 
     def _capture_graphs(self, max_len: int) -> GraphStats:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from core.batch import ScheduledBatch, StepResult
+from core.decode_split import DEFAULT_SPLIT, check_split_mode
 from engine.attention import device_metadata
 from engine.cuda_graphs import DecodeGraphs
 from engine.input_batch import BlockTables, StepBuffers
@@ -54,6 +55,7 @@ class ModelRunner:
         max_model_len: int,
         eos_token_ids: frozenset[int] = frozenset(),
         backend: str = "auto",
+        decode_split: str = DEFAULT_SPLIT,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -61,6 +63,7 @@ class ModelRunner:
         self.eos_token_ids = eos_token_ids
         self.device = kv_cache.device
         self.backend = resolve_backend(self.device, backend)
+        self.decode_split = check_split_mode(decode_split)
         self.block_size = kv_cache.block_size
         max_blocks = -(-max_model_len // self.block_size)
         self.tables = BlockTables(max_blocks)
@@ -129,7 +132,10 @@ class ModelRunner:
             logit_rows, where = np.unique(rows, return_inverse=True)
         indices = buffers.host("logits_indices", len(logit_rows))
         indices[:] = logit_rows
-        meta = device_metadata(host.meta, buffers.upload, self.block_size, self.backend)
+        meta = device_metadata(
+            host.meta, buffers.upload, self.block_size, self.backend,
+            decode_split=self.decode_split,
+        )  # fmt: skip
         inputs = (
             buffers.upload("input_ids", host.input_ids),
             buffers.upload("positions", host.positions),

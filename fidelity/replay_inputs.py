@@ -10,6 +10,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from core.decode_split import split_mode_of
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACE_SUFFIXES = (".csv", ".jsonl", ".json", ".csv.gz", ".jsonl.gz")
 
@@ -69,6 +71,16 @@ def hardware_of(device_name: str) -> str | None:
         if preset.replace("-", " ") in name.replace("-", " "):
             return preset
     return None
+
+
+def decode_split_of_run(summary: dict[str, Any], path: str | Path = "summary.json") -> str:
+    """How the run's decode kernel shared each context among its splits (its config's
+    ``decode_split``); ``"fixed"`` for a run recorded before the engine had the setting.
+    Errors name ``path``, the summary's file."""
+    config = summary.get("config")
+    return split_mode_of(
+        config if isinstance(config, dict) else None, f"{path}: field 'config.decode_split'"
+    )
 
 
 def engine_kind_of_run(summary: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from engine.replay import ReplayConfig, replay
 from fidelity import ttft_floor, validation
 from fidelity.calibrate import calibrate
 from fidelity.divergence import explain
-from fidelity.replay_inputs import engine_kind_of_run, run_summary
+from fidelity.replay_inputs import decode_split_of_run, engine_kind_of_run, run_summary
 from fidelity.validate_config import VALIDATION_FILE, ValidateConfig
 from records.run_dir import load_run, run_file
 from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes
@@ -103,23 +103,29 @@ def sim_config(engine_dir: Path, config: ValidateConfig, profile: str | None) ->
     )
 
 
-def engine_cost_config(run: RunConfig, engine_kind: str = "servesim-eager") -> CostModelConfig:
+def engine_cost_config(
+    run: RunConfig, engine_kind: str = "servesim-eager", decode_split: str = "fixed"
+) -> CostModelConfig:
     """The engine's step as the simulator prices it: servesim's own host clock of the kind the
     engine ran as (no overlap of host and model work; eager launches, or decode graphs:
-    ``sim.costmodel.host_time``), and no padding, since the engine packs a batch's real rows
-    and never computes a static batch's padding."""
+    ``sim.costmodel.host_time``), its decode kernel's split (``decode_split``, which a run
+    names, ``decode_split_of_run``), and no padding, since the engine packs a batch's real
+    rows and never computes a static batch's padding."""
     return CostModelConfig(
         async_scheduling=run.async_scheduling,
         price_padding=False,
         engine=engine_kind,
         max_num_seqs=run.scheduler.max_num_seqs,
         max_model_len=run.cache.max_model_len,
+        decode_split=decode_split,
     )
 
 
-def cost_models(run: RunConfig, engine_kind: str) -> dict[str, CostModel]:
+def cost_models(
+    run: RunConfig, engine_kind: str, decode_split: str = "fixed"
+) -> dict[str, CostModel]:
     model, hardware = load_model_spec(run.model), get_hardware_preset(run.hardware)
-    cost_config = engine_cost_config(run, engine_kind)
+    cost_config = engine_cost_config(run, engine_kind, decode_split)
     models = {
         "roofline": make_cost_model(
             model, hardware, run.tp, config=cost_config, block_size=run.cache.block_size
@@ -207,9 +213,10 @@ def compare(
     out: Path,
     progress: bool = False,
     engine_kind: str = "servesim-eager",
+    decode_split: str = "fixed",
 ) -> dict[str, Any]:
     """Simulate ``trace`` under ``run`` with each cost model and compare with the engine run,
-    which ran as ``engine_kind`` (its host clock)."""
+    which ran as ``engine_kind`` (its host clock) with its decode kernel's ``decode_split``."""
     measured = load_run(engine_dir)
     shapes_path = run_file(engine_dir, STEP_SHAPES_FILE)
     if not shapes_path.exists():
@@ -223,7 +230,7 @@ def compare(
         "profile": run.profile,
         "roofline_hardware": run.hardware,
         "sim_config": flat_settings(run),
-        "cost_config": asdict(engine_cost_config(run, engine_kind)),
+        "cost_config": asdict(engine_cost_config(run, engine_kind, decode_split)),
         "engine_kind": engine_kind,
         "models": {},
         "ttft_phase_floor": ttft_floor.phase_floor(measured.requests, engine_steps),
@@ -233,7 +240,7 @@ def compare(
             measured.requests["request_id"].astype(str), measured.requests["arrival_s"], strict=True
         )
     )
-    for name, cost_model in cost_models(run, engine_kind).items():
+    for name, cost_model in cost_models(run, engine_kind, decode_split).items():
         if name == "calibrated":
             result["profile_spread"] = profile_spread(cost_model)
         config = run if name == "calibrated" else replace(run, profile=None)
@@ -247,7 +254,7 @@ def compare(
             trace,
             config,
             progress=progress,
-            cost_config=engine_cost_config(run, engine_kind),
+            cost_config=engine_cost_config(run, engine_kind, decode_split),
             wrap_executor=wrap,
         )
         simulated.write(out / f"sim-{name}")
@@ -345,8 +352,10 @@ def validate(
             f"the engine run's requests differ from the trace's (e.g. {missing}); "
             "use the same trace and --max-requests as the run"
         )
-    kind = engine_kind_of_run(run_summary(engine_dir))
-    result = compare(engine_dir, scaled, run, out, progress, engine_kind=kind)
+    summary = run_summary(engine_dir)
+    kind = engine_kind_of_run(summary)
+    split = decode_split_of_run(summary, Path(engine_dir) / "summary.json")
+    result = compare(engine_dir, scaled, run, out, progress, engine_kind=kind, decode_split=split)
     if floor_dir is not None:
         result["engine_floor"] = engine_floor(engine_dir, Path(floor_dir))
     result["command"] = command

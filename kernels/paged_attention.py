@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from core.decode_split import DEFAULT_SPLIT, check_split_mode, gpu_tile_tokens
 from core.decode_split import choose_num_splits as choose_num_splits
-from core.decode_split import gpu_tile_tokens
 from core.decode_split import plan_splits as _plan_splits
 from kernels import contracts
 from kernels.torch_attention import paged_decode_attention_torch, plan_decode
@@ -67,14 +67,20 @@ def _paged_decode_attention_kernel(
     stride_table_seq, stride_o_seq, stride_o_head,
     QUERIES_PER_KV: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_TOKENS: tl.constexpr, WRITE_PARTIALS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    PER_SEQUENCE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One program: one sequence, one kv head (its whole query group as the dot's rows), one
-    split of the tokens. With one split it writes the output; else a partial and its lse."""
+    split of the tokens. With one split it writes the output; else a partial and its lse.
+    ``PER_SEQUENCE``: the sequence's own tiles are shared among the splits, instead of every
+    split being ``tokens_per_split`` long (``core.decode_split.SPLIT_MODES``)."""
     seq_idx = tl.program_id(0).to(tl.int64)
     kv_head_idx = tl.program_id(1).to(tl.int64)
     split_idx = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq_idx).to(tl.int32)
+    if PER_SEQUENCE:
+        seq_tiles = (seq_len + TILE_TOKENS - 1) // TILE_TOKENS
+        num_splits = tl.num_programs(2)
+        tokens_per_split = (seq_tiles + num_splits - 1) // num_splits * TILE_TOKENS
     split_start = split_idx * tokens_per_split
     split_end = tl.minimum(seq_len, split_start + tokens_per_split)
 
@@ -180,7 +186,8 @@ def decode_tile_tokens(head_dim: int, device: torch.device) -> int:
 class DecodeLaunch:
     """One step's paged decode, checked and planned once: ``num_seqs`` rows of
     ``num_q_heads`` query heads over caches shaped as ``cache``, split ``num_splits`` ways
-    (``tokens_per_split`` tokens each) with scratch ``part_out``/``part_lse`` when split."""
+    (``tokens_per_split`` tokens each at most; each sequence's own share under
+    ``split_mode`` "per_sequence") with scratch ``part_out``/``part_lse`` when split."""
 
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
@@ -194,6 +201,7 @@ class DecodeLaunch:
     dot_precision: str
     part_out: torch.Tensor | None
     part_lse: torch.Tensor | None
+    split_mode: str = DEFAULT_SPLIT
 
 
 def plan_paged_decode(
@@ -207,9 +215,11 @@ def plan_paged_decode(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     tile_tokens: int | None = None,
+    split_mode: str = DEFAULT_SPLIT,
 ) -> DecodeLaunch:
     """Check one layer's caches and the step's block tables and lengths, and fix the split
     plan and its scratch (see ``paged_decode_attention`` for the arguments)."""
+    check_split_mode(split_mode, "split_mode")
     cache = contracts.check_kv_cache(k_cache, v_cache)
     if num_q_heads < 1 or num_q_heads % cache.num_kv_heads:
         raise ValueError(
@@ -234,7 +244,7 @@ def plan_paged_decode(
     return DecodeLaunch(
         block_tables.contiguous(), seq_lens.contiguous(), num_seqs, num_q_heads, cache,
         num_splits, tokens_per_split, tile, scale * LOG2_E,
-        contracts.dot_precision(k_cache.dtype), part_out, part_lse,
+        contracts.dot_precision(k_cache.dtype), part_out, part_lse, split_mode,
     )  # fmt: skip
 
 
@@ -266,7 +276,8 @@ def run_paged_decode(
         launch.block_tables.stride(0), out.stride(0), out.stride(1),
         QUERIES_PER_KV=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
         HEAD_DIM=cache.head_dim, BLOCK_SIZE=cache.block_size, TILE_TOKENS=launch.tile,
-        WRITE_PARTIALS=num_splits > 1, DOT_PRECISION=launch.dot_precision,
+        WRITE_PARTIALS=num_splits > 1, PER_SEQUENCE=launch.split_mode == "per_sequence",
+        DOT_PRECISION=launch.dot_precision,
         num_warps=4, num_stages=2,
     )  # fmt: skip
     if num_splits > 1:
@@ -290,6 +301,7 @@ def paged_decode_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     tile_tokens: int | None = None,
+    split_mode: str = DEFAULT_SPLIT,
 ) -> torch.Tensor:
     """Attention of q [num_seqs, num_q_heads, head_dim] over each sequence's cached tokens.
 
@@ -298,7 +310,9 @@ def paged_decode_attention(
     Values are not checked on the device: a block id outside the cache reads out of bounds.
     `max_seq_len` (an upper bound on seq_lens, known to the scheduler) sizes the KV splits;
     without it they cover the whole block table. `num_splits` and `tile_tokens` override the
-    heuristics (tests and benchmarks).
+    heuristics (tests and benchmarks). `split_mode` ("per_sequence" or "fixed",
+    ``core.decode_split.SPLIT_MODES``) says whether each sequence shares its own context among
+    the splits or every split spans the planned length.
     """
     cache = contracts.check_kv_cache(k_cache, v_cache)
     contracts.check_queries(q, cache, k_cache.device, k_cache.dtype)
@@ -311,5 +325,6 @@ def paged_decode_attention(
     launch = plan_paged_decode(
         k_cache, v_cache, block_tables, seq_lens, q.shape[1], scale,
         max_seq_len=max_seq_len, num_splits=num_splits, tile_tokens=tile_tokens,
+        split_mode=split_mode,
     )  # fmt: skip
     return run_paged_decode(launch, q, k_cache, v_cache)

@@ -129,6 +129,7 @@ def measure(
         "num_blocks": str(engine.cache_config.num_blocks),
         "clock": config.clock,
         "kind": engine_kind(engine),
+        "decode_split": engine.config.decode_split,
     }
     out.grid = {name: getattr(grid, name) for name in grid.__dataclass_fields__}
     parts = StepParts(engine, backend)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
+from core.decode_split import split_mode_of
 from sim.costmodel.calibrated_host import calibrated_host, is_cpu_profile
 from sim.costmodel.profile import Profile, StepTiming, Table1D, Table2D
 from sim.costmodel.roofline import TERMS, RooflineCostModel
@@ -29,6 +31,20 @@ def monotone(table: Table1D) -> Table1D:
     for i in range(len(times) - 2, -1, -1):
         times[i] = min(times[i], times[i + 1])
     return Table1D(table.xs, tuple(times))
+
+
+def own_split_fallback(profile: Profile, fallback: RooflineCostModel) -> RooflineCostModel:
+    """``fallback`` with the decode split the profile's engine ran (``engine.decode_split``;
+    "fixed" where it names none), so that its whole steps are priced as they ran even when the
+    run priced now uses the other split; ``fallback`` itself when they are the same."""
+    where = f"{profile.path}: field 'engine.decode_split'"
+    split = split_mode_of(dict(profile.engine or {}), where)
+    if fallback.decode_chain is None or split == fallback.config.decode_split:
+        return fallback
+    config = replace(fallback.config, decode_split=split)
+    return RooflineCostModel(
+        fallback.model, fallback.hardware, fallback.tp, config, block_size=fallback.block_size
+    )
 
 
 class CalibratedCostModel:
@@ -86,8 +102,11 @@ class CalibratedCostModel:
             per_token = tuple(tuple(t / q for t in row) for q, row in rows)
             self._prefill_per_token = Table2D(prefill.xs, prefill.ys, per_token)
         # The host clock, where the profile prices GPU time on the roofline (a GPU engine's
-        # CUDA-event spans) or stores a fitted host set (version 5).
-        self.host = calibrated_host(profile, fallback, self._tables_device_s)
+        # CUDA-event spans) or stores a fitted host set (version 5). The profile's own steps
+        # are priced under the decode split they ran (``own_split_fallback``).
+        self.fallback = own_split_fallback(profile, fallback)
+        self.host = calibrated_host(profile, self.fallback, self._tables_device_s)
+        self.fallback = fallback
         if self.host is not None:
             self._joint = False
         elif self._joint:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.decode_split import DEFAULT_SPLIT, check_split_mode
 from sim.costmodel.host_time import ENGINE_KINDS, HostParams, host_params
 
 
@@ -41,6 +42,10 @@ class CostModelConfig:
     # graph's split plan; None: the model's).
     max_num_seqs: int = 256
     max_model_len: int | None = None
+    # How the engine's decode kernel shares a context among its splits
+    # (``core.decode_split.SPLIT_MODES``): the engine's own since 2026-11-28 by default;
+    # ``sim validate`` reads it from the run (``"fixed"`` for runs recorded before).
+    decode_split: str = DEFAULT_SPLIT
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
@@ -52,6 +57,7 @@ class CostModelConfig:
                 "CostModelConfig.host_link_efficiency must be in (0, 1], "
                 f"got {self.host_link_efficiency!r}"
             )
+        check_split_mode(self.decode_split, "CostModelConfig.decode_split")
         if self.max_num_seqs < 1:
             raise ValueError(
                 f"CostModelConfig.max_num_seqs must be >= 1, got {self.max_num_seqs!r}"

@@ -4,9 +4,11 @@ at least as long as the program that walks the most tiles of K and V in series
 
 Which plan a step runs is the engine's: an eager step splits for its own batch and its longest
 context; a decode-only step on CUDA graphs replays the graph of its padded batch size, whose
-split was fixed at capture for the whole ``max_model_len``. With few sequences the graph's walks
-are long: at 5-8 decodes on an H200 (8 KV heads, 8,192 tokens), each program walks up to 1,664
-tokens where the eager plan would split a 2,000-token context into walks of 256.
+split count was fixed at capture for the whole ``max_model_len``. How long a walk that makes
+depends on the split mode (``core.decode_split.SPLIT_MODES``). Under ``"fixed"`` (the engine until
+2026-11-28) every split spans the capture's length: at 5-8 decodes on an H200 (8 KV heads, 8,192
+tokens) a 2,000-token context walks 1,664 tokens in its first split. Under ``"per_sequence"``
+it divides its own 2,000 tokens five ways, walks of 448.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.decode_split import (
+    DEFAULT_SPLIT,
+    check_split_mode,
     gpu_tile_tokens,
     graph_batch_sizes,
     longest_walk_tiles,
@@ -26,7 +30,8 @@ from core.decode_split import (
 class DecodeChain:
     """servesim's decode plan on one GPU: ``kv_heads`` per rank, tiles of ``tile_tokens``, as
     many programs as ``target_programs`` fill (two per SM), ``tile_s`` seconds per tile; and
-    with CUDA graphs, the captured batch sizes and the length their plan is sized for."""
+    with CUDA graphs, the captured batch sizes and the length their plan is sized for; how a
+    sequence's context is shared among its splits (``split_mode``)."""
 
     kv_heads: int
     tile_tokens: int
@@ -34,8 +39,10 @@ class DecodeChain:
     tile_s: float
     graph_sizes: tuple[int, ...] = ()
     graph_len: int = 0
+    split_mode: str = DEFAULT_SPLIT
 
     def __post_init__(self) -> None:
+        check_split_mode(self.split_mode, "DecodeChain.split_mode")
         for name in ("kv_heads", "tile_tokens", "target_programs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DecodeChain.{name} must be >= 1, got {getattr(self, name)!r}")
@@ -55,10 +62,12 @@ class DecodeChain:
         cuda_graphs: bool,
         max_num_seqs: int,
         max_model_len: int,
+        split_mode: str = DEFAULT_SPLIT,
     ) -> DecodeChain:
         """The plan servesim's engine launches on a GPU of ``num_sms`` SMs."""
         sizes = graph_batch_sizes(max_num_seqs) if cuda_graphs else ()
-        return cls(kv_heads, gpu_tile_tokens(head_dim), 2 * num_sms, tile_s, sizes, max_model_len)
+        tile = gpu_tile_tokens(head_dim)
+        return cls(kv_heads, tile, 2 * num_sms, tile_s, sizes, max_model_len, split_mode)
 
     def tiles(self, num_decodes: int, max_context: int, mixed: bool = False) -> int:
         """Tiles the busiest program walks in a step of ``num_decodes`` decodes, the longest of
@@ -67,10 +76,12 @@ class DecodeChain:
             return 0
         padded = None if mixed else padded_batch_size(self.graph_sizes, num_decodes)
         rows, plan_len = (num_decodes, max_context) if padded is None else (padded, self.graph_len)
-        _, per_split = plan_splits(
+        num_splits, per_split = plan_splits(
             rows * self.kv_heads, plan_len, self.tile_tokens, self.target_programs
         )
-        return longest_walk_tiles(max_context, per_split, self.tile_tokens)
+        return longest_walk_tiles(
+            max_context, per_split, self.tile_tokens, num_splits=num_splits, mode=self.split_mode
+        )
 
     def layer_s(self, num_decodes: int, max_context: int, mixed: bool = False) -> float:
         """One layer's longest walk, in seconds."""

@@ -97,6 +97,7 @@ class RooflineCostModel:
             cuda_graphs=config.host_params().cuda_graphs,
             max_num_seqs=config.max_num_seqs,
             max_model_len=config.max_model_len or model.full_attention_len,
+            split_mode=config.decode_split,
         )
 
     def _precompute_shapes(self, model: ModelSpec, tp: int) -> None:

@@ -32,3 +32,14 @@ def test_the_argument_named_after_the_trace_comes_first(tmp_path: Path) -> None:
 def test_a_run_whose_trace_cannot_be_found_says_so(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot find the trace"):
         trace_of(tmp_path, {"command": "run --profile nothing.json", "trace": "gone"})
+
+
+def test_the_decode_split_of_a_run(tmp_path: Path) -> None:
+    from fidelity.replay_inputs import decode_split_of_run
+
+    # A run recorded before the engine had the setting ran "fixed".
+    assert decode_split_of_run({}) == decode_split_of_run({"config": {}}) == "fixed"
+    assert decode_split_of_run({"config": {"decode_split": "per_sequence"}}) == "per_sequence"
+    where = tmp_path / "summary.json"
+    with pytest.raises(ValueError, match=r"summary\.json: field 'config\.decode_split'"):
+        decode_split_of_run({"config": {"decode_split": "halves"}}, where)

@@ -60,11 +60,13 @@ def test_decode_matches_reference_and_sdpa(device, group, dtype, block_size):
         assert_close(out[seq_idx], expected, dtype)
 
 
+@pytest.mark.parametrize("split_mode", ["per_sequence", "fixed"])
 @pytest.mark.parametrize(
     ("num_splits", "max_seq_len"), [(1, None), (2, None), (3, None), (7, None), (3, 64)]
 )
-def test_split_kv_matches_single_pass(device, num_splits, max_seq_len):
-    # 7 splits of a 64-token maximum leave empty splits for the short sequences.
+def test_split_kv_matches_single_pass(device, num_splits, max_seq_len, split_mode):
+    # 7 splits of a 64-token maximum leave empty splits for the short sequences (in both
+    # modes: per sequence, a 5-token context has one tile for 7 splits).
     case = make_paged_case(
         SEQ_LENS, block_size=8, num_kv_heads=1, head_dim=16, dtype=torch.float32, device=device
     )
@@ -76,6 +78,7 @@ def test_split_kv_matches_single_pass(device, num_splits, max_seq_len):
         num_splits=num_splits,
         tile_tokens=16,
         max_seq_len=max_seq_len,
+        split_mode=split_mode,
     )
     for seq_idx, (k, v) in enumerate(zip(case.keys, case.values, strict=True)):
         assert_close(
@@ -95,14 +98,46 @@ def test_head_dim_64_mqa_and_default_heuristics(device):
         )
 
 
-def test_empty_sequence_gives_zeros_not_nan(device):
+@pytest.mark.parametrize("split_mode", ["per_sequence", "fixed"])
+def test_empty_sequence_gives_zeros_not_nan(device, split_mode):
     case = make_paged_case(
         [0, 9], block_size=8, num_kv_heads=1, head_dim=16, dtype=torch.float32, device=device
     )
     for num_splits in (1, 2):
-        _, _, out = run_decode(case, 1, torch.float32, device, num_splits=num_splits)
+        _, _, out = run_decode(
+            case, 1, torch.float32, device, num_splits=num_splits, split_mode=split_mode
+        )
         assert torch.count_nonzero(out[0]) == 0
         assert not torch.isnan(out).any()
+
+
+def test_per_sequence_split_of_a_graph_plan_sized_for_a_long_model(device):
+    # A decode graph plans its splits for the model's whole length: here 4 splits of a
+    # 1,024-token maximum, 256 tokens each, over contexts of 1-200 tokens. Per sequence, a
+    # 200-token context walks 4 tiles of 16 in each split instead of 13 in the first alone;
+    # both must give the same attention.
+    case = make_paged_case(
+        [200, 1, 47, 130], block_size=16, num_kv_heads=2, head_dim=16, dtype=torch.float32,
+        device=device,
+    )  # fmt: skip
+    outs = {}
+    for mode in ("per_sequence", "fixed"):
+        q, scale, outs[mode] = run_decode(
+            case, 2, torch.float32, device, num_splits=4, tile_tokens=16, max_seq_len=1024,
+            split_mode=mode,
+        )  # fmt: skip
+        for seq_idx, (k, v) in enumerate(zip(case.keys, case.values, strict=True)):
+            expected = sdpa_attention(q[seq_idx : seq_idx + 1], k, v, scale)[0]
+            assert_close(outs[mode][seq_idx], expected, torch.float32)
+    assert_close(outs["per_sequence"], outs["fixed"], torch.float32)
+
+
+def test_unknown_split_mode_is_named(device):
+    case = make_paged_case(
+        [3], block_size=8, num_kv_heads=1, head_dim=16, dtype=torch.float32, device=device
+    )
+    with pytest.raises(ValueError, match="split_mode must be one of"):
+        run_decode(case, 1, torch.float32, device, split_mode="even")
 
 
 def test_choose_num_splits_fills_small_batches_only():
@@ -111,3 +146,28 @@ def test_choose_num_splits_fills_small_batches_only():
     # Short contexts are not split below four tiles per split.
     assert choose_num_splits(num_programs=8, max_tiles=8, target_programs=264) == 2
     assert choose_num_splits(num_programs=1, max_tiles=100_000, target_programs=264) == 64
+
+
+@pytest.mark.parametrize("split_mode", ["per_sequence", "fixed"])
+def test_which_splits_hold_tokens(device, split_mode):
+    # The partials' log-sum-exp is -inf exactly for an empty split: per sequence, a 200-token
+    # context (13 tiles of 16) fills all 4 splits (4, 4, 4, 1 tiles); fixed at 256 tokens a
+    # split, only its first.
+    from kernels.paged_attention import plan_paged_decode, run_paged_decode
+
+    case = make_paged_case(
+        [200, 20], block_size=16, num_kv_heads=1, head_dim=16, dtype=torch.float32, device=device
+    )
+    q = random_queries(2, 1, 16, torch.float32, device)
+    launch = plan_paged_decode(
+        case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 1, 0.25,
+        max_seq_len=1024, num_splits=4, tile_tokens=16, split_mode=split_mode,
+    )  # fmt: skip
+    run_paged_decode(launch, q, case.k_cache, case.v_cache)
+    assert launch.part_lse is not None
+    filled = torch.isfinite(launch.part_lse[:, 0, :]).tolist()
+    if split_mode == "per_sequence":
+        # 20 tokens are 2 tiles: one each for the first two splits.
+        assert filled == [[True, True, True, True], [True, True, False, False]]
+    else:
+        assert filled == [[True, False, False, False], [True, False, False, False]]

@@ -15,6 +15,8 @@ from core.decode_split import (
     longest_walk_tiles,
     padded_batch_size,
     plan_splits,
+    sequence_split_tokens,
+    split_mode_of,
 )
 from core.model.presets import load_model_spec
 from sim.costmodel.base import make_cost_model
@@ -29,7 +31,7 @@ H200 = get_hardware_preset("H200")
 LLAMA = load_model_spec("llama-3-8b")
 
 
-def _chain(graphs: bool) -> DecodeChain:
+def _chain(graphs: bool, split_mode: str = "fixed") -> DecodeChain:
     return DecodeChain.for_engine(
         kv_heads=8,
         head_dim=128,
@@ -38,6 +40,7 @@ def _chain(graphs: bool) -> DecodeChain:
         cuda_graphs=graphs,
         max_num_seqs=256,
         max_model_len=8192,
+        split_mode=split_mode,
     )
 
 
@@ -53,6 +56,24 @@ def test_the_plan_splits_small_batches_into_whole_tiles() -> None:
     assert longest_walk_tiles(2000, 256, 64) == 4
     assert longest_walk_tiles(100, 256, 64) == 2
     assert longest_walk_tiles(0, 256, 64) == 0
+    # Per sequence, 2,000 tokens (32 tiles) over 8 splits walk 4 tiles; 100 tokens, 1.
+    assert longest_walk_tiles(2000, 256, 64, num_splits=8, mode="per_sequence") == 4
+    assert longest_walk_tiles(100, 256, 64, num_splits=8, mode="per_sequence") == 1
+    assert longest_walk_tiles(2000, 1664, 64, num_splits=5, mode="per_sequence") == 7
+    with pytest.raises(ValueError, match="mode must be one of"):
+        longest_walk_tiles(2000, 256, 64, mode="even")
+
+
+def test_split_modes_of_recorded_settings() -> None:
+    # Runs and profiles recorded before the engine had a split mode ran "fixed".
+    assert split_mode_of(None) == split_mode_of({}) == "fixed"
+    assert split_mode_of({"decode_split": "per_sequence"}) == "per_sequence"
+    with pytest.raises(ValueError, match=r"config\.decode_split must be one of"):
+        split_mode_of({"decode_split": "halves"}, "config.decode_split")
+    assert sequence_split_tokens(2000, 5, 64) == 448
+    assert sequence_split_tokens(0, 5, 64) == 0
+    with pytest.raises(ValueError, match="num_splits must be >= 1"):
+        sequence_split_tokens(10, 0, 64)
 
 
 def test_the_graph_buckets_are_the_engines() -> None:
@@ -81,6 +102,12 @@ def test_a_graph_walks_further_than_an_eager_step_of_the_same_batch() -> None:
     assert graphs.tiles(300, 2000) == eager.tiles(300, 2000) == 32
     assert graphs.layer_s(6, 2000) == pytest.approx(26 * 2e-6)
     assert graphs.tiles(0, 2000) == graphs.tiles(6, 0) == 0
+    # Per sequence, the graph's 5 splits share the 2,000 tokens' 32 tiles: 7 each; the eager
+    # step's 6 splits, 6 each, as before (its plan was sized for this context already).
+    per_seq_eager, per_seq_graphs = _chain(False, "per_sequence"), _chain(True, "per_sequence")
+    assert per_seq_graphs.tiles(6, 2000) == 7
+    assert per_seq_eager.tiles(6, 2000) == 6
+    assert per_seq_graphs.tiles(300, 2000) == 32
 
 
 def test_bad_chain_parameters_name_the_field() -> None:
@@ -90,10 +117,14 @@ def test_bad_chain_parameters_name_the_field() -> None:
         DecodeChain(8, 64, 264, -1e-6)
     with pytest.raises(ValueError, match=r"DecodeChain\.graph_len"):
         DecodeChain(8, 64, 264, 1e-6, graph_sizes=(1, 2))
+    with pytest.raises(ValueError, match=r"DecodeChain\.split_mode"):
+        DecodeChain(8, 64, 264, 1e-6, split_mode="halves")
 
 
-def _roofline(engine: str) -> RooflineCostModel:
-    config = CostModelConfig(async_scheduling=engine == "vllm", engine=engine, max_num_seqs=256)
+def _roofline(engine: str, split: str = "fixed") -> RooflineCostModel:
+    config = CostModelConfig(
+        async_scheduling=engine == "vllm", engine=engine, max_num_seqs=256, decode_split=split
+    )
     return RooflineCostModel(LLAMA, H200, 1, config, block_size=16)
 
 
@@ -118,6 +149,12 @@ def test_the_walk_floors_a_skewed_graph_decode() -> None:
     assert reads < attention
     # vLLM's engine: no walk.
     assert _roofline("vllm").decode_walk_s(6, 2000) == 0.0
+    # The engine's own split today shares each context among the graph's splits: 7 tiles.
+    per_seq = _roofline("servesim-graphs", "per_sequence")
+    assert per_seq.decode_walk_s(6, 2000) == pytest.approx(
+        LLAMA.num_layers * 7 * H200.decode_tile_s
+    )
+    assert CostModelConfig().decode_split == "per_sequence"
 
 
 def test_a_walking_roofline_refuses_aggregates() -> None:
@@ -138,6 +175,8 @@ def test_config_checks_the_plans_sizes() -> None:
         CostModelConfig(max_num_seqs=0)
     with pytest.raises(ValueError, match="max_model_len"):
         CostModelConfig(max_model_len=0)
+    with pytest.raises(ValueError, match=r"CostModelConfig\.decode_split"):
+        CostModelConfig(decode_split="halves")
 
 
 def test_max_model_len_sizes_the_graph_plan() -> None:
@@ -175,3 +214,33 @@ def test_a_calibrated_profile_is_no_faster_than_the_walk(tmp_path: Path) -> None
         else:
             assert walks[engine] > 1e-4
             assert attention == pytest.approx(walks[engine])
+
+
+def test_a_profiles_own_steps_are_priced_under_the_split_they_ran(tmp_path: Path) -> None:
+    """The host fit prices a profile's whole steps under the split its engine ran (``engine.
+    decode_split``; "fixed" where the profile names none), whatever the run priced now uses."""
+    from sim.costmodel.calibrated import own_split_fallback
+    from sim.costmodel.profile import load_profile
+
+    a100, llama2 = get_hardware_preset("A100-80GB"), load_model_spec("Llama-2-7B")
+    config = CostModelConfig(async_scheduling=False, engine="servesim-graphs")
+    fallback = RooflineCostModel(llama2, a100, 1, config, block_size=16)
+    assert fallback.config.decode_split == "per_sequence"
+    data = {**json.loads(A100_PROFILE.read_text()), "format_version": 2}  # (v2 names an engine)
+    for named, expected in ((None, "fixed"), ("per_sequence", "per_sequence"), ("fixed", "fixed")):
+        if named is not None:
+            data["engine"] = {**data.get("engine", {}), "decode_split": named}
+        path = tmp_path / f"profile-{named}.json"
+        path.write_text(json.dumps(data))
+        own = own_split_fallback(load_profile(path), fallback)
+        assert own.config.decode_split == expected
+        assert (own is fallback) == (expected == "per_sequence")
+        assert own.decode_chain is not None and own.decode_chain.split_mode == expected
+    data["engine"]["decode_split"] = "halves"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"bad\.json: field 'engine\.decode_split'"):
+        own_split_fallback(load_profile(path), fallback)
+    # vLLM walks no chain: nothing to re-price.
+    vllm = RooflineCostModel(llama2, a100, 1, CostModelConfig(), block_size=16)
+    assert own_split_fallback(load_profile(tmp_path / "profile-None.json"), vllm) is vllm
