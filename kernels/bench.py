@@ -30,7 +30,7 @@ from kernels.bench_setup import (
     time_us,
 )
 
-FAMILIES = ("decode", "prefill", "cache", "graph", "fused")
+FAMILIES = ("decode", "prefill", "cache", "graph", "split", "fused")
 
 
 def decode_shapes(quick: bool, max_kv_tokens: int) -> list[dict[str, int]]:
@@ -226,6 +226,8 @@ def format_row(row: Row) -> str:
         parts.append(f"graph {row.graph_us:8.2f} us")
     if row.torch_us is not None and row.torch_graph_us is not None:
         parts.append(f"torch {row.torch_us:8.1f} us, graph {row.torch_graph_us:8.2f} us")
+    if row.baseline_graph_us is not None:
+        parts.append(f"baseline graph {row.baseline_graph_us:8.2f} us")
     if row.sdpa_us is not None:
         parts.append(f"sdpa {row.sdpa_us:9.1f} us ({row.sdpa_backend})")
     parts.extend(f"{k}:{'PASS' if v else 'FAIL'}" for k, v in row.verdicts.items())
@@ -258,6 +260,7 @@ def sweep_plan(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
         "prefill": prefill_shapes(args.quick),
         "cache": cache_op_shapes(args.quick),
         "graph": bench_graph.graph_decode_shapes(args.quick),
+        "split": bench_graph.split_shapes(args.quick),
         "fused": bench_graph.fused_shapes(args.quick),
     }
     return {args.only: plan[args.only]} if args.only else plan
@@ -284,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         "prefill": bench_prefill,
         "cache": lambda s: bench_cache_op(s, copy_gbs),
         "graph": bench_graph.bench_decode_graph,
+        "split": bench_graph.bench_split,
         "fused": bench_graph.bench_fused,
     }
     for family, shapes in plan.items():

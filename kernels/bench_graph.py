@@ -1,6 +1,8 @@
 """What ``python -m kernels.bench`` times inside CUDA graphs, where launch overhead is gone as in
-the engine's captured decode step: small paged decode attention, and the fused elementwise
-kernels (add+RMSNorm, SiLU×mul, rotary) next to the unfused torch ops they replace."""
+the engine's captured decode step: small paged decode attention, the decode split of a graph
+planned for a long model (one long context among short ones, under each split mode of
+``core.decode_split``), and the fused elementwise kernels (add+RMSNorm, SiLU×mul, rotary) next
+to the unfused torch ops they replace."""
 
 from __future__ import annotations
 
@@ -44,6 +46,65 @@ def graph_decode_shapes(quick: bool) -> list[dict[str, Any]]:
         for c in contexts
         if b * c < DECODE_MEDIUM_TOKENS
     ]
+
+
+SPLIT_PLAN_LEN = 8192  # a decode graph plans its splits for the model's length (Llama-3-8B)
+SPLIT_SHORT = 128
+
+
+def split_shapes(quick: bool) -> list[dict[str, Any]]:
+    """A decode graph's batch planned for ``SPLIT_PLAN_LEN`` tokens: one context of ``long``
+    tokens among ``batch - 1`` of ``SPLIT_SHORT``, the skew where the split modes differ most
+    (on the H200's engine runs, batches 5-16 lost 18-19% of a decode step to the fixed split's
+    walk, by ``benchmarks/decode_walk.py``'s fit)."""
+    batches = [1, 8] if quick else [1, 4, 8, 16, 32]
+    longs = [2048] if quick else [1024, 2048, 4096]
+    return [
+        {"batch": b, "long": n, "short": SPLIT_SHORT, "plan_len": SPLIT_PLAN_LEN, "block_size": 16}
+        for b in batches
+        for n in longs
+    ]
+
+
+def split_calls(
+    shape: dict[str, Any], device: str = "cuda", dtype: torch.dtype | None = None
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """The decode of ``shape`` under each split mode, on one cache: the long context first,
+    every call planned for ``plan_len`` tokens, as the engine's decode graph is."""
+    import torch
+
+    from core.decode_split import SPLIT_MODES
+    from kernels.paged_attention import paged_decode_attention
+
+    batch, long, block_size = shape["batch"], shape["long"], shape["block_size"]
+    k_cache, v_cache, tables = paged_cache(batch, long, block_size, device, dtype)
+    lens = [long] + [min(shape["short"], long)] * (batch - 1)
+    seq_lens = torch.tensor(lens, device=device, dtype=torch.int32)
+    # Every row's table is as wide as the plan (the graph's buffers are): unused entries 0.
+    width = -(-shape["plan_len"] // block_size)
+    padded = torch.zeros((batch, width), device=device, dtype=torch.int32)
+    padded[:, : tables.shape[1]] = tables
+    q = torch.randn(batch, NUM_Q_HEADS, HEAD_DIM, device=device, dtype=k_cache.dtype)
+    scale = HEAD_DIM**-0.5
+
+    def call(mode: str) -> Callable[[], torch.Tensor]:
+        return lambda: paged_decode_attention(
+            q, k_cache, v_cache, padded, seq_lens, scale,
+            max_seq_len=shape["plan_len"], split_mode=mode,
+        )  # fmt: skip
+
+    return {mode: call(mode) for mode in SPLIT_MODES}
+
+
+def bench_split(shape: dict[str, Any]) -> Row:
+    """Both split modes of ``shape`` in a CUDA graph: the row's times are "per_sequence"'s,
+    ``baseline_graph_us`` the "fixed" split's; the verdict asks per_sequence to be no slower."""
+    calls = split_calls(shape)
+    graph_us = graph_time_us(calls["per_sequence"])
+    row = Row("decode_split", shape, time_us(calls["per_sequence"]), graph_us=graph_us)
+    row.baseline_graph_us = graph_time_us(calls["fixed"])
+    row.verdicts["per_sequence<=fixed in graph"] = graph_us <= 1.02 * row.baseline_graph_us
+    return row
 
 
 def fused_shapes(quick: bool) -> list[dict[str, Any]]:

@@ -37,6 +37,9 @@ class Row:
     graph_us: float | None = None  # per call, captured in a CUDA graph
     torch_us: float | None = None  # the unfused torch ops a fused kernel replaces
     torch_graph_us: float | None = None
+    # The same call under the variant it is compared with, in a CUDA graph (decode_split: the
+    # "fixed" split, where the row's own times are "per_sequence").
+    baseline_graph_us: float | None = None
     verdicts: dict[str, bool] = field(default_factory=dict)
 
 

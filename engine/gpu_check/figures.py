@@ -202,13 +202,27 @@ def kernels_bench(folder: Path) -> dict[str, Any]:
         if not ok
     ]
     verdicts = sum(len(row.get("verdicts", {})) for row in rows)
-    return {
+    out = {
         "rows": len(rows),
         "verdicts": verdicts,
         "verdicts_failed": len(failed),
         "failed": failed[:8],
         "copy_bandwidth_gbs": _round(data.get("copy_bandwidth_gbs")),
     }
+    # The decode split's A/B (``kernels.bench_graph.bench_split``): us per call in a graph.
+    splits = [
+        {
+            "batch": row["shape"]["batch"],
+            "long": row["shape"]["long"],
+            "per_sequence_us": _round(row.get("graph_us")),
+            "fixed_us": _round(row.get("baseline_graph_us")),
+        }
+        for row in rows
+        if row.get("kernel") == "decode_split"
+    ]
+    if splits:
+        out["decode_split"] = splits
+    return out
 
 
 def _round(value: Any) -> Any:

@@ -144,3 +144,22 @@ def test_the_calibration_figures_give_the_host_terms_in_microseconds(tmp_path: P
     assert host["attention_launch_us"] == pytest.approx(16.5, abs=0.1)
     assert host["stall_share"] == pytest.approx(0.14, abs=0.01) and host["cuda_graphs"] is True
     assert "layer_s" not in host
+
+
+def test_the_decode_split_ab_is_read_from_the_kernel_rows(tmp_path: Path) -> None:
+    rows = [
+        {"kernel": "decode_graph", "shape": {"batch": 1}, "graph_us": 5.0, "verdicts": {}},
+        {
+            "kernel": "decode_split",
+            "shape": {"batch": 8, "long": 2048, "short": 128, "plan_len": 8192},
+            "graph_us": 9.123,
+            "baseline_graph_us": 31.5,
+            "verdicts": {"per_sequence<=fixed in graph": True},
+        },
+    ]
+    (tmp_path / "kernels_bench.json").write_text(json.dumps({"rows": rows}))
+    bench = figures.kernels_bench(tmp_path)
+    assert bench["decode_split"] == [
+        {"batch": 8, "long": 2048, "per_sequence_us": 9.12, "fixed_us": 31.5}
+    ]
+    assert bench["verdicts"] == 1 and bench["verdicts_failed"] == 0

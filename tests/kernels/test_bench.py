@@ -16,7 +16,7 @@ from kernels.reference import paged_decode_attention_ref  # noqa: E402
 def test_dry_run_lists_every_family(capsys):
     assert bench.main(["--dry-run", "--quick"]) == 0
     families = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
-    assert families == {"decode", "prefill", "cache", "graph", "fused"}
+    assert families == {"decode", "prefill", "cache", "graph", "split", "fused"}
 
 
 @pytest.mark.parametrize("family", ["graph", "fused"])
@@ -104,6 +104,31 @@ def test_decode_graph_call_cycles_through_disjoint_blocks():
     assert torch.equal(outs[1], paged_decode_attention(*args, max_seq_len=40))
 
 
+def test_split_calls_compute_the_same_attention_in_both_modes():
+    """The split benchmark compares two plans of one computation: one 40-token context among
+    two of 16, planned for 512 tokens (CPU, fp32, Triton interpreted), against the reference."""
+    shape = {"batch": 3, "long": 40, "short": 16, "plan_len": 512, "block_size": 16}
+    torch.manual_seed(0)
+    calls = bench_graph.split_calls(shape, device="cpu", dtype=torch.float32)
+    assert set(calls) == {"per_sequence", "fixed"}
+    per_sequence, fixed = calls["per_sequence"](), calls["fixed"]()
+    torch.manual_seed(0)
+    k_cache, v_cache, tables = bench.paged_cache(3, 40, 16, "cpu", torch.float32)
+    q = torch.randn(3, bench.NUM_Q_HEADS, bench.HEAD_DIM)
+    lens = torch.tensor([40, 16, 16], dtype=torch.int32)
+    expected = paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, bench.HEAD_DIM**-0.5)
+    torch.testing.assert_close(per_sequence, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fixed, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_split_shapes_put_one_long_context_among_short_ones(quick):
+    shapes = bench_graph.split_shapes(quick)
+    assert {s["batch"] for s in shapes} >= {1, 8}
+    for shape in shapes:
+        assert shape["long"] > shape["short"] and shape["plan_len"] >= shape["long"]
+
+
 def test_format_row_shows_graph_and_torch_columns():
     row = bench.Row("rotary", {"tokens": 64}, 31.0, bandwidth_gbs=12.5, graph_us=2.25)
     row.torch_us, row.torch_graph_us = 60.0, 7.5
@@ -111,6 +136,8 @@ def test_format_row_shows_graph_and_torch_columns():
     line = bench.format_row(row)
     assert "graph     2.25 us" in line and "torch     60.0 us, graph     7.50 us" in line
     assert line.endswith("fused<=torch in graph:PASS") and "12.5 GB/s" in line
+    split = bench.Row("decode_split", {"batch": 8}, 9.0, graph_us=4.5, baseline_graph_us=7.25)
+    assert "graph     4.50 us baseline graph     7.25 us" in bench.format_row(split)
     bare = bench.format_row(bench.Row("decode_graph", {"batch": 1}, 5.0))
     assert "GB/s" not in bare and "TF/s" not in bare
 
