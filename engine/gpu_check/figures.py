@@ -191,6 +191,40 @@ def model_fits(folder: Path) -> dict[str, Any]:
     return out
 
 
+SPLIT_BINS = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 32), (33, 512))
+
+
+def split_ab(folder: Path) -> dict[str, Any]:
+    """The engine with the fixed decode split (this part's ``run1``) beside engine-self's two
+    runs of the per-sequence split (the second against the first is the noise): each run's
+    median decode-only step (ms) by decode batch size (``SPLIT_BINS``), and its median TPOT."""
+    import pandas as pd
+
+    from records.run_dir import run_file
+    from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes
+
+    runs = {
+        "fixed": folder / "run1",
+        "per_sequence_run1": folder.parent / "engine-self" / "run1",
+        "per_sequence_run2": folder.parent / "engine-self" / "run2",
+    }
+    out: dict[str, Any] = {"batch_bins": [f"{lo}-{hi}" for lo, hi in SPLIT_BINS]}
+    for name, run in runs.items():
+        shapes = load_step_shapes(run_file(run, STEP_SHAPES_FILE))
+        decode = [s for s in shapes if not s.prefill_chunks and s.decode_context_tokens]
+        by_bin = []
+        for lo, hi in SPLIT_BINS:
+            times = [s.duration_s for s in decode if lo <= len(s.decode_context_tokens) <= hi]
+            by_bin.append(_round(1e3 * statistics.median(times)) if times else None)
+        tpot = pd.read_csv(run_file(run, "requests.csv"))["tpot_ms"].dropna()
+        out[name] = {
+            "decode_only_steps": len(decode),
+            "decode_only_median_ms": by_bin,
+            "median_tpot_ms": _round(float(tpot.median())) if len(tpot) else None,
+        }
+    return out
+
+
 def kernels_bench(folder: Path) -> dict[str, Any]:
     """Rows timed and the target verdicts that failed (kernel and shape)."""
     data = _json(folder / "kernels_bench.json")

@@ -113,6 +113,9 @@ def plan(settings: CheckSettings) -> list[Part]:
         # What the cost model takes from this GPU: the decode walk's tile time (from the
         # engine's graph replays) and the GEMM efficiencies (from the calibrations' tables).
         *([_model_fits(settings)] if settings.graphs else []),
+        # The engine once more with the decode split it had before (end-to-end A/B of
+        # ``--decode-split``; engine-self's two runs are the other side and its noise).
+        *([_split_fixed(settings)] if settings.graphs else []),
         _kernels_bench(settings),
         # The other traces' first 100 requests: all four in about the time of one whole trace.
         _validate(settings, "example", "continuous", 0.25, max_requests=100),
@@ -281,6 +284,28 @@ def _model_fits(settings: CheckSettings) -> Part:
         modules=SIM,
         after=("calibrate", "engine-self"),
         read=figures.model_fits,
+    )
+
+
+def _split_fixed(settings: CheckSettings) -> Part:
+    """``python -m engine run`` as engine-self's, with ``--decode-split fixed``: the engine's
+    decode split before 2026-11-28, beside engine-self's two runs of ``per_sequence``."""
+    path = f"{TRACES}/example.csv"
+    folder = settings.out / "engine-split-fixed"
+    args: tuple[str, ...] = (path, "--model", settings.model, "--device", "cuda")
+    args += ("--weights", "random", "--dtype", settings.dtype, "--time-scale", "0.25", "--quiet")
+    args += ("--decode-split", "fixed", "--out", f"{folder}/run1")
+    return Part(
+        "engine-split-fixed",
+        "python -m engine run example.csv with the fixed decode split (--decode-split fixed), "
+        "beside engine-self's two runs of the per-sequence split",
+        (Command(("-m", "engine", "run"), args),),
+        estimate_s=45,
+        limit_s=120,
+        modules=(*ENGINE, "tqdm", "pandas"),
+        after=("engine-self",),
+        inputs=(path,),
+        read=figures.split_ab,
     )
 
 

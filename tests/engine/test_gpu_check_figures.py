@@ -163,3 +163,28 @@ def test_the_decode_split_ab_is_read_from_the_kernel_rows(tmp_path: Path) -> Non
         {"batch": 8, "long": 2048, "per_sequence_us": 9.12, "fixed_us": 31.5}
     ]
     assert bench["verdicts"] == 1 and bench["verdicts_failed"] == 0
+
+
+def test_the_split_ab_sets_the_fixed_run_beside_engine_selfs(tmp_path: Path) -> None:
+    """Read on call 2's two engine runs (both of the fixed split, so the A/B here is one run
+    against itself and the other): each run's decode-only medians by batch size and its TPOT."""
+    call2 = Path(__file__).resolve().parents[2] / "benchmarks/results/gpu-h200-2026-11-27/call2"
+    runs = call2 / "engine-self"
+    shutil.copytree(runs / "run2", tmp_path / "engine-split-fixed" / "run1")
+    shutil.copytree(runs, tmp_path / "engine-self")
+    ab = figures.split_ab(tmp_path / "engine-split-fixed")
+    assert ab["batch_bins"][0] == "1-1" and len(ab["batch_bins"]) == len(figures.SPLIT_BINS)
+    assert ab["fixed"] == ab["per_sequence_run2"]
+    assert ab["per_sequence_run1"]["decode_only_steps"] == 1987  # as decode_walk.txt counts
+    # Batch 1's median, independently: run 1's decode-only steps of one sequence.
+    from records.step_shapes import load_step_shapes
+
+    ones = sorted(
+        s.duration_s
+        for s in load_step_shapes(runs / "run1" / "step_shapes.jsonl.gz")
+        if not s.prefill_chunks and len(s.decode_context_tokens) == 1
+    )
+    middle = len(ones) // 2
+    median = ones[middle] if len(ones) % 2 else (ones[middle - 1] + ones[middle]) / 2
+    assert ab["per_sequence_run1"]["decode_only_median_ms"][0] == round(1e3 * median, 2)
+    assert 1 < ab["per_sequence_run1"]["median_tpot_ms"] < 100
