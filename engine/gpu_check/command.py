@@ -157,13 +157,16 @@ def _command_problems(
     ]
 
 
-def dry_run(settings: CheckSettings, parts: list[Part], env: dict[str, str]) -> int:
-    """List the parts with their commands and check them; 1 if any has a problem."""
+def dry_run(
+    settings: CheckSettings, parts: list[Part], env: dict[str, str], budget_s: float = BUDGET_S
+) -> int:
+    """List the parts with their commands and check them (against ``budget_s``, the run's
+    ``--budget-s``); 1 if any has a problem."""
     problems = check_parts(parts, settings.python, env)
     total = sum(part.estimate_s for part in parts)
     print(
         f"gpu-check dry run: {len(parts)} parts, about {total:.0f} s in all, budget "
-        f"{BUDGET_S:.0f} s (parts that no longer fit are skipped, and the summary says so)"
+        f"{budget_s:.0f} s (parts that no longer fit are skipped, and the summary says so)"
     )
     print(
         f"engine CUDA graphs: {'yes' if settings.graphs else 'no'}; kernels.bench in a CUDA "
@@ -193,7 +196,7 @@ def run_gpu_check(args: argparse.Namespace) -> int:
     parts = [environment_part(settings), *select(plan(settings), args.only, args.skip)]
     if args.dry_run:  # writes nothing under --out
         with tempfile.TemporaryDirectory() as shim:
-            return dry_run(settings, parts, child_env(Path(shim))[0])
+            return dry_run(settings, parts, child_env(Path(shim))[0], args.budget_s)
     env, entry_point = child_env(out / ".entry-points")
     header: dict[str, Any] = {
         "command": shlex.join(["python", "-m", "engine", *sys.argv[1:]]),

@@ -271,6 +271,10 @@ def test_the_dry_run_lists_and_checks_every_part(
     assert "every part's command checks out" in text
     assert "$ python -m sim calibrate --model llama-3-8b --device cuda" in text
     assert not out.exists()
+    # The budget it states is the one given.
+    argv = ["gpu-check", "--out", str(out), "--dry-run", "--budget-s", "540", "--only", "calibrate"]
+    assert engine_main(argv) == 0
+    assert "budget 540 s" in capsys.readouterr().out
 
 
 def test_the_parts_run_compiled_kernels_from_the_sources(tmp_path: Path) -> None:
