@@ -11,7 +11,7 @@ under the roofline and each calibration of that engine, with the walk priced (th
 ``decode_tile_s``) and without it (0); both with the calibrations' tables made monotone and
 the H200's GEMM efficiencies, as the cost model now reads them.
 
-A run whose kernel split ``"fixed"`` (every run before 2026-11-28) also gets the fit's own
+A run whose kernel split ``"fixed"`` (every run before 39ba127, 2026-11-27) also gets the fit's own
 projection of the ``"per_sequence"`` split: each step's walk under it, and ``c`` times the tiles
 it would not walk, as a share of the measured time. That is a prediction from the fit, not a
 measurement; the kernel benchmark's skewed graph decode (``kernels.bench_graph``) measures it.

@@ -11,7 +11,8 @@ How a sequence's context is shared among its splits (``SPLIT_MODES``):
 - ``"fixed"``: every split is ``tokens_per_split`` long, planned for the longest context the
   launch allows. A decode graph plans for the whole ``max_model_len``, so at 5-8 decodes a
   2,000-token context walks 1,664 tokens in its first split while the other splits idle. The
-  engine ran this plan until 2026-11-28; runs recorded without a ``decode_split`` field did.
+  engine ran this plan until commit 39ba127 (2026-11-27); so did every run recorded without
+  a ``decode_split`` field.
 - ``"per_sequence"``: each sequence divides its own context among the launch's splits (whole
   tiles each, ``sequence_split_tokens``), so the count fixed at capture no longer sets the walk.
   The engine's plan since then.

@@ -99,7 +99,7 @@ def _add_model_arguments(run: argparse.ArgumentParser) -> None:
         choices=list(SPLIT_MODES),
         help="how the Triton decode kernel shares each sequence's context among its KV splits: "
         "per_sequence (each its own share) or fixed (every split the planned length, the "
-        "engine before 2026-11-28; for A/B runs)",
+        "engine until commit 39ba127 of 2026-11-27; for A/B runs)",
     )
 
 

@@ -74,7 +74,7 @@ class EngineConfig:
     clock: str = "wall"
     enforce_eager: bool = False
     # How the decode kernel shares each sequence's context among its splits
-    # (``core.decode_split.SPLIT_MODES``); "fixed" is the plan before 2026-11-28, for A/B runs.
+    # (``core.decode_split.SPLIT_MODES``); "fixed" is the plan before 2026-11-27 (39ba127), for A/B.
     decode_split: str = DEFAULT_SPLIT
 
     def __post_init__(self) -> None:

@@ -289,7 +289,7 @@ def _model_fits(settings: CheckSettings) -> Part:
 
 def _split_fixed(settings: CheckSettings) -> Part:
     """``python -m engine run`` as engine-self's, with ``--decode-split fixed``: the engine's
-    decode split before 2026-11-28, beside engine-self's two runs of ``per_sequence``."""
+    decode split until 39ba127 (2026-11-27), beside engine-self's two runs of ``per_sequence``."""
     path = f"{TRACES}/example.csv"
     folder = settings.out / "engine-split-fixed"
     args: tuple[str, ...] = (path, "--model", settings.model, "--device", "cuda")

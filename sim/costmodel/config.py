@@ -43,7 +43,7 @@ class CostModelConfig:
     max_num_seqs: int = 256
     max_model_len: int | None = None
     # How the engine's decode kernel shares a context among its splits
-    # (``core.decode_split.SPLIT_MODES``): the engine's own since 2026-11-28 by default;
+    # (``core.decode_split.SPLIT_MODES``): the engine's own since 39ba127 (2026-11-27) by default;
     # ``sim validate`` reads it from the run (``"fixed"`` for runs recorded before).
     decode_split: str = DEFAULT_SPLIT
 

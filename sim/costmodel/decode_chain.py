@@ -5,10 +5,10 @@ at least as long as the program that walks the most tiles of K and V in series
 Which plan a step runs is the engine's: an eager step splits for its own batch and its longest
 context; a decode-only step on CUDA graphs replays the graph of its padded batch size, whose
 split count was fixed at capture for the whole ``max_model_len``. How long a walk that makes
-depends on the split mode (``core.decode_split.SPLIT_MODES``). Under ``"fixed"`` (the engine until
-2026-11-28) every split spans the capture's length: at 5-8 decodes on an H200 (8 KV heads, 8,192
-tokens) a 2,000-token context walks 1,664 tokens in its first split. Under ``"per_sequence"``
-it divides its own 2,000 tokens five ways, walks of 448.
+depends on the split mode (``core.decode_split.SPLIT_MODES``). Under ``"fixed"`` (the engine
+until 39ba127, 2026-11-27) every split spans the capture's length: at 5-8 decodes on an H200 (8
+KV heads, 8,192 tokens) a 2,000-token context walks 1,664 tokens in its first split. Under
+``"per_sequence"`` it divides its own 2,000 tokens five ways, walks of 448.
 """
 
 from __future__ import annotations
