@@ -232,6 +232,7 @@ def compare(
         "sim_config": flat_settings(run),
         "cost_config": asdict(engine_cost_config(run, engine_kind, decode_split)),
         "engine_kind": engine_kind,
+        "decode_split": decode_split,
         "models": {},
         "ttft_phase_floor": ttft_floor.phase_floor(measured.requests, engine_steps),
     }

@@ -141,6 +141,36 @@ def error_table(result: dict[str, Any]) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def compared_text(result: dict[str, Any]) -> str:
+    """What was compared, in words: the engine's kind, clock and decode split, the profile's
+    own spread, and the engine against itself (the noise floor) where it was run twice."""
+    kind, clock = result.get("engine_kind", "servesim-eager"), result.get("engine_clock", "wall")
+    parts = [f"Engine {kind} (clock {clock}, decode split {result.get('decode_split', 'fixed')})."]
+    spread = result.get("profile_spread") or {}
+    if "steps_spread_pct" in spread:
+        parts.append(
+            f"The profile's whole steps scatter {spread['steps_spread_pct']:.1f}% (median) "
+            "around its host fit."
+        )
+    if "table_spread_pct" in spread:
+        parts.append(f"Its table points spread {spread['table_spread_pct']:.1f}% (median).")
+    floor = (result.get("engine_floor") or {}).get("requests", {}).get("metrics", {})
+    cells = [
+        f"{METRIC_NAMES[m]} {floor[m]['median_abs_pct']:.1f}%"
+        for m in ("ttft", "tpot", "e2e")
+        if m in floor
+    ]
+    if cells:
+        parts.append(
+            "The engine against itself (its noise floor), median |difference| per request: "
+            + ", ".join(cells)
+            + "."
+        )
+    else:
+        parts.append("No second run of the engine was given, so there is no noise floor.")
+    return " ".join(parts)
+
+
 def validation_sections(result: dict[str, Any]) -> list[Section]:
     metrics = [
         m for m in METRIC_NAMES if any(m in x["requests"]["metrics"] for _, _, x in _models(result))
@@ -148,7 +178,7 @@ def validation_sections(result: dict[str, Any]) -> list[Section]:
     lead = (
         f"Trace {result['trace']}, {result['num_requests']} requests: the simulator "
         "(calibrated profile and analytic roofline) against the real engine. Error is "
-        "100 x (simulated - measured) / measured; bias is its mean."
+        "100 x (simulated - measured) / measured; bias is its mean. " + compared_text(result)
     )
     return [
         Section("validation", "Validation against the engine", lead, body_html=error_table(result)),

@@ -34,10 +34,12 @@ def _metric_cells(metrics: dict[str, Any]) -> list[str]:
 
 
 def print_context(result: dict[str, Any], file: Any = sys.stdout) -> None:
-    """What was compared: the engine kind, the profile's own spread, the engine's floor."""
+    """What was compared: the engine kind and its decode split, the profile's own spread, the
+    engine's floor."""
     print(
         f"validation of {result['trace']} ({result['num_requests']} requests); engine "
         f"{result.get('engine_kind', 'servesim-eager')}, clock {result.get('engine_clock', 'wall')}"
+        f", decode split {result.get('decode_split', 'fixed')}"
         f", profile timer {result.get('profile_timer')}",
         file=file,
     )

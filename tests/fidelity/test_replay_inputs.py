@@ -43,3 +43,26 @@ def test_the_decode_split_of_a_run(tmp_path: Path) -> None:
     where = tmp_path / "summary.json"
     with pytest.raises(ValueError, match=r"summary\.json: field 'config\.decode_split'"):
         decode_split_of_run({"config": {"decode_split": "halves"}}, where)
+
+
+def test_validate_says_which_split_the_engine_ran() -> None:
+    import io
+
+    from fidelity.cli.validate import print_context
+
+    result = {
+        "trace": "example",
+        "num_requests": 3,
+        "engine_kind": "servesim-graphs",
+        "engine_clock": "wall",
+        "decode_split": "per_sequence",
+        "profile_timer": "cuda_events",
+    }
+    out = io.StringIO()
+    print_context(result, out)
+    assert "engine servesim-graphs, clock wall, decode split per_sequence," in out.getvalue()
+    # A result written before the field: the split those runs had.
+    del result["decode_split"]
+    out = io.StringIO()
+    print_context(result, out)
+    assert "decode split fixed," in out.getvalue()

@@ -1,0 +1,39 @@
+"""The validation report says what it compared (issue 30): the engine's kind, clock and decode
+split, the profile's own spread, and the engine against itself, read from a real
+``validation.json`` (the H200 check's, call 2)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from html import escape
+from pathlib import Path
+
+from reports.validation import compared_text, write_validation_report
+
+CALL2 = Path(__file__).resolve().parents[2] / "benchmarks/results/gpu-h200-2026-11-27/call2"
+
+
+def _result() -> dict:
+    path = CALL2 / "validate-example-chunked" / "validation.json.gz"
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def test_the_report_names_the_engine_the_profile_spread_and_the_floor(tmp_path: Path) -> None:
+    result = _result()
+    text = compared_text(result)
+    # Call 2 ran before the decode split was recorded: it ran (and reads as) "fixed".
+    assert "Engine servesim-graphs (clock wall, decode split fixed)." in text
+    assert "Its table points spread 1.7% (median)." in text
+    assert "median |difference| per request: TTFT 12.6%, TPOT 2.9%, E2E 2.9%." in text
+    page = write_validation_report(result, tmp_path / "v.html").read_text(encoding="utf-8")
+    assert escape(text) in page
+
+
+def test_without_a_second_run_it_says_there_is_no_floor() -> None:
+    result = {**_result(), "decode_split": "per_sequence"}
+    del result["engine_floor"]
+    text = compared_text(result)
+    assert "decode split per_sequence" in text
+    assert "no noise floor" in text
