@@ -85,6 +85,11 @@ def decode_profiles(folder: Path) -> dict[str, Any]:
                 "step_ms": _round(entry["step_ms_median"]),
                 "gpu_kernel_ms": _round(entry["cuda_kernel_ms_per_step"]),
                 "host_ms": {k: _round(v) for k, v in entry["host_ms_per_step"].items()},
+                "launch_call_us": _round(entry.get("launch_call_us_mean")),
+                "forward_host_us_per_launch": _round(entry.get("forward_host_us_per_launch")),
+                "host_top_ops_us": {
+                    name: _round(us) for name, us in (entry.get("host_top_ops") or {}).items()
+                },
             }
     return out
 

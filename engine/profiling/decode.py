@@ -25,6 +25,8 @@ from core.settings import build
 from engine.llm_engine import EngineConfig, LLMEngine, StepRecord
 from engine.sampling import SamplingParams
 
+HOST_TOP_OPS = 8
+
 
 def fill_decode_batch(engine: LLMEngine, batch: int, context: int, num_steps: int) -> str:
     """Add ``batch`` requests of ``context``-token prompts that each decode at least
@@ -93,7 +95,9 @@ def _forward_timer(model: torch.nn.Module, spans: list[float]) -> Iterator[None]
 def profile_decode_steps(engine: LLMEngine, num_steps: int) -> dict[str, Any]:
     """The next ``num_steps`` steps under ``torch.profiler``: per step, CUDA kernels and
     launch calls (a CUDA graph replay is one launch), GPU kernel time, and the host's time
-    split into the runner's timing fields, the forward and the update."""
+    split into the runner's timing fields, the forward and the update; what one launch costs
+    the host (the launch call alone, and the forward's host time per launch); and the host
+    ops that take the most of its time (``host_top_ops``: self CPU us per step, by name)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -112,6 +116,9 @@ def profile_decode_steps(engine: LLMEngine, num_steps: int) -> dict[str, Any]:
     gpu = [e for e in events if e.device_type.name == "CUDA"]
     launches = [e for e in events if "LaunchKernel" in e.name or "GraphLaunch" in e.name]
     n = max(1, len(records))
+    forward_ms = 1e3 * sum(forward) / n if forward else None
+    launches_per_step = len(launches) / n if gpu else None
+    top = sorted(prof.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)
     host = {
         f.name.removesuffix("_s") + "_ms": _mean_ms(f.name, records)
         for f in fields(records[0].timing)
@@ -123,7 +130,7 @@ def profile_decode_steps(engine: LLMEngine, num_steps: int) -> dict[str, Any]:
         "step_ms_median": 1e3 * statistics.median(r.duration_s for r in records),
         "host_ms_per_step": {
             **host,
-            "forward_ms": 1e3 * sum(forward) / n if forward else None,
+            "forward_ms": forward_ms,
             "update_ms": 1e3 * statistics.fmean(r.update_s for r in records),
         },
         "forward_calls_per_step": len(forward) / n,
@@ -131,7 +138,14 @@ def profile_decode_steps(engine: LLMEngine, num_steps: int) -> dict[str, Any]:
         "cuda_kernel_ms_per_step": sum(e.time_range.elapsed_us() for e in gpu) / 1e3 / n
         if gpu
         else None,
-        "launch_calls_per_step": len(launches) / n if gpu else None,
+        "launch_calls_per_step": launches_per_step,
+        "launch_call_us_mean": statistics.fmean(e.time_range.elapsed_us() for e in launches)
+        if gpu and launches
+        else None,
+        "forward_host_us_per_launch": 1e3 * forward_ms / launches_per_step
+        if forward_ms is not None and launches_per_step
+        else None,
+        "host_top_ops": {a.key: a.self_cpu_time_total / n for a in top[:HOST_TOP_OPS]},
         "cpu_ops_per_step": sum(1 for e in events if e.name.startswith("aten::")) / n,
     }
 

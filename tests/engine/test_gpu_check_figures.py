@@ -100,9 +100,16 @@ def test_the_decode_profile_splits_host_time(engine: LLMEngine, tmp_path: Path) 
     assert 0 < host["forward_ms"] <= host["execute_ms"]
     assert profiled["forward_calls_per_step"] == 1.0
     assert profiled["cuda_kernels_per_step"] is None and profiled["cpu_ops_per_step"] > 50
+    # Without a GPU there is no launch to time; the host's costliest ops are named.
+    assert profiled["launch_call_us_mean"] is None
+    assert profiled["forward_host_us_per_launch"] is None
+    top = profiled["host_top_ops"]
+    assert len(top) == decode.HOST_TOP_OPS and any(name.startswith("aten::") for name in top)
+    assert list(top.values()) == sorted(top.values(), reverse=True) and min(top.values()) > 0
     (tmp_path / "eager.json").write_text(json.dumps({"batches": {"3": profiled}}))
     read = figures.decode_profiles(tmp_path)["eager_b3"]
     assert read["kernels_per_step"] is None and read["host_ms"]["forward_ms"] > 0
+    assert read["launch_call_us"] is None and len(read["host_top_ops_us"]) == decode.HOST_TOP_OPS
 
 
 def test_a_decode_batch_the_cache_cannot_hold_is_refused(engine: LLMEngine) -> None:
