@@ -50,8 +50,9 @@ def test_decode_and_prefill_on_gpu(dtype, head_dim, block_size, group):
     args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, scale)
     assert_close(paged_decode_attention(*args), paged_decode_attention_ref(*args), dtype)
     for num_splits in (1, 5):
-        out = paged_decode_attention(*args, num_splits=num_splits)
-        assert_close(out, paged_decode_attention_ref(*args), dtype)
+        for split_mode in ("per_sequence", "fixed"):
+            out = paged_decode_attention(*args, num_splits=num_splits, split_mode=split_mode)
+            assert_close(out, paged_decode_attention_ref(*args), dtype)
 
     starts = [0]
     for n in query_lens:
