@@ -142,12 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 "median_pct": float(np.median(error)),
                 "median_abs_pct": float(np.median(np.abs(error))),
             }
-            cells = "".join(
-                f"{np.median(error[(batch >= lo) & (batch <= hi)]):>+8.1f}"
-                if ((batch >= lo) & (batch <= hi)).any()
-                else f"{'-':>8}"
-                for lo, hi in BINS
-            )
+            cells = _bin_cells(error, batch, "+8.1f")
             print(f"{name:<56}{cells}{np.median(error):>+9.1f}{np.median(np.abs(error)):>5.1f}")
         print()
     print(f"# wall time {time.time() - started:.0f} s")
@@ -155,6 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
     return 0
+
+
+def _bin_cells(values: np.ndarray, batch: np.ndarray, spec: str) -> str:
+    """The median of ``values`` in each of ``BINS`` of decode batch size, 8 characters each
+    (formatted by ``spec``; "-" for an empty bin)."""
+    cells = []
+    for lo, hi in BINS:
+        inside = (batch >= lo) & (batch <= hi)
+        cells.append(format(np.median(values[inside]), spec) if inside.any() else f"{'-':>8}")
+    return "".join(cells)
 
 
 def _per_sequence_projection(
@@ -178,12 +183,7 @@ def _per_sequence_projection(
         f"-> {np.median(shorter):.0f} tiles; decode-only time -{total:.1f}% in all, median "
         f"step -{np.median(share):.1f}%"
     )
-    cells = "".join(
-        f"{np.median(share[(batch >= lo) & (batch <= hi)]):>8.1f}"
-        if ((batch >= lo) & (batch <= hi)).any()
-        else f"{'-':>8}"
-        for lo, hi in BINS
-    )
+    cells = _bin_cells(share, batch, "8.1f")
     print(f"{'  median step time saved % by decode batch size':<56}{cells}")
     return {
         "median_walk_tiles": float(np.median(walks)),
