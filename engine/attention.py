@@ -165,10 +165,15 @@ def attend(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    out: torch.Tensor | None = None,
+    store: bool = True,
 ) -> torch.Tensor:
-    """Store the step's k, v [T, kv_heads, D], then attend with q [T, q_heads, D]."""
+    """Store the step's k, v [T, kv_heads, D] (unless ``store`` is False: a piecewise graph
+    stored them), then attend with q [T, q_heads, D]; the result [T, q_heads, D] is written
+    into ``out`` where one is given (a piecewise graph's buffer)."""
     if meta.torch_plan is not None:
-        return _attend_torch(q, k, v, k_cache, v_cache, meta, scale)
+        attended = _attend_torch(q, k, v, k_cache, v_cache, meta, scale, store)
+        return attended if out is None else out.copy_(attended)
     launches = meta.launches
     if launches is None:
         launches = meta.launches = _plan_launches(q, k_cache, v_cache, meta, scale)
@@ -178,14 +183,16 @@ def attend(
     from kernels.paged_attention import run_paged_decode
     from kernels.prefill_attention import run_paged_prefill
 
-    run_store_kv(launches.store, k, v, k_cache, v_cache)
+    if store:
+        run_store_kv(launches.store, k, v, k_cache, v_cache)
     num_decode = meta.num_decode_tokens
     if launches.prefill is None:
         assert launches.decode is not None
-        return run_paged_decode(launches.decode, q, k_cache, v_cache)
+        return run_paged_decode(launches.decode, q, k_cache, v_cache, out)
     if launches.decode is None:
-        return run_paged_prefill(launches.prefill, q, k_cache, v_cache)
-    out = torch.empty_like(q)
+        return run_paged_prefill(launches.prefill, q, k_cache, v_cache, out)
+    if out is None:
+        out = torch.empty_like(q)
     run_paged_decode(launches.decode, q[:num_decode], k_cache, v_cache, out[:num_decode])
     run_paged_prefill(launches.prefill, q[num_decode:], k_cache, v_cache, out[num_decode:])
     return out
@@ -231,6 +238,7 @@ def _attend_torch(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    store: bool = True,
 ) -> torch.Tensor:
     """The torch backend on the step's plans, skipping the wrappers' per-call checks (the
     metadata was checked when it was built)."""
@@ -241,8 +249,9 @@ def _attend_torch(
     if meta.num_padding_tokens:
         num_stored = meta.num_tokens - meta.num_padding_tokens
         slots, k, v = slots[:num_stored], k[:num_stored], v[:num_stored]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
+    if store:
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
     num_decode = meta.num_decode_tokens
     decoded = paged_decode_attention_torch(q[:num_decode], k_cache, v_cache, decode_plan, scale)
     if not chunks:

@@ -17,6 +17,7 @@ from core.decode_split import SPLIT_MODES
 from core.flags import add_setting_flags, given_settings
 from core.settings import build
 from engine.llm_engine import CLOCKS, EngineConfig
+from engine.mixed_graphs import MIXED_GRAPH_MODES, MIXED_MAX_TOKENS
 from records.run_options import (
     add_out_argument,
     add_report_and_quiet_arguments,
@@ -100,6 +101,14 @@ def _add_model_arguments(run: argparse.ArgumentParser) -> None:
         help="how the Triton decode kernel shares each sequence's context among its KV splits: "
         "per_sequence (each its own share) or fixed (every split the planned length, the "
         "engine until commit 39ba127 of 2026-11-27; for A/B runs)",
+    )
+    run.add_argument(
+        "--mixed-graphs",
+        default=DEFAULTS.mixed_graphs,
+        choices=list(MIXED_GRAPH_MODES),
+        help="steps with a prompt chunk (and decode batches past the decode graphs) of up to "
+        f"{MIXED_MAX_TOKENS} tokens: eager (off) or on piecewise CUDA graphs, every op but the "
+        "attention captured per padded token count (as vLLM's default); CUDA only",
     )
 
 
@@ -205,6 +214,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
             "clock": args.clock,
             "enforce_eager": args.enforce_eager,
             "decode_split": args.decode_split,
+            "mixed_graphs": args.mixed_graphs,
         },
     )
 

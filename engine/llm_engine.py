@@ -35,6 +35,7 @@ from engine.cuda_graphs import DecodeGraphs, GraphStats, graph_batch_sizes
 from engine.input_batch import BlockTables, StepBuffers
 from engine.kv_cache import KVCache
 from engine.memory import check_memory, profile_batch, run_profiling_pass
+from engine.mixed_graphs import MixedGraphs, check_mixed_graphs, mixed_token_sizes
 from engine.model.weights import load_model
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
@@ -76,6 +77,9 @@ class EngineConfig:
     # How the decode kernel shares each sequence's context among its splits
     # (``core.decode_split.SPLIT_MODES``); "fixed" is the plan before 2026-11-27 (39ba127), for A/B.
     decode_split: str = DEFAULT_SPLIT
+    # The other steps on piecewise CUDA graphs (``engine.mixed_graphs``): "off" (eager, the
+    # default until a GPU has measured it) or "piecewise" (needs the decode graphs' conditions).
+    mixed_graphs: str = "off"
 
     def __post_init__(self) -> None:
         check_policy(self.scheduler.policy)
@@ -91,6 +95,12 @@ class EngineConfig:
         if self.cpu_threads < 0:
             raise ValueError(f"cpu_threads must be >= 0, got {self.cpu_threads!r}")
         check_split_mode(self.decode_split)
+        check_mixed_graphs(self.mixed_graphs)
+        if self.mixed_graphs != "off" and (self.enforce_eager or self.device == "cpu"):
+            raise ValueError(
+                f"mixed_graphs {self.mixed_graphs!r} needs CUDA graphs: a CUDA device and no "
+                f"enforce_eager (device {self.device!r}, enforce_eager {self.enforce_eager})"
+            )
         if self.clock not in CLOCKS:
             raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
         if self.clock == "cpu" and self.device != "cpu":
@@ -153,6 +163,12 @@ class LLMEngine:
         self.config = config
         if config.cpu_threads and torch.device(config.device).type == "cpu":
             torch.set_num_threads(config.cpu_threads)
+        backend = resolve_backend(torch.device(config.device), config.backend)
+        if config.mixed_graphs != "off" and backend != "triton":
+            raise ValueError(
+                f"mixed_graphs {config.mixed_graphs!r} needs CUDA graphs, which run on the "
+                f"Triton kernels: backend {config.backend!r} resolves to {backend!r}"
+            )
         check_memory(config)  # refuse what cannot fit before allocating any of it
         dtype = getattr(torch, config.dtype) if config.dtype else None
         self.model = load_model(
@@ -239,8 +255,15 @@ class LLMEngine:
             decode_split=self.config.decode_split,
         )
 
+    def _mixed_graphs(self, kv_cache: KVCache) -> MixedGraphs | None:
+        if self.config.mixed_graphs == "off":
+            return None
+        sizes = mixed_token_sizes(self.config.scheduler.max_num_batched_tokens)
+        return MixedGraphs(self.model, kv_cache.layers, sizes, "triton", replay=True)
+
     def _capture_graphs(self, max_len: int) -> GraphStats:
-        """Capture the decode graphs on the engine's cache; print what they cost, once."""
+        """Capture the decode graphs on the engine's cache, and the piecewise graphs where
+        they are on; print what they cost, once."""
         graphs = self._decode_graphs(self.kv_cache, self.runner.buffers, max_len)
         stats = graphs.capture()
         self.runner.graphs = graphs
@@ -251,7 +274,23 @@ class LLMEngine:
             f"{stats.memory_bytes / GIB:.2f} GiB (enforce_eager turns them off)",
             file=sys.stderr,
         )
-        return stats
+        mixed = self._mixed_graphs(self.kv_cache)
+        if mixed is None:
+            return stats
+        pieces = mixed.capture()
+        self.runner.mixed_graphs = mixed
+        print(
+            f"engine: captured {pieces.num_graphs} piecewise CUDA graphs ({mixed.num_pieces} "
+            f"pieces at each of {len(mixed.sizes)} token counts {mixed.sizes[0]}.."
+            f"{mixed.sizes[-1]}) in {pieces.capture_s:.1f} s, "
+            f"{pieces.memory_bytes / GIB:.2f} GiB",
+            file=sys.stderr,
+        )
+        return GraphStats(
+            stats.num_graphs + pieces.num_graphs,
+            stats.capture_s + pieces.capture_s,
+            stats.memory_bytes + pieces.memory_bytes,
+        )
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -421,7 +460,7 @@ class LLMEngine:
         return self._profile_gpu_blocks(block_bytes, graph_bytes)
 
     def _graph_memory(self, max_len: int) -> int:
-        """The device memory the decode graphs take, measured before the KV cache is sized by
+        """The device memory the CUDA graphs take, measured before the KV cache is sized by
         capturing them once on a one-block scratch cache (every captured row is padding, so
         no block is read) and releasing them."""
         cfg = self.model.config
@@ -431,6 +470,10 @@ class LLMEngine:
         )  # fmt: skip
         buffers = StepBuffers(-(-max_len // self.config.cache.block_size), self.device)
         graph_bytes = self._decode_graphs(scratch, buffers, max_len).capture().memory_bytes
+        mixed = self._mixed_graphs(scratch)  # (their capture stores nothing: every slot -1)
+        if mixed is not None:
+            graph_bytes += mixed.capture().memory_bytes
+            del mixed
         del scratch, buffers
         torch.cuda.empty_cache()
         return graph_bytes

@@ -1,7 +1,8 @@
 """The model runner: the engine's ``Executor``. It keeps every sequence's block table between
 steps (updated from the tables each batch names), writes the step's inputs into persistent
 buffers (``engine.step_inputs``), applies the step's memory moves, runs the model (a captured
-CUDA graph for decode-only steps that fit one) and samples the whole batch at once.
+CUDA graph for decode-only steps that fit one, piecewise graphs for the other steps where
+they are on) and samples the whole batch at once.
 
 Rows are laid out decodes first (one row per sequence computing one position), then prefill
 chunks (the rest), as ``engine.attention.AttentionMetadata`` expects.
@@ -22,6 +23,7 @@ from engine.attention import device_metadata
 from engine.cuda_graphs import DecodeGraphs
 from engine.input_batch import BlockTables, StepBuffers
 from engine.kv_cache import KVCache
+from engine.mixed_graphs import MixedGraphs
 from engine.model.llama import LlamaForCausalLM
 from engine.sampling import SampleSpec, sample
 from engine.step_inputs import HostStep, ParamsOf, collect_rows, fill_host_step
@@ -44,7 +46,8 @@ class ModelRunner:
     The scheduler must record block tables (``Scheduler(record_block_tables=True)``): the
     runner learns every table from the batches. ``params_of`` gives each request's
     ``SamplingParams`` and its seed; ``eos_token_ids`` stop sequences whose params do not
-    ignore it. ``graphs`` (None: every step eager) runs the decode-only steps that fit.
+    ignore it. ``graphs`` (None: every step eager) runs the decode-only steps that fit;
+    ``mixed_graphs`` (None: eager) runs the other steps that fit on piecewise graphs.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class ModelRunner:
         self.tables = BlockTables(max_blocks)
         self.buffers = StepBuffers(max_blocks, self.device)
         self.graphs: DecodeGraphs | None = None
+        self.mixed_graphs: MixedGraphs | None = None
         self.last_timing = StepTiming(0.0, 0.0)
 
     def forget(self, seq_ids: Iterable[int]) -> None:
@@ -100,8 +104,12 @@ class ModelRunner:
             assert self.graphs is not None
             logits = self.graphs.run(host, size)
         elif rows.num_tokens:
+            mixed = self.mixed_graphs
             with torch.inference_mode():
-                logits = self.model(*inputs)
+                if mixed is not None and mixed.size_for(rows.num_tokens) is not None:
+                    logits = mixed.run(*inputs)  # type: ignore[arg-type]
+                else:
+                    logits = self.model(*inputs)
         forwarded = time.perf_counter()
         sampled: dict[int, int] = {}
         stopped: set[int] = set()

@@ -84,10 +84,13 @@ def decode_split_of_run(summary: dict[str, Any], path: str | Path = "summary.jso
 
 
 def engine_kind_of_run(summary: dict[str, Any]) -> str:
-    """``servesim-graphs`` when the engine ran decode steps on CUDA graphs, else
-    ``servesim-eager`` (every run from before graphs existed)."""
+    """``servesim-graphs`` when the engine ran decode steps on CUDA graphs (and
+    ``servesim-piecewise`` when its other steps ran on piecewise graphs too, its config's
+    ``mixed_graphs``), else ``servesim-eager`` (every run from before graphs existed)."""
     config = summary.get("config") or {}
     graphs = summary.get("cuda_graphs")
     if graphs is None:
         graphs = config.get("device", "cpu") != "cpu" and config.get("enforce_eager") is False
-    return "servesim-graphs" if graphs else "servesim-eager"
+    if not graphs:
+        return "servesim-eager"
+    return "servesim-piecewise" if config.get("mixed_graphs") == "piecewise" else "servesim-graphs"

@@ -50,6 +50,7 @@ def detect(out: Path, model: str, dtype: str, hardware: str | None) -> CheckSett
         dtype=dtype,
         hardware=hardware or "H100-SXM",
         graphs="enforce_eager" in EngineConfig.__dataclass_fields__,
+        piecewise="mixed_graphs" in EngineConfig.__dataclass_fields__,
         bench_graphs="graph" in text.getvalue().lower(),
         bench_graph_flag=flags[0] if flags else None,
         pytest_workers=workers,

@@ -230,6 +230,51 @@ def split_ab(folder: Path) -> dict[str, Any]:
     return out
 
 
+MIXED_BINS = ((1, 64), (65, 256), (257, 512), (513, 1 << 30))
+
+
+def piecewise_ab(folder: Path) -> dict[str, Any]:
+    """The engine with piecewise graphs for its other steps (this part's ``run1``) beside
+    engine-self's two eager-mixed runs (the second against the first is the noise): each run's
+    median step with a prompt chunk (ms) by its tokens (``MIXED_BINS``; past 512 both run
+    eager), its median decode-only step, and its median TTFT and TPOT."""
+    import pandas as pd
+
+    from records.run_dir import run_file
+    from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes
+
+    runs = {
+        "piecewise": folder / "run1",
+        "eager_mixed_run1": folder.parent / "engine-self" / "run1",
+        "eager_mixed_run2": folder.parent / "engine-self" / "run2",
+    }
+    out: dict[str, Any] = {"token_bins": [f"{lo}-{hi}" for lo, hi in MIXED_BINS[:-1]] + [">512"]}
+    for name, run in runs.items():
+        shapes = load_step_shapes(run_file(run, STEP_SHAPES_FILE))
+        mixed = [s for s in shapes if s.prefill_chunks]
+        decode = [s.duration_s for s in shapes if not s.prefill_chunks and s.decode_context_tokens]
+        by_bin = []
+        for lo, hi in MIXED_BINS:
+            times = [
+                s.duration_s
+                for s in mixed
+                if lo <= sum(n for n, _ in s.prefill_chunks) + len(s.decode_context_tokens) <= hi
+            ]
+            by_bin.append(_round(1e3 * statistics.median(times)) if times else None)
+        requests = pd.read_csv(run_file(run, "requests.csv"))
+        medians = {
+            f"median_{metric}": _round(float(requests[metric].dropna().median()))
+            for metric in ("ttft_ms", "tpot_ms")
+        }
+        out[name] = {
+            "steps_with_prefill": len(mixed),
+            "with_prefill_median_ms": by_bin,
+            "decode_only_median_ms": _round(1e3 * statistics.median(decode)) if decode else None,
+            **medians,
+        }
+    return out
+
+
 def kernels_bench(folder: Path) -> dict[str, Any]:
     """Rows timed and the target verdicts that failed (kernel and shape)."""
     data = _json(folder / "kernels_bench.json")

@@ -65,15 +65,16 @@ class Part:
 @dataclass(frozen=True, slots=True)
 class CheckSettings:
     """What the check runs on: the model, the roofline's hardware preset (from the device),
-    whether the engine has CUDA graphs, whether ``kernels.bench`` times kernels in a CUDA
-    graph and the flag that asks it to (None: it does by default, or cannot), and the pytest
-    workers (pytest-xdist, 0 = none)."""
+    whether the engine has CUDA graphs (and piecewise ones for its other steps, an option),
+    whether ``kernels.bench`` times kernels in a CUDA graph and the flag that asks it to
+    (None: it does by default, or cannot), and the pytest workers (pytest-xdist, 0 = none)."""
 
     out: Path
     model: str = "llama-3-8b"
     dtype: str = "bfloat16"
     hardware: str = "H100-SXM"
     graphs: bool = False
+    piecewise: bool = False
     bench_graphs: bool = False
     bench_graph_flag: str | None = None
     pytest_workers: int = 0
@@ -116,6 +117,8 @@ def plan(settings: CheckSettings) -> list[Part]:
         # The engine once more with the decode split it had before (end-to-end A/B of
         # ``--decode-split``; engine-self's two runs are the other side and its noise).
         *([_split_fixed(settings)] if settings.graphs else []),
+        # And with its other steps on piecewise graphs (``--mixed-graphs piecewise``).
+        *([_piecewise(settings)] if settings.piecewise else []),
         _kernels_bench(settings),
         # The other traces' first 100 requests: all four in about the time of one whole trace.
         _validate(settings, "example", "continuous", 0.25, max_requests=100),
@@ -306,6 +309,29 @@ def _split_fixed(settings: CheckSettings) -> Part:
         after=("engine-self",),
         inputs=(path,),
         read=figures.split_ab,
+    )
+
+
+def _piecewise(settings: CheckSettings) -> Part:
+    """``python -m engine run`` as engine-self's, with ``--mixed-graphs piecewise``: the
+    steps with a prompt chunk replay graphs of every op but the attention, beside
+    engine-self's two runs with those steps eager."""
+    path = f"{TRACES}/example.csv"
+    folder = settings.out / "engine-piecewise"
+    args: tuple[str, ...] = (path, "--model", settings.model, "--device", "cuda")
+    args += ("--weights", "random", "--dtype", settings.dtype, "--time-scale", "0.25", "--quiet")
+    args += ("--mixed-graphs", "piecewise", "--out", f"{folder}/run1")
+    return Part(
+        "engine-piecewise",
+        "python -m engine run example.csv with its steps with a prompt chunk on piecewise "
+        "CUDA graphs (--mixed-graphs piecewise), beside engine-self's two runs with them eager",
+        (Command(("-m", "engine", "run"), args),),
+        estimate_s=75,
+        limit_s=180,
+        modules=(*ENGINE, "tqdm", "pandas"),
+        after=("engine-self",),
+        inputs=(path,),
+        read=figures.piecewise_ab,
     )
 
 

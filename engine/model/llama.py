@@ -49,6 +49,12 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """x Wᵀ + b written into ``out`` (the same GEMM as ``forward``, to a fixed address)."""
+        if self.bias is None:
+            return torch.mm(x, self.weight.t(), out=out)
+        return torch.addmm(self.bias, x, self.weight.t(), out=out)
+
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, the statistics taken in fp32 whatever the model dtype."""
@@ -208,15 +214,29 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        q, k, v = self.project(x, ops)
+        out = attend(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.output(out)
+
+    def project(
+        self, x: torch.Tensor, ops: StepOps, qkv_out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, D] rotated, k and v [T, kv_heads, D] of x [T, hidden]; with ``qkv_out``
+        [T, q_size + 2 kv_size] the projection is written there (a piecewise graph's buffer)."""
         num_tokens = x.shape[0]
         num_heads, num_kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x)
+        qkv = self.qkv_proj(x) if qkv_out is None else self.qkv_proj.into(x, qkv_out)
         qk_heads = num_heads + num_kv_heads
         qk = qkv[:, : qk_heads * head_dim].view(num_tokens, qk_heads, head_dim)
         q, k = ops.rotate(qk, num_heads)
         v = qkv[:, qk_heads * head_dim :].view(num_tokens, num_kv_heads, head_dim)
-        out = attend(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, num_heads * head_dim))
+        return q, k, v
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """The output projection of the attention's out [T, heads, D] (or [T, heads x D])."""
+        projected: torch.Tensor = self.o_proj(
+            out.reshape(out.shape[0], self.num_heads * self.head_dim)
+        )
         return projected
 
 
@@ -253,12 +273,24 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it), as vLLM carries them: the
         add of each sublayer's output is fused into the norm that follows it."""
-        if residual is None:  # the first layer: x is the embedding
-            residual, h = x, ops.rms_norm(x, self.input_layernorm)
-        else:
-            h, residual = ops.add_rms_norm(x, residual, self.input_layernorm)
+        h, residual = self.enter(x, residual, ops)
         h = self.self_attn(h, ops, kv_cache, meta)
-        h, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm)
+        return self.leave(h, residual, ops)
+
+    def enter(
+        self, x: torch.Tensor, residual: torch.Tensor | None, ops: StepOps
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the attention's input, the residual stream): the input norm, with the previous
+        layer's add (none in the first layer, whose x is the embedding)."""
+        if residual is None:
+            return ops.rms_norm(x, self.input_layernorm), x
+        return ops.add_rms_norm(x, residual, self.input_layernorm)
+
+    def leave(
+        self, attended: torch.Tensor, residual: torch.Tensor, ops: StepOps
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the MLP's output, the residual stream) after the attention's projected output."""
+        h, residual = ops.add_rms_norm(attended, residual, self.post_attention_layernorm)
         return self.mlp(h, ops), residual
 
 
@@ -373,7 +405,12 @@ class LlamaForCausalLM(nn.Module):
         for layer, kv_cache in zip(self.decoder_layers(), kv_caches, strict=True):
             x, residual = layer(x, residual, ops, kv_cache, meta)
         assert residual is not None  # a model has at least one layer
-        # The last residual add and the final norm, on the sampling rows only.
+        return self.logits(x, residual, ops, logits_indices)
+
+    def logits(
+        self, x: torch.Tensor, residual: torch.Tensor, ops: StepOps, logits_indices: torch.Tensor
+    ) -> torch.Tensor:
+        """The last residual add, the final norm and the LM head, on the sampling rows only."""
         x, _ = ops.add_rms_norm(x[logits_indices], residual[logits_indices], self.norm)
         return F.linear(x, self.lm_head).float()
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from sim.costmodel.step_shape import StepShape
 
-ENGINE_KINDS: Final = ("vllm", "servesim-eager", "servesim-graphs")
+ENGINE_KINDS: Final = ("vllm", "servesim-eager", "servesim-graphs", "servesim-piecewise")
 """The engines with a documented host parameter set (``host_params``)."""
 
 
@@ -54,6 +54,12 @@ class HostParams:
     # Per layer, a step that prefills beside decodes whose kernel splits: what servesim's
     # engine at 8d1f2ca spends beyond the launches counted (measured, not explained).
     mixed_split_s: float = 0.0
+    # The other steps of at most ``piecewise_max_tokens`` tokens replay piecewise graphs
+    # (``engine.mixed_graphs``): one ``piece_replay_s`` a layer (and one more) in place of
+    # ``layer_s``, and only the attention's own launches beside it.
+    piecewise_graphs: bool = False
+    piece_replay_s: float = 0.0
+    piecewise_max_tokens: int = 512
 
     def __post_init__(self) -> None:
         for name in (
@@ -66,6 +72,7 @@ class HostParams:
             "graph_replay_s",
             "stall_share",
             "mixed_split_s",
+            "piece_replay_s",
         ):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0 <= value < math.inf):
@@ -74,7 +81,7 @@ class HostParams:
             raise ValueError(
                 f"HostParams.overlap_loss must be in [0, 1], got {self.overlap_loss!r}"
             )
-        for name in ("split_programs", "split_min_context"):
+        for name in ("split_programs", "split_min_context", "piecewise_max_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"HostParams.{name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -82,7 +89,11 @@ class HostParams:
     def launches_kernels(self) -> bool:
         """Whether the forward's kernel launches are priced (an eager engine's host clock)."""
         return bool(
-            self.layer_s or self.attention_launch_s or self.graph_replay_s or self.mixed_split_s
+            self.layer_s
+            or self.attention_launch_s
+            or self.graph_replay_s
+            or self.mixed_split_s
+            or self.piece_replay_s
         )
 
     @property
@@ -118,10 +129,18 @@ SERVESIM_GRAPHS_HOST: Final = replace(
     SERVESIM_EAGER_HOST, seq_s=5e-6, graph_replay_s=1e-4, cuda_graphs=True
 )
 
+# The same engine with ``--mixed-graphs piecewise``: its other steps of up to 512 tokens
+# replay a graph per layer (a replay's host cost estimated from the decode graphs' ~100 us for
+# a whole forward of 32 layers plus the call, until a GPU check measures it).
+SERVESIM_PIECEWISE_HOST: Final = replace(
+    SERVESIM_GRAPHS_HOST, piecewise_graphs=True, piece_replay_s=1e-5
+)
+
 _PRESETS: Final = {
     "vllm": VLLM_HOST,
     "servesim-eager": SERVESIM_EAGER_HOST,
     "servesim-graphs": SERVESIM_GRAPHS_HOST,
+    "servesim-piecewise": SERVESIM_PIECEWISE_HOST,
 }
 
 
@@ -187,15 +206,18 @@ class HostTimeModel:
             and max_decode_context >= p.split_min_context
         )
 
-    def attention_launches(self, num_chunks: int, num_decodes: int, split: bool) -> int:
+    def attention_launches(
+        self, num_chunks: int, num_decodes: int, split: bool, piecewise: bool = False
+    ) -> int:
         """Attention-side kernel launches per layer: the KV store, the decode kernel (and its
         split reduction), the prefill kernel, and a mixed step's output buffer and its two
-        slice copies (servesim's ``engine.attention.attend``)."""
-        launches = 1
+        slice copies (servesim's ``engine.attention.attend``). Between piecewise graphs the
+        store is in the graph and the output buffer is the graph's: neither is launched."""
+        launches = 0 if piecewise else 1
         if num_decodes:
             launches += 2 if split else 1
         if num_chunks:
-            launches += 4 if num_decodes else 1
+            launches += (3 if piecewise else 4) if num_decodes else 1
         return launches
 
     def host_time(
@@ -204,10 +226,12 @@ class HostTimeModel:
         num_decodes: int,
         max_decode_context: int,
         num_block_entries: int,
+        num_tokens: int | None = None,
     ) -> HostTime:
         """The host's seconds for a step of ``num_chunks`` prompt chunks and ``num_decodes``
         decodes (the longest of their contexts), whose block tables hold
-        ``num_block_entries``."""
+        ``num_block_entries``. ``num_tokens`` (the step's rows) says whether piecewise graphs
+        hold it; None prices it eager (the host fit, which has no piecewise profiles)."""
         p = self.params
         num_seqs = num_chunks + num_decodes
         before = p.step_s + num_seqs * p.seq_s + num_block_entries * p.block_entry_s
@@ -217,12 +241,13 @@ class HostTimeModel:
         if not p.launches_kernels:
             return HostTime(before, 0.0, after)
         split = self.splits(num_decodes, max_decode_context)
-        per_layer = p.layer_s + self.attention_launches(num_chunks, num_decodes, split) * (
-            p.attention_launch_s
-        )
+        pieces = bool(p.piecewise_graphs and num_tokens and num_tokens <= p.piecewise_max_tokens)
+        launches = self.attention_launches(num_chunks, num_decodes, split, pieces)
+        per_layer = (p.piece_replay_s if pieces else p.layer_s) + launches * p.attention_launch_s
         if split and num_chunks:
             per_layer += p.mixed_split_s
-        return HostTime(before, self.num_layers * per_layer, after)
+        launch = self.num_layers * per_layer + (p.piece_replay_s if pieces else 0.0)
+        return HostTime(before, launch, after)
 
     def duration_s(self, host: HostTime, device_s: float) -> float:
         """The step's duration from its host time and its GPU time ``device_s``.
@@ -264,4 +289,6 @@ class HostTimeModel:
 
     def step_overhead_s(self, shape: StepShape, block_size: int, device_s: float) -> float:
         """``overhead_s`` of ``shape``, whose KV blocks hold ``block_size`` tokens."""
-        return self.overhead_s(self.host_time(*host_args(shape, block_size)), device_s)
+        num_tokens = len(shape.decode_context_tokens) + sum(n for n, _ in shape.prefill_chunks)
+        host = self.host_time(*host_args(shape, block_size), num_tokens=num_tokens)
+        return self.overhead_s(host, device_s)

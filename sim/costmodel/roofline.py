@@ -310,7 +310,7 @@ class RooflineCostModel:
         for new, context in chunks:
             entries += -(-(new + context) // block_size)
         device_s = sum(device)
-        host = self.host.host_time(len(chunks), num_decode, max_context, entries)
+        host = self.host.host_time(len(chunks), num_decode, max_context, entries, num_tokens)
         return (*device, self.host.duration_s(host, device_s) - device_s)
 
     def host_wait_s(self, host_s: float, device_s: float) -> float:

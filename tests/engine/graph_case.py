@@ -93,7 +93,7 @@ def check_padded_bucket(case: DecodeCase, size: int, replay: bool = False) -> fl
     assert graphs.batch_size_for(len(LENGTHS)) == size
     if replay:
         graphs.capture()
-    before = kv.kv.cpu()
+    before = kv.kv.to("cpu", copy=True)  # (.cpu() of a CPU tensor is the tensor itself)
 
     def run(stale_padding: bool) -> torch.Tensor:
         host = fill_host_step(rows, tables, buffers, BLOCK_SIZE, size - len(LENGTHS))

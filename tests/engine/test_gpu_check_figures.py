@@ -195,3 +195,34 @@ def test_the_split_ab_sets_the_fixed_run_beside_engine_selfs(tmp_path: Path) -> 
     median = ones[middle] if len(ones) % 2 else (ones[middle - 1] + ones[middle]) / 2
     assert ab["per_sequence_run1"]["decode_only_median_ms"][0] == round(1e3 * median, 2)
     assert 1 < ab["per_sequence_run1"]["median_tpot_ms"] < 100
+
+
+def test_the_piecewise_ab_sets_the_piecewise_run_beside_engine_selfs(tmp_path: Path) -> None:
+    """Read on call 2's two engine runs (neither piecewise: the reader is checked, not the
+    engine): each run's medians of the steps with a prompt chunk by their tokens, of the
+    decode-only steps, and of TTFT and TPOT."""
+    call2 = Path(__file__).resolve().parents[2] / "benchmarks/results/gpu-h200-2026-11-27/call2"
+    runs = call2 / "engine-self"
+    shutil.copytree(runs / "run1", tmp_path / "engine-piecewise" / "run1")
+    shutil.copytree(runs, tmp_path / "engine-self")
+    ab = figures.piecewise_ab(tmp_path / "engine-piecewise")
+    assert ab["token_bins"] == ["1-64", "65-256", "257-512", ">512"]
+    assert ab["piecewise"] == ab["eager_mixed_run1"] != ab["eager_mixed_run2"]
+    from records.step_shapes import load_step_shapes
+
+    shapes = load_step_shapes(runs / "run1" / "step_shapes.jsonl.gz")
+    mixed = [s for s in shapes if s.prefill_chunks]
+    assert ab["piecewise"]["steps_with_prefill"] == len(mixed) > 0
+    small = sorted(
+        s.duration_s
+        for s in mixed
+        if sum(n for n, _ in s.prefill_chunks) + len(s.decode_context_tokens) <= 64
+    )
+    medians = ab["piecewise"]["with_prefill_median_ms"]
+    assert len(medians) == 4 and any(m is not None for m in medians)
+    if small:
+        middle = len(small) // 2
+        median = small[middle] if len(small) % 2 else (small[middle - 1] + small[middle]) / 2
+        assert medians[0] == round(1e3 * median, 2)
+    assert 1 < ab["piecewise"]["median_tpot_ms"] < 100
+    assert ab["piecewise"]["median_ttft_ms"] > ab["piecewise"]["median_tpot_ms"] / 10

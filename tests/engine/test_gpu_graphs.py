@@ -1,7 +1,9 @@
 """The engine's CUDA graphs on a real GPU (skipped without one; run by
 ``python -m engine gpu-check``): captured for every bucket with a fixed split count, the
 decode steps replaying them give the eager engine's greedy tokens, the padding writes no KV
-slot, and the KV cache is sized after their memory."""
+slot, and the KV cache is sized after their memory; the piecewise graphs of mixed steps
+(``--mixed-graphs piecewise``), replayed, give the forward's logits and the eager engine's
+tokens."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ torch = pytest.importorskip("torch")
 
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.cuda_graphs import graph_batch_sizes  # noqa: E402
+from engine.mixed_graphs import mixed_token_sizes  # noqa: E402
 from tests.engine.graph_case import check_padded_bucket, make_case  # noqa: E402
+from tests.engine.mixed_case import check_mixed_step  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -70,3 +74,26 @@ def test_the_kv_cache_is_sized_after_the_graphs() -> None:
 @pytest.mark.parametrize("size", [8, 16])
 def test_a_replayed_padded_bucket_gives_the_real_rows_their_logits(size: int) -> None:
     check_padded_bucket(make_case("triton", "cuda"), size, replay=True)
+
+
+@pytest.mark.parametrize("sizes", [(8, 32), (24,)])
+def test_replayed_pieces_give_a_mixed_steps_logits(sizes: tuple[int, ...]) -> None:
+    check_mixed_step(make_case("triton", "cuda"), sizes, replay=True)
+
+
+def test_mixed_steps_on_the_pieces_give_the_eager_engines_tokens() -> None:
+    params = [SamplingParams(max_tokens=2 + i, ignore_eos=True) for i in range(len(PROMPTS))]
+    pieces = _llm(mixed_graphs="piecewise", max_num_batched_tokens=64)
+    runner = pieces.engine.runner
+    assert runner.mixed_graphs is not None
+    assert runner.mixed_graphs.sizes == mixed_token_sizes(64)
+    stats = pieces.engine.graph_stats
+    num_pieces = len(mixed_token_sizes(64)) * (pieces.engine.model.config.num_layers + 1)
+    assert stats is not None and stats.num_graphs == len(graph_batch_sizes(24)) + num_pieces
+    calls: list[int] = []
+    run = runner.mixed_graphs.run
+    runner.mixed_graphs.run = lambda *a: calls.append(len(a[0])) or run(*a)  # type: ignore[method-assign]
+    got = [o.outputs[0].token_ids for o in pieces.generate(PROMPTS, params)]
+    eager = _llm(enforce_eager=True, max_num_batched_tokens=64)
+    assert got == [o.outputs[0].token_ids for o in eager.generate(PROMPTS, params)]
+    assert calls, "no step ran on the pieces"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fidelity.replay_inputs import ROOT, trace_of
+from fidelity.replay_inputs import ROOT, engine_kind_of_run, trace_of
 
 
 def test_an_options_json_file_is_not_taken_for_the_trace(tmp_path: Path) -> None:
@@ -66,3 +66,15 @@ def test_validate_says_which_split_the_engine_ran() -> None:
     out = io.StringIO()
     print_context(result, out)
     assert "decode split fixed," in out.getvalue()
+
+
+def test_a_runs_engine_kind_is_read_from_its_summary() -> None:
+    cuda = {"device": "cuda", "enforce_eager": False}
+    assert engine_kind_of_run({"config": {"device": "cpu"}}) == "servesim-eager"
+    assert engine_kind_of_run({"config": {**cuda, "enforce_eager": True}}) == "servesim-eager"
+    assert engine_kind_of_run({"config": cuda}) == "servesim-graphs"
+    assert engine_kind_of_run({"config": {**cuda, "mixed_graphs": "off"}}) == "servesim-graphs"
+    piecewise = {"config": {**cuda, "mixed_graphs": "piecewise"}}
+    assert engine_kind_of_run(piecewise) == "servesim-piecewise"
+    assert engine_kind_of_run({**piecewise, "cuda_graphs": False}) == "servesim-eager"
+    assert engine_kind_of_run({"config": cuda, "cuda_graphs": False}) == "servesim-eager"

@@ -106,6 +106,53 @@ def test_a_mixed_step_whose_decodes_split_pays_its_extra() -> None:
     assert model.host_time(0, 4, 2000, 0).launch_s == pytest.approx(32 * 3 * 1e-5)
 
 
+def test_piecewise_graphs_price_a_small_steps_layers_as_replays() -> None:
+    params = HostParams(
+        layer_s=1e-4, attention_launch_s=1e-5, graph_replay_s=5e-5, cuda_graphs=True,
+        piecewise_graphs=True, piece_replay_s=2e-6, piecewise_max_tokens=64,
+    )  # fmt: skip
+    model = HostTimeModel(params, 32, 8)
+    # Between the pieces: the decode and prefill kernels and a mixed step's two slice
+    # copies; the KV store and the output buffer are in the graphs.
+    assert model.attention_launches(1, 40, split=False, piecewise=True) == 4
+    assert model.attention_launches(1, 0, split=False, piecewise=True) == 1
+    assert model.attention_launches(0, 40, split=True, piecewise=True) == 2
+    mixed = model.host_time(1, 4, 300, 30, num_tokens=36)
+    assert not mixed.graphs  # launched piece by piece, overlapping the GPU as eager steps do
+    assert mixed.launch_s == pytest.approx(32 * (2e-6 + 4 * 1e-5) + 2e-6)
+    eager = model.host_time(1, 4, 300, 30, num_tokens=65)  # past the largest size
+    assert eager.launch_s == pytest.approx(32 * (1e-4 + 6 * 1e-5))
+    assert model.host_time(1, 4, 300, 30).launch_s == eager.launch_s  # no token count: eager
+    assert model.host_time(0, 4, 300, 30, num_tokens=4).graphs  # decodes: the full graph
+    off = HostTimeModel(replace(params, piecewise_graphs=False), 32, 8)
+    assert off.host_time(1, 4, 300, 30, num_tokens=36).launch_s == eager.launch_s
+
+
+def test_the_piecewise_engine_kind_and_its_roofline() -> None:
+    params = host_params("servesim-piecewise")
+    assert params.piecewise_graphs and params.cuda_graphs and params.piece_replay_s > 0
+    assert replace(params, piecewise_graphs=False, piece_replay_s=0.0) == host_params(
+        "servesim-graphs"
+    )
+    with pytest.raises(ValueError, match=r"HostParams\.piecewise_max_tokens"):
+        HostParams(piecewise_max_tokens=-1)
+    graphs, pieces = (
+        _roofline(CostModelConfig(engine=kind, async_scheduling=False))
+        for kind in ("servesim-graphs", "servesim-piecewise")
+    )
+    small = StepShape(prefill_chunks=((40, 0),), decode_context_tokens=(300,) * 8)
+    assert pieces.step_time_s(small) < 0.7 * graphs.step_time_s(small)
+    large = StepShape(prefill_chunks=((600, 0),), decode_context_tokens=(300,) * 8)
+    assert pieces.step_time_s(large) == graphs.step_time_s(large)
+    decode = StepShape(decode_context_tokens=(300,) * 8)
+    assert pieces.step_time_s(decode) == graphs.step_time_s(decode)
+    # The same through the host model's own entry, from a shape.
+    device = 5e-3
+    assert pieces.host.step_overhead_s(small, 16, device) < graphs.host.step_overhead_s(
+        small, 16, device
+    )
+
+
 def _roofline(config: CostModelConfig) -> RooflineCostModel:
     return RooflineCostModel(
         load_model_spec("llama-3-8b"), get_hardware_preset("H200"), 1, config, block_size=16
