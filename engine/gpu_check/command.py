@@ -33,9 +33,9 @@ FLAG = re.compile(r"^--?[A-Za-z][\w-]*")
 
 def detect(out: Path, model: str, dtype: str, hardware: str | None) -> CheckSettings:
     """The settings of a check on this installation: whether the engine has CUDA graphs
-    (``EngineConfig.enforce_eager``), whether ``kernels.bench`` times in a CUDA graph (its
-    help names graphs) and the flag for it (an option with "graph" in its name, if any), and
-    pytest-xdist's workers."""
+    (``EngineConfig.enforce_eager``) and piecewise ones (``EngineConfig.mixed_graphs``),
+    whether ``kernels.bench`` times in a CUDA graph (its help names graphs) and the flag for
+    it (an option with "graph" in its name, if any), and pytest-xdist's workers."""
     from engine.llm_engine import EngineConfig
 
     bench = importlib.import_module("kernels.bench")  # untyped: its kernels' module

@@ -209,6 +209,19 @@ def test_graphs_add_the_eager_runs(tmp_path: Path) -> None:
     assert flagged["kernels-bench"].commands[0].args[-1] == "--graph"
 
 
+def test_piecewise_graphs_add_their_engine_run(tmp_path: Path) -> None:
+    without = {p.name for p in plan(CheckSettings(out=tmp_path, graphs=True))}
+    assert "engine-piecewise" not in without
+    parts = {p.name: p for p in plan(CheckSettings(out=tmp_path, graphs=True, piecewise=True))}
+    part = parts["engine-piecewise"]
+    args = part.commands[0].args
+    assert args[args.index("--mixed-graphs") + 1] == "piecewise"
+    assert args[args.index("--out") + 1] == str(tmp_path / "engine-piecewise" / "run1")
+    assert part.after == ("engine-self",) and part.read is not None
+    # This source's engine has the option, so the check finds it.
+    assert command.detect(tmp_path, "llama-3-8b", "bfloat16", None).piecewise
+
+
 def test_flags_are_checked_against_help() -> None:
     text = "usage: x [--model MODEL] [-m MARKEXPR]\n  --time-scale T  stretch"
     args = ("trace.csv", "--model", "m", "--time-scale=2", "-m", "gpu", "--mdl", "-n", "4")
