@@ -19,7 +19,7 @@ import torch
 
 from core.batch import ScheduledBatch, StepResult
 from core.decode_split import DEFAULT_SPLIT, check_split_mode
-from engine.attention import device_metadata
+from engine.attention import AttentionMetadata, device_metadata
 from engine.cuda_graphs import DecodeGraphs
 from engine.input_batch import BlockTables, StepBuffers
 from engine.kv_cache import KVCache
@@ -28,6 +28,12 @@ from engine.model.llama import LlamaForCausalLM
 from engine.sampling import SampleSpec, sample
 from engine.step_inputs import HostStep, ParamsOf, collect_rows, fill_host_step
 from kernels.contracts import resolve_backend
+
+# The model's forward arguments: ids, positions, the KV cache's layers, metadata, sample rows.
+ForwardInputs = tuple[
+    torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], AttentionMetadata,
+    torch.Tensor,
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +113,7 @@ class ModelRunner:
             mixed = self.mixed_graphs
             with torch.inference_mode():
                 if mixed is not None and mixed.size_for(rows.num_tokens) is not None:
-                    logits = mixed.run(*inputs)  # type: ignore[arg-type]
+                    logits = mixed.run(*inputs)
                 else:
                     logits = self.model(*inputs)
         forwarded = time.perf_counter()
@@ -128,7 +134,7 @@ class ModelRunner:
         )
         return StepResult(end - start, sampled, frozenset(stopped))
 
-    def _upload(self, host: HostStep) -> tuple[tuple[object, ...], list[SampleSpec]]:
+    def _upload(self, host: HostStep) -> tuple[ForwardInputs, list[SampleSpec]]:
         """An eager step's device inputs (one copy per buffer), and its samples re-rowed to
         the logits of the distinct rows that sample."""
         buffers = self.buffers
@@ -144,7 +150,7 @@ class ModelRunner:
             host.meta, buffers.upload, self.block_size, self.backend,
             decode_split=self.decode_split,
         )  # fmt: skip
-        inputs = (
+        inputs: ForwardInputs = (
             buffers.upload("input_ids", host.input_ids),
             buffers.upload("positions", host.positions),
             self.kv_cache.layers,
