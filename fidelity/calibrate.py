@@ -83,10 +83,12 @@ def calibrate(
     cpu_threads: int = 1,
     clock: str = "auto",
     enforce_eager: bool = False,
+    mixed_graphs: str = "off",
 ) -> Path:
     """Time ``model``'s engine on ``device`` and write the profile to ``out``. ``clock`` is
     the CPU's timer (``resolve_clock``); a GPU is timed with CUDA events. ``enforce_eager``
-    turns the engine's CUDA graphs off (where it has them)."""
+    turns the engine's CUDA graphs off (where it has them); ``mixed_graphs`` "piecewise" runs
+    its steps with a prompt chunk on piecewise graphs (``EngineConfig.mixed_graphs``)."""
     grid = profiling.SMALL_GRID if small else profiling.CalibrationGrid()
     config = build(
         EngineConfig,
@@ -101,6 +103,7 @@ def calibrate(
             "preemption_mode": "swap",
             "swap_space_gib": 0.25,
             "enforce_eager": enforce_eager,
+            "mixed_graphs": mixed_graphs,
         },
     )
     bar = tqdm(

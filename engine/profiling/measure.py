@@ -144,9 +144,13 @@ def measure(
 
 
 def engine_kind(engine: LLMEngine) -> str:
-    """``servesim-graphs`` when the engine replays decode steps on CUDA graphs, else
+    """``servesim-graphs`` when the engine replays decode steps on CUDA graphs
+    (``servesim-piecewise`` when its other steps replay piecewise graphs too), else
     ``servesim-eager``."""
-    return "servesim-graphs" if getattr(engine, "graph_stats", None) else "servesim-eager"
+    if not getattr(engine, "graph_stats", None):
+        return "servesim-eager"
+    pieces = getattr(getattr(engine, "runner", None), "mixed_graphs", None)
+    return "servesim-graphs" if pieces is None else "servesim-piecewise"
 
 
 def _fill_tables(

@@ -42,6 +42,13 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
         help="calibrate the engine without CUDA graphs (where it has them)",
     )
     parser.add_argument(
+        "--mixed-graphs",
+        default="off",
+        choices=["off", "piecewise"],
+        help="calibrate the engine with its steps with a prompt chunk on piecewise CUDA graphs "
+        "(python -m engine run --mixed-graphs; CUDA only) (default: %(default)s)",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -81,6 +88,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             cpu_threads=args.cpu_threads,
             clock=args.clock,
             enforce_eager=args.enforce_eager,
+            mixed_graphs=args.mixed_graphs,
         )
         paths.append(path)
         if not args.quiet:

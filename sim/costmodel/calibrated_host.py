@@ -135,8 +135,8 @@ def calibrated_host(
         device = (
             roofline_device_s(fallback, shape) if clock == "roofline" else tables_device_s(shape)
         )
-        samples.append(
-            StepSample(*host_args(shape, profile.block_size), device, step.measured_s, step.host_s)
-        )
+        tokens = len(shape.decode_context_tokens) + sum(n for n, _ in shape.prefill_chunks)
+        args = host_args(shape, profile.block_size)
+        samples.append(StepSample(*args, device, step.measured_s, step.host_s, tokens))
     fit = fit_host(samples, start_params(profile, fallback), layers, heads)
     return CalibratedHost(clock, HostTimeModel(fit.params, layers, heads), fit.device_scale, fit)

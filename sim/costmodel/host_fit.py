@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.costmodel.host_time import MIN_FIT_STEPS, HostParams, HostTimeModel
+from sim.costmodel.host_time import MIN_FIT_STEPS, HostParams, HostTime, HostTimeModel
 
 EPISODE_MIN_STEPS = 10
 """Consecutive slow steps (in measurement order) that make an episode of outside load rather
@@ -30,6 +30,7 @@ _FITTED = (
     "attention_launch_s",
     "graph_replay_s",
     "mixed_split_s",
+    "piece_replay_s",
 )
 
 
@@ -46,6 +47,18 @@ class StepSample:
     # The host's measured part of the step (schedule, prepare, update), when the engine
     # recorded it: the terms before the forward are fitted to it directly.
     host_s: float | None = None
+    # Its rows, which say whether piecewise graphs held it (None: priced eager).
+    num_tokens: int | None = None
+
+    def host_time(self, model: HostTimeModel, entries: bool = True) -> HostTime:
+        """The step's host time under ``model`` (without its block-table entries: 0)."""
+        return model.host_time(
+            self.num_chunks,
+            self.num_decodes,
+            self.max_decode_context,
+            self.num_block_entries if entries else 0,
+            self.num_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,17 +88,7 @@ class HostFit:
 
 def predict(model: HostTimeModel, samples: list[StepSample], scale: float = 1.0) -> np.ndarray:
     """Each step's duration under ``model`` with its GPU time multiplied by ``scale``."""
-    return np.array(
-        [
-            model.duration_s(
-                model.host_time(
-                    s.num_chunks, s.num_decodes, s.max_decode_context, s.num_block_entries
-                ),
-                scale * s.device_s,
-            )
-            for s in samples
-        ]
-    )
+    return np.array([model.duration_s(s.host_time(model), scale * s.device_s) for s in samples])
 
 
 def _rows(
@@ -96,27 +99,28 @@ def _rows(
     and the part of each step's time that no fitted parameter carries."""
     params, layers, heads = model.params, model.num_layers, model.kv_heads
     theta = params.overlap_loss
-    attn = HostTimeModel(
-        replace(params, layer_s=0.0, attention_launch_s=1.0, mixed_split_s=0.0), layers, heads
+    counts = replace(
+        params, layer_s=0.0, attention_launch_s=1.0, mixed_split_s=0.0, piece_replay_s=0.0
     )
+    attn = HostTimeModel(counts, layers, heads)
     rows, fixed = [], []
     for s in samples:
-        host = model.host_time(
-            s.num_chunks, s.num_decodes, s.max_decode_context, s.num_block_entries
-        )
+        host = s.host_time(model)
         seqs = s.num_chunks + s.num_decodes
         row = [1.0, float(seqs), float(s.num_block_entries)]
         if host.graphs:
-            row += [0.0, 0.0, 1.0, 0.0]
+            row += [0.0, 0.0, 1.0, 0.0, 0.0]
             on_device = 1.0
         else:
-            launches = attn.host_time(s.num_chunks, s.num_decodes, s.max_decode_context, 0)
+            launches = s.host_time(attn, entries=False)
             launch_bound = params.launches_kernels and host.launch_s >= scale * s.device_s
             on_launch = 1.0 if launch_bound else theta
             on_device = theta if launch_bound else 1.0
             mixed = s.num_chunks and model.splits(s.num_decodes, s.max_decode_context)
-            row += [on_launch * layers, on_launch * launches.launch_s, 0.0]
+            pieces = model.on_pieces(s.num_tokens)
+            row += [0.0 if pieces else on_launch * layers, on_launch * launches.launch_s, 0.0]
             row.append(on_launch * layers if mixed else 0.0)
+            row.append(on_launch * (layers + 1) if pieces else 0.0)
         if fit_scale:
             row.append(on_device * s.device_s)
             fixed.append(0.0)
@@ -162,6 +166,8 @@ def _fit_once(
         active += [3, 4, 6]
     if model.params.cuda_graphs:
         active.append(5)
+    if model.params.piecewise_graphs:
+        active.append(7)
     if fit_scale:
         active.append(len(_FITTED))
     for _ in range(30):
@@ -310,10 +316,7 @@ def _fit_theta(
         keep = ~slow
         model, scale = _fit_once(model, samples, keep, scale, fit_scale, False, measured_before)
     predicted = predict(model, samples, scale)
-    hosts = [
-        model.host_time(s.num_chunks, s.num_decodes, s.max_decode_context, s.num_block_entries)
-        for s in samples
-    ]
+    hosts = [s.host_time(model) for s in samples]
     host_total = np.array([h.total_s for h in hosts])
     counted = ~slow | lone
     stall = float(np.sum((measured - predicted)[lone]) / np.sum(host_total[counted]))

@@ -206,6 +206,12 @@ class HostTimeModel:
             and max_decode_context >= p.split_min_context
         )
 
+    def on_pieces(self, num_tokens: int | None) -> bool:
+        """Whether piecewise graphs hold a step of ``num_tokens`` rows that no decode graph
+        takes (``host_time`` asks that first); None, unknown, says no."""
+        p = self.params
+        return bool(p.piecewise_graphs and num_tokens and num_tokens <= p.piecewise_max_tokens)
+
     def attention_launches(
         self, num_chunks: int, num_decodes: int, split: bool, piecewise: bool = False
     ) -> int:
@@ -241,7 +247,7 @@ class HostTimeModel:
         if not p.launches_kernels:
             return HostTime(before, 0.0, after)
         split = self.splits(num_decodes, max_decode_context)
-        pieces = bool(p.piecewise_graphs and num_tokens and num_tokens <= p.piecewise_max_tokens)
+        pieces = self.on_pieces(num_tokens)
         launches = self.attention_launches(num_chunks, num_decodes, split, pieces)
         per_layer = (p.piece_replay_s if pieces else p.layer_s) + launches * p.attention_launch_s
         if split and num_chunks:

@@ -7,6 +7,7 @@ the pieces gives the eager engine's tokens; and the setting's checks and flag.""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -130,3 +131,25 @@ def test_an_engine_refuses_piecewise_graphs_on_the_torch_kernels() -> None:
     config = EngineConfig(device="cuda", mixed_graphs="piecewise", backend="torch")
     with pytest.raises(ValueError, match="needs CUDA graphs, which run on the Triton kernels"):
         LLMEngine(config)
+
+
+def test_a_profile_names_the_piecewise_engine_it_timed() -> None:
+    from engine.profiling.measure import engine_kind
+
+    assert engine_kind(SimpleNamespace(graph_stats=None)) == "servesim-eager"  # type: ignore[arg-type]
+    graphs = SimpleNamespace(graph_stats=object(), runner=SimpleNamespace(mixed_graphs=None))
+    assert engine_kind(graphs) == "servesim-graphs"  # type: ignore[arg-type]
+    graphs.runner.mixed_graphs = object()
+    assert engine_kind(graphs) == "servesim-piecewise"  # type: ignore[arg-type]
+
+
+def test_calibrate_takes_the_setting_and_refuses_it_on_cpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sim.cli.main import main
+
+    out = tmp_path / "p.json"
+    argv = ["calibrate", "--model", "tiny-llama", "--device", "cpu", "--out", str(out)]
+    assert main([*argv, "--mixed-graphs", "piecewise", "--quiet"]) == 2
+    assert "mixed_graphs 'piecewise' needs CUDA graphs" in capsys.readouterr().err
+    assert not out.exists()

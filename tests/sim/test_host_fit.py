@@ -60,3 +60,43 @@ def test_a_slow_episode_is_left_out_and_lone_stalls_are_counted() -> None:
 def test_too_few_steps_are_refused() -> None:
     with pytest.raises(ValueError, match="at least 5 measured steps"):
         fit_host(_samples()[:3], START, 32, 8)
+
+
+def test_piecewise_replays_are_fitted_beside_the_eager_launches() -> None:
+    """An engine with decode graphs and piecewise graphs, its host's part of each step
+    measured: decode-only steps replay one graph, steps with a chunk of up to 512 tokens one
+    piece a layer, larger ones launch eagerly. Each kind pins its own term; a step without a
+    token count is priced eager."""
+    truth = HostParams(
+        step_s=1e-4, seq_s=2e-5, layer_s=3.5e-4, attention_launch_s=3e-5, graph_replay_s=1e-4,
+        cuda_graphs=True, piecewise_graphs=True, piece_replay_s=2.5e-5, split_programs=264,
+        mixed_split_s=1e-4,
+    )  # fmt: skip
+    start = replace(truth, seq_s=1e-5, layer_s=3e-4, attention_launch_s=2e-5, piece_replay_s=1e-5)
+    model = HostTimeModel(truth, 32, 8)
+    shapes = []
+    for _ in range(4):
+        for seqs in (1, 4, 16, 64):
+            shapes.append(StepSample(0, seqs, 500, seqs * 32, 4e-3, 0.0, num_tokens=seqs))
+            for context in (100, 2000):  # the decodes' kernel splits at 2,000 below 33 seqs
+                entries = seqs * context // 16
+                for tokens in (16, 128, 400, 1024):  # launch-bound: on pieces, then eager
+                    device = 1e-3 if tokens <= 512 else 2e-3
+                    step = StepSample(1, seqs, context, entries, device, 0.0)
+                    shapes.append(replace(step, num_tokens=tokens + seqs))
+        shapes.append(StepSample(1, 0, 0, 64, 2e-3, 0.0, num_tokens=1024))
+    measured = [
+        replace(s, measured_s=float(t), host_s=s.host_time(model).before_s)
+        for s, t in zip(shapes, predict(model, shapes), strict=True)
+    ]
+    fit = fit_host(measured, start, 32, 8)
+    for name in (
+        "step_s", "seq_s", "piece_replay_s", "layer_s", "attention_launch_s", "mixed_split_s",
+        "graph_replay_s",
+    ):  # fmt: skip
+        assert getattr(fit.params, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
+    assert fit.spread < 1e-6
+    # The same steps with no token count are priced as eager launches: they take longer.
+    seen = [s for s in measured if s.num_chunks and s.num_decodes and s.num_tokens <= 512]
+    blind = [replace(s, num_tokens=None) for s in seen]
+    assert (predict(model, blind) > predict(model, seen)).all()
