@@ -47,6 +47,7 @@ def run_engine(trace: Trace, config: ValidateConfig, out: Path, command: str) ->
         cache=config.cache,
         scheduler=config.scheduler,
         enforce_eager=config.enforce_eager,
+        mixed_graphs=config.mixed_graphs,
         model=config.model,
         device=config.device,
         weights="random",
@@ -341,6 +342,7 @@ def validate(
                 cpu_threads=config.cpu_threads,
                 clock=config.engine_clock(),
                 enforce_eager=config.enforce_eager,
+                mixed_graphs=config.mixed_graphs,
             )
         )
     run = sim_config(engine_dir, config, profile)

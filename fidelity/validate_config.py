@@ -28,6 +28,7 @@ class ValidateConfig:
     cpu_threads: int = 1
     clock: str = "auto"  # the engine's and calibration's clock; see fidelity.calibrate.CLOCK_HELP
     enforce_eager: bool = False  # the engine without CUDA graphs (where it has them)
+    mixed_graphs: str = "off"  # its steps with a prompt chunk on piecewise graphs (CUDA only)
 
     def __post_init__(self) -> None:
         check_policy(self.scheduler.policy)

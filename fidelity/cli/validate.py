@@ -227,6 +227,13 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
         help="run (and calibrate) the engine without CUDA graphs (where it has them)",
     )
     parser.add_argument(
+        "--mixed-graphs",
+        default="off",
+        choices=["off", "piecewise"],
+        help="run (and calibrate) the engine with its steps with a prompt chunk on piecewise "
+        "CUDA graphs (python -m engine run --mixed-graphs; CUDA only) (default: %(default)s)",
+    )
+    parser.add_argument(
         "--rerun",
         action="store_true",
         help="run the engine a second time for the engine against itself (the noise floor)",
@@ -279,6 +286,7 @@ def config_from_args(
             "hardware": hardware or args.hardware,
             "clock": args.clock,
             "enforce_eager": args.enforce_eager,
+            "mixed_graphs": args.mixed_graphs,
         },
     )
 

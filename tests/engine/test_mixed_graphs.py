@@ -153,3 +153,15 @@ def test_calibrate_takes_the_setting_and_refuses_it_on_cpu(
     assert main([*argv, "--mixed-graphs", "piecewise", "--quiet"]) == 2
     assert "mixed_graphs 'piecewise' needs CUDA graphs" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_validate_takes_the_setting_and_refuses_it_on_cpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sim.cli.main import main
+
+    out = tmp_path / "v"
+    argv = ["validate", "traces/data/example.csv", "--model", "tiny-llama", "--out", str(out)]
+    assert main([*argv, "--mixed-graphs", "piecewise", "--max-requests", "2", "--quiet"]) == 2
+    assert "mixed_graphs 'piecewise' needs CUDA graphs" in capsys.readouterr().err
+    assert not (out / "validation.json").exists()
