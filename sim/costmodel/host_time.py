@@ -237,7 +237,7 @@ class HostTimeModel:
         """The host's seconds for a step of ``num_chunks`` prompt chunks and ``num_decodes``
         decodes (the longest of their contexts), whose block tables hold
         ``num_block_entries``. ``num_tokens`` (the step's rows) says whether piecewise graphs
-        hold it; None prices it eager (the host fit, which has no piecewise profiles)."""
+        hold it; None (not known) prices it eager."""
         p = self.params
         num_seqs = num_chunks + num_decodes
         before = p.step_s + num_seqs * p.seq_s + num_block_entries * p.block_entry_s
