@@ -290,48 +290,58 @@ def _model_fits(settings: CheckSettings) -> Part:
     )
 
 
-def _split_fixed(settings: CheckSettings) -> Part:
-    """``python -m engine run`` as engine-self's, with ``--decode-split fixed``: the engine's
-    decode split until 39ba127 (2026-11-27), beside engine-self's two runs of ``per_sequence``."""
+def _engine_ab(
+    settings: CheckSettings,
+    name: str,
+    flags: tuple[str, ...],
+    description: str,
+    timing: tuple[int, int],
+    read: Callable[[Path], dict[str, Any]],
+) -> Part:
+    """``python -m engine run example.csv`` as engine-self's, once, with ``flags``: one side
+    of an A/B whose other side (and its noise) is engine-self's two runs."""
     path = f"{TRACES}/example.csv"
-    folder = settings.out / "engine-split-fixed"
     args: tuple[str, ...] = (path, "--model", settings.model, "--device", "cuda")
     args += ("--weights", "random", "--dtype", settings.dtype, "--time-scale", "0.25", "--quiet")
-    args += ("--decode-split", "fixed", "--out", f"{folder}/run1")
+    args += (*flags, "--out", f"{settings.out / name}/run1")
     return Part(
-        "engine-split-fixed",
-        "python -m engine run example.csv with the fixed decode split (--decode-split fixed), "
-        "beside engine-self's two runs of the per-sequence split",
+        name,
+        description,
         (Command(("-m", "engine", "run"), args),),
-        estimate_s=45,
-        limit_s=120,
+        estimate_s=timing[0],
+        limit_s=timing[1],
         modules=(*ENGINE, "tqdm", "pandas"),
         after=("engine-self",),
         inputs=(path,),
-        read=figures.split_ab,
+        read=read,
+    )
+
+
+def _split_fixed(settings: CheckSettings) -> Part:
+    """The engine with ``--decode-split fixed``: its decode split until 39ba127 (2026-11-27),
+    beside engine-self's two runs of ``per_sequence``."""
+    return _engine_ab(
+        settings,
+        "engine-split-fixed",
+        ("--decode-split", "fixed"),
+        "python -m engine run example.csv with the fixed decode split (--decode-split fixed), "
+        "beside engine-self's two runs of the per-sequence split",
+        (45, 120),
+        figures.split_ab,
     )
 
 
 def _piecewise(settings: CheckSettings) -> Part:
-    """``python -m engine run`` as engine-self's, with ``--mixed-graphs piecewise``: the
-    steps with a prompt chunk replay graphs of every op but the attention, beside
-    engine-self's two runs with those steps eager."""
-    path = f"{TRACES}/example.csv"
-    folder = settings.out / "engine-piecewise"
-    args: tuple[str, ...] = (path, "--model", settings.model, "--device", "cuda")
-    args += ("--weights", "random", "--dtype", settings.dtype, "--time-scale", "0.25", "--quiet")
-    args += ("--mixed-graphs", "piecewise", "--out", f"{folder}/run1")
-    return Part(
+    """The engine with ``--mixed-graphs piecewise``: the steps with a prompt chunk replay
+    graphs of every op but the attention, beside engine-self's two runs with them eager."""
+    return _engine_ab(
+        settings,
         "engine-piecewise",
+        ("--mixed-graphs", "piecewise"),
         "python -m engine run example.csv with its steps with a prompt chunk on piecewise "
         "CUDA graphs (--mixed-graphs piecewise), beside engine-self's two runs with them eager",
-        (Command(("-m", "engine", "run"), args),),
-        estimate_s=75,
-        limit_s=180,
-        modules=(*ENGINE, "tqdm", "pandas"),
-        after=("engine-self",),
-        inputs=(path,),
-        read=figures.piecewise_ab,
+        (75, 180),
+        figures.piecewise_ab,
     )
 
 
