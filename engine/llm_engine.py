@@ -11,8 +11,6 @@ Every step runs (no fast-forward: that is the simulator's privilege).
 
 from __future__ import annotations
 
-import gc
-import sys
 import time
 import weakref
 import zlib
@@ -31,11 +29,12 @@ from core.parallel_sampling import child_id
 from core.policies import check_policy
 from core.request import Request
 from core.scheduler import Scheduler
-from engine.cuda_graphs import DecodeGraphs, GraphStats, graph_batch_sizes
-from engine.input_batch import BlockTables, StepBuffers
+from engine.cuda_graphs import GraphStats
+from engine.cuda_setup import capture_graphs, gpu_blocks, graph_memory, uses_graphs
+from engine.input_batch import BlockTables
 from engine.kv_cache import KVCache
-from engine.memory import check_memory, profile_batch, run_profiling_pass
-from engine.mixed_graphs import MixedGraphs, check_mixed_graphs, mixed_token_sizes
+from engine.memory import check_memory
+from engine.mixed_graphs import check_mixed_graphs
 from engine.model.weights import load_model
 from engine.model_runner import ModelRunner, StepTiming
 from engine.sampling import SamplingParams
@@ -223,8 +222,8 @@ class LLMEngine:
             decode_split=config.decode_split,
         )
         self.graph_stats: GraphStats | None = None
-        if self._uses_graphs():
-            self.graph_stats = self._capture_graphs(max_len)
+        if uses_graphs(config, self.device):
+            self.graph_stats = capture_graphs(self.model, config, self.runner, max_len)
         self.clock = clock
         self._sampling: dict[str, _Sampling] = {}
         self._num_added = 0
@@ -233,64 +232,6 @@ class LLMEngine:
     def _new_scheduler(cache: CacheConfig, config: SchedulerConfig) -> Scheduler:
         # The runner keeps the block tables between steps, from the changes each batch names.
         return Scheduler(cache, config, record_block_tables=True)
-
-    def _uses_graphs(self) -> bool:
-        """Decode on CUDA graphs: on CUDA, with the Triton kernels, unless ``enforce_eager``."""
-        config = self.config
-        return (
-            self.device.type == "cuda"
-            and not config.enforce_eager
-            and resolve_backend(self.device, config.backend) == "triton"
-        )
-
-    def _decode_graphs(self, kv_cache: KVCache, buffers: StepBuffers, max_len: int) -> DecodeGraphs:
-        return DecodeGraphs(
-            self.model,
-            kv_cache,
-            buffers,
-            graph_batch_sizes(self.config.scheduler.max_num_seqs),
-            max_len,
-            "triton",
-            replay=True,
-            decode_split=self.config.decode_split,
-        )
-
-    def _mixed_graphs(self, kv_cache: KVCache) -> MixedGraphs | None:
-        if self.config.mixed_graphs == "off":
-            return None
-        sizes = mixed_token_sizes(self.config.scheduler.max_num_batched_tokens)
-        return MixedGraphs(self.model, kv_cache.layers, sizes, "triton", replay=True)
-
-    def _capture_graphs(self, max_len: int) -> GraphStats:
-        """Capture the decode graphs on the engine's cache, and the piecewise graphs where
-        they are on; print what they cost, once."""
-        graphs = self._decode_graphs(self.kv_cache, self.runner.buffers, max_len)
-        stats = graphs.capture()
-        self.runner.graphs = graphs
-        sizes = graphs.sizes
-        print(
-            f"engine: captured {stats.num_graphs} CUDA graphs for decode batches of "
-            f"{sizes[0]}..{sizes[-1]} in {stats.capture_s:.1f} s, "
-            f"{stats.memory_bytes / GIB:.2f} GiB (enforce_eager turns them off)",
-            file=sys.stderr,
-        )
-        mixed = self._mixed_graphs(self.kv_cache)
-        if mixed is None:
-            return stats
-        pieces = mixed.capture()
-        self.runner.mixed_graphs = mixed
-        print(
-            f"engine: captured {pieces.num_graphs} piecewise CUDA graphs ({mixed.num_pieces} "
-            f"pieces at each of {len(mixed.sizes)} token counts {mixed.sizes[0]}.."
-            f"{mixed.sizes[-1]}) in {pieces.capture_s:.1f} s, "
-            f"{pieces.memory_bytes / GIB:.2f} GiB",
-            file=sys.stderr,
-        )
-        return GraphStats(
-            stats.num_graphs + pieces.num_graphs,
-            stats.capture_s + pieces.capture_s,
-            stats.memory_bytes + pieces.memory_bytes,
-        )
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -456,61 +397,10 @@ class LLMEngine:
     def _blocks_from_memory(self, block_bytes: int, max_len: int) -> int:
         if self.device.type != "cuda":
             return max(1, int(self.config.cpu_kv_cache_gib * GIB // block_bytes))
-        graph_bytes = self._graph_memory(max_len) if self._uses_graphs() else 0
-        return self._profile_gpu_blocks(block_bytes, graph_bytes)
-
-    def _graph_memory(self, max_len: int) -> int:
-        """The device memory the CUDA graphs take, measured before the KV cache is sized by
-        capturing them once on a one-block scratch cache (every captured row is padding, so
-        no block is read) and releasing them."""
-        cfg = self.model.config
-        scratch = KVCache.allocate(
-            cfg.num_layers, 1, self.config.cache.block_size, cfg.num_kv_heads, cfg.head_dim,
-            self.dtype, self.device, backend=self.config.backend,
-        )  # fmt: skip
-        buffers = StepBuffers(-(-max_len // self.config.cache.block_size), self.device)
-        graph_bytes = self._decode_graphs(scratch, buffers, max_len).capture().memory_bytes
-        mixed = self._mixed_graphs(scratch)  # (their capture stores nothing: every slot -1)
-        if mixed is not None:
-            graph_bytes += mixed.capture().memory_bytes
-            del mixed
-        del scratch, buffers
-        torch.cuda.empty_cache()
-        return graph_bytes
-
-    def _profile_gpu_blocks(self, block_bytes: int, reserved_bytes: int = 0) -> int:
-        """vLLM's rule: run the largest step once, then give the KV cache
-        ``gpu_memory_utilization`` of total memory less the peak the pass reached and less
-        ``reserved_bytes`` (the CUDA graphs)."""
-        if reserved_bytes < 0:
-            raise ValueError(
-                f"CUDA graphs measured at {reserved_bytes / GIB:.1f} GiB: memory was freed "
-                "while they were captured, so the KV cache cannot be sized from it"
-            )
-        config = self.config
-        # An engine its caller dropped may still hold its cache through a reference cycle:
-        # collected now, it is not counted in this engine's peak.
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        max_len = config.cache.max_model_len or self.model.config.max_model_len
-        scheduler = config.scheduler
-        lens = profile_batch(scheduler.max_num_batched_tokens, scheduler.max_num_seqs, max_len)
-        run_profiling_pass(self.model, lens, config.cache.block_size, config.backend)
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        torch.cuda.empty_cache()
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        utilization = config.cache.gpu_memory_utilization
-        free_for_kv = total * utilization - peak - reserved_bytes
-        num_blocks = int(free_for_kv // block_bytes)
-        if num_blocks < 1:
-            raise ValueError(
-                f"no room for a KV cache: peak {peak / GIB:.1f} GiB and CUDA graphs "
-                f"{reserved_bytes / GIB:.1f} GiB of {total / GIB:.1f} GiB at "
-                f"gpu_memory_utilization {utilization}"
-            )
-        return num_blocks
+        graph_bytes = 0
+        if uses_graphs(self.config, self.device):
+            graph_bytes = graph_memory(self.model, self.config, self.dtype, max_len)
+        return gpu_blocks(self.model, self.config, block_bytes, graph_bytes)
 
 
 def _weak_method(method: Callable[[Request], _T]) -> Callable[[Request], _T]:
