@@ -65,6 +65,22 @@ def _print(figures: dict[str, Any]) -> None:
         for name, row in models.items():
             cells = "".join(f"{row[m]:7.1f}" for m in METRICS)
             print(f"{run:44s} {name:12s}{cells}{row['steps']:7.1f}{row['steps_bias']:+7.1f}")
+    print("on the run's own host: each run's host against the fastest run of its configuration,")
+    print("measured from the engine's input preparation (fidelity/host_speed.py; a configuration")
+    print("run once is its own reference), and the errors again with the host's clock stretched")
+    print("by it (CostModelConfig.host_slowdown; the GPU's clock untouched)")
+    print(
+        f"{'run':44s} {'model':12s}{'slowdown':>9s}" + "".join(f"{m.upper():>7s}" for m in METRICS)
+    )
+    for run, models in figures["on_own_host"].items():
+        slowdown = figures["host_slowdown"][run]
+        if slowdown == 1.0:
+            print(f"{run:44s} {'(reference)':12s}{slowdown:9.3f}")
+            continue
+        for name, row in models.items():
+            cells = "".join(f"{row[m]:7.1f}" for m in METRICS)
+            steps = f"{row['steps']:7.1f}{row['steps_bias']:+7.1f}"
+            print(f"{run:44s} {name:12s}{slowdown:9.3f}{cells}{steps}")
     print("TTFT beside its per-request error: the step-phase floor (from the engine run alone:")
     print("the median per-request |difference| that independent step boundaries make, and the")
     print("median of E|difference| / TTFT), the per-request |error| after the wait for the step")

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from fidelity import ttft_floor, validation
+from fidelity.host_speed import group_slowdowns
 from fidelity.profile_diff import profile_differences
 from fidelity.replay_inputs import hardware_of, run_summary, trace_of
 from fidelity.validate import cost_models, sim_config, validate
@@ -42,10 +43,11 @@ def validate_run(
     out: Path,
     floor_dir: Path | None = None,
     first_requests: bool = False,
+    host_slowdown: float = 1.0,
 ) -> dict[str, Any]:
-    """``python -m sim validate --replay run_dir [--replay floor_dir] --profile profile``, in
-    process; ``first_requests``: the run replayed only the trace's first requests (as many as
-    it served), as ``benchmarks/validate_cpu.py`` runs do."""
+    """``python -m sim validate --replay run_dir [--replay floor_dir] --profile profile
+    [--host-slowdown X]``, in process; ``first_requests``: the run replayed only the trace's
+    first requests (as many as it served), as ``benchmarks/validate_cpu.py`` runs do."""
     summary = run_summary(run_dir)
     config = summary.get("config") or {}
     settings = ValidateConfig(
@@ -53,6 +55,7 @@ def validate_run(
         device=str(config.get("device", "cuda")),
         hardware=hardware_of(str(summary.get("device_name", ""))),
         max_requests=len(load_run(run_dir).requests) if first_requests else None,
+        host_slowdown=host_slowdown,
     )
     trace = load_trace(str(trace_of(run_dir, summary)))
     return validate(
@@ -111,13 +114,29 @@ def _steps_of(root: Path, run: str) -> ttft_floor.Steps:
     )
 
 
+def recorded_slowdowns(root: Path) -> dict[str, float]:
+    """Each recorded run's host against the fastest of the runs of its configuration (the
+    folder name up to ``-runN``), from their input preparation (``host_speed.group_slowdowns``;
+    a configuration run once is its own reference)."""
+    groups: dict[str, dict[str, Any]] = {}
+    for run_dir in sorted(p for p in (root / "engine-runs").iterdir() if p.is_dir()):
+        steps = load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE))
+        groups.setdefault(run_dir.name.rsplit("-run", 1)[0], {})[run_dir.name] = steps
+    return {run: s for runs in groups.values() for run, s in group_slowdowns(runs).items()}
+
+
 def recorded_runs(root: Path, out: Path, wanted: list[str] | None = None) -> dict[str, Any]:
-    """Every recorded run (or those ``wanted``) against each profile, with the roofline."""
+    """Every recorded run (or those ``wanted``) against each profile, with the roofline; and
+    again on the run's own host where it was slower than its configuration's fastest
+    (``recorded_slowdowns``)."""
     runs = sorted(p.name for p in (root / "engine-runs").iterdir() if p.is_dir())
     if wanted is not None:
         runs = [r for r in runs if r in wanted]
+    slowdowns = recorded_slowdowns(root)
     figures: dict[str, Any] = {
         "runs": {},
+        "host_slowdown": {run: slowdowns[run] for run in runs},
+        "on_own_host": {},
         "profiles_agree": {},
         "engine_floor": {},
         "ttft_phase_floor": {},
@@ -125,12 +144,21 @@ def recorded_runs(root: Path, out: Path, wanted: list[str] | None = None) -> dic
     for run in runs:
         run_dir = root / "engine-runs" / run
         rows: dict[str, dict[str, float]] = {}
+        adjusted: dict[str, dict[str, float]] = {}
         for name in PROFILES:
             result = validate_run(run_dir, profile_path(root, name), out / run / name)
             rows[name] = _row(result["models"]["calibrated"])
             rows.setdefault("roofline", _row(result["models"]["roofline"]))
             figures["ttft_phase_floor"][run] = result["ttft_phase_floor"]
+            if slowdowns[run] != 1.0:
+                result = validate_run(
+                    run_dir, profile_path(root, name), out / run / f"{name}-own-host",
+                    host_slowdown=slowdowns[run],
+                )  # fmt: skip
+                adjusted[name] = _row(result["models"]["calibrated"])
+                adjusted.setdefault("roofline", _row(result["models"]["roofline"]))
         figures["runs"][run] = rows
+        figures["on_own_host"][run] = adjusted or rows
         figures["profiles_agree"][run] = profiles_agree(root, run_dir, out)
     figures["engine_floor"] = engine_floor(root)
     first, second = (load_profile(profile_path(root, name)) for name in PROFILES)

@@ -15,7 +15,7 @@ from core.model.presets import load_model_spec
 from core.settings import build, flat_settings
 from engine.llm_engine import EngineConfig
 from engine.replay import ReplayConfig, replay
-from fidelity import ttft_floor, validation
+from fidelity import host_speed, ttft_floor, validation
 from fidelity.calibrate import calibrate
 from fidelity.divergence import explain
 from fidelity.replay_inputs import decode_split_of_run, engine_kind_of_run, run_summary
@@ -105,13 +105,17 @@ def sim_config(engine_dir: Path, config: ValidateConfig, profile: str | None) ->
 
 
 def engine_cost_config(
-    run: RunConfig, engine_kind: str = "servesim-eager", decode_split: str = "fixed"
+    run: RunConfig,
+    engine_kind: str = "servesim-eager",
+    decode_split: str = "fixed",
+    host_slowdown: float = 1.0,
 ) -> CostModelConfig:
     """The engine's step as the simulator prices it: servesim's own host clock of the kind the
     engine ran as (no overlap of host and model work; eager launches, or decode graphs:
     ``sim.costmodel.host_time``), its decode kernel's split (``decode_split``, which a run
     names, ``decode_split_of_run``), and no padding, since the engine packs a batch's real
-    rows and never computes a static batch's padding."""
+    rows and never computes a static batch's padding. ``host_slowdown``: the run's host against
+    the calibration's (``CostModelConfig.host_slowdown``; ``fidelity.host_speed`` measures it)."""
     return CostModelConfig(
         async_scheduling=run.async_scheduling,
         price_padding=False,
@@ -119,14 +123,15 @@ def engine_cost_config(
         max_num_seqs=run.scheduler.max_num_seqs,
         max_model_len=run.cache.max_model_len,
         decode_split=decode_split,
+        host_slowdown=host_slowdown,
     )
 
 
 def cost_models(
-    run: RunConfig, engine_kind: str, decode_split: str = "fixed"
+    run: RunConfig, engine_kind: str, decode_split: str = "fixed", host_slowdown: float = 1.0
 ) -> dict[str, CostModel]:
     model, hardware = load_model_spec(run.model), get_hardware_preset(run.hardware)
-    cost_config = engine_cost_config(run, engine_kind, decode_split)
+    cost_config = engine_cost_config(run, engine_kind, decode_split, host_slowdown)
     models = {
         "roofline": make_cost_model(
             model, hardware, run.tp, config=cost_config, block_size=run.cache.block_size
@@ -158,11 +163,16 @@ def engine_floor(first: Path, second: Path) -> dict[str, Any]:
     steps_a = load_step_shapes(run_file(first, STEP_SHAPES_FILE))
     steps_b = load_step_shapes(run_file(second, STEP_SHAPES_FILE))
     ratio = float(np.median([s.busy_s for s in steps_b]) / np.median([s.busy_s for s in steps_a]))
+    try:  # the second run's host against the first's, from their input preparation
+        speed: dict[str, Any] | str = host_speed.against(steps_b, steps_a, str(second)).as_dict()
+    except ValueError as error:
+        speed = str(error)
     return {
         "first": str(first),
         "second": str(second),
         "requests": validation.request_errors(a.requests, b.requests),
         "median_step_ratio": ratio,
+        "host_speed": speed,
         "ttft_wait_split": ttft_floor.wait_split(
             a.requests,
             ttft_floor.engine_steps(steps_a),
@@ -215,9 +225,11 @@ def compare(
     progress: bool = False,
     engine_kind: str = "servesim-eager",
     decode_split: str = "fixed",
+    host_slowdown: float = 1.0,
 ) -> dict[str, Any]:
     """Simulate ``trace`` under ``run`` with each cost model and compare with the engine run,
-    which ran as ``engine_kind`` (its host clock) with its decode kernel's ``decode_split``."""
+    which ran as ``engine_kind`` (its host clock) with its decode kernel's ``decode_split``, on
+    a host ``host_slowdown`` times slower than the calibration's."""
     measured = load_run(engine_dir)
     shapes_path = run_file(engine_dir, STEP_SHAPES_FILE)
     if not shapes_path.exists():
@@ -231,7 +243,7 @@ def compare(
         "profile": run.profile,
         "roofline_hardware": run.hardware,
         "sim_config": flat_settings(run),
-        "cost_config": asdict(engine_cost_config(run, engine_kind, decode_split)),
+        "cost_config": asdict(engine_cost_config(run, engine_kind, decode_split, host_slowdown)),
         "engine_kind": engine_kind,
         "decode_split": decode_split,
         "models": {},
@@ -242,7 +254,7 @@ def compare(
             measured.requests["request_id"].astype(str), measured.requests["arrival_s"], strict=True
         )
     )
-    for name, cost_model in cost_models(run, engine_kind, decode_split).items():
+    for name, cost_model in cost_models(run, engine_kind, decode_split, host_slowdown).items():
         if name == "calibrated":
             result["profile_spread"] = profile_spread(cost_model)
         config = run if name == "calibrated" else replace(run, profile=None)
@@ -256,7 +268,7 @@ def compare(
             trace,
             config,
             progress=progress,
-            cost_config=engine_cost_config(run, engine_kind, decode_split),
+            cost_config=engine_cost_config(run, engine_kind, decode_split, host_slowdown),
             wrap_executor=wrap,
         )
         simulated.write(out / f"sim-{name}")
@@ -358,7 +370,7 @@ def validate(
     summary = run_summary(engine_dir)
     kind = engine_kind_of_run(summary)
     split = decode_split_of_run(summary, Path(engine_dir) / "summary.json")
-    result = compare(engine_dir, scaled, run, out, progress, engine_kind=kind, decode_split=split)
+    result = compare(engine_dir, scaled, run, out, progress, kind, split, config.host_slowdown)
     if floor_dir is not None:
         result["engine_floor"] = engine_floor(engine_dir, Path(floor_dir))
     result["command"] = command

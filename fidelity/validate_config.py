@@ -29,6 +29,9 @@ class ValidateConfig:
     clock: str = "auto"  # the engine's and calibration's clock; see fidelity.calibrate.CLOCK_HELP
     enforce_eager: bool = False  # the engine without CUDA graphs (where it has them)
     mixed_graphs: str = "off"  # its steps with a prompt chunk on piecewise graphs (CUDA only)
+    # The engine's host against the calibration's: how many times slower (CostModelConfig.
+    # host_slowdown; fidelity.host_speed measures it from the runs' input preparation).
+    host_slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         check_policy(self.scheduler.policy)
@@ -37,6 +40,8 @@ class ValidateConfig:
             raise ValueError(f"max_requests must be >= 1, got {self.max_requests!r}")
         if not 0 <= self.time_scale < float("inf"):
             raise ValueError(f"time_scale must be finite and >= 0, got {self.time_scale!r}")
+        if not 0 < self.host_slowdown < float("inf"):
+            raise ValueError(f"host_slowdown must be finite and > 0, got {self.host_slowdown!r}")
         if self.clock not in CLOCK_CHOICES:
             raise ValueError(f"clock must be one of {CLOCK_CHOICES}, got {self.clock!r}")
 

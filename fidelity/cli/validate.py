@@ -78,6 +78,17 @@ def print_context(result: dict[str, Any], file: Any = sys.stdout) -> None:
                 f"  engine against itself, {_split_text(floor['ttft_wait_split'], 'difference')}",
                 file=file,
             )
+        speed = floor.get("host_speed")
+        if isinstance(speed, dict):
+            fifths = " ".join(f"{x:.2f}" for x in speed["by_fifth"])
+            print(
+                f"  the second run's host against the first's (input preparation, "
+                f"{speed['num_steps']} steps): {speed['slowdown']:.3f}x, +-{speed['spread']:.3f}; "
+                f"by fifth of the run {fifths} (--host-slowdown prices a run on its own host)",
+                file=file,
+            )
+        elif speed:
+            print(f"  host speed not measured: {speed}", file=file)
     phase = result.get("ttft_phase_floor") or {}
     if phase.get("median_pct") is not None:
         print(
@@ -234,6 +245,15 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
         "CUDA graphs (python -m engine run --mixed-graphs; CUDA only) (default: %(default)s)",
     )
     parser.add_argument(
+        "--host-slowdown",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="price the engine's host X times slower than the calibration's (its clock only, "
+        "not the GPU's: CostModelConfig.host_slowdown); validation.json's engine_floor gives "
+        "the second run's, measured from its input preparation (default: %(default)s)",
+    )
+    parser.add_argument(
         "--rerun",
         action="store_true",
         help="run the engine a second time for the engine against itself (the noise floor)",
@@ -287,6 +307,7 @@ def config_from_args(
             "clock": args.clock,
             "enforce_eager": args.enforce_eager,
             "mixed_graphs": args.mixed_graphs,
+            "host_slowdown": args.host_slowdown,
         },
     )
 

@@ -75,7 +75,8 @@ class CalibratedCostModel:
         # chosen on its tables as timed: made monotone, the recorded CPU pairs of
         # benchmarks/results/refit_cpu.txt priced their engines' own steps 1.8-2.4 points
         # worse in sets 2 and 3, 0.7-0.8 in set 4, and -0.1 and +0.5 in set 1.
-        repair = not is_cpu_profile(profile)
+        self._cpu = is_cpu_profile(profile)
+        repair = not self._cpu
         self._tables1 = {
             op: monotone(table) if repair and op in GROWING_OPS else table
             for op, table in profile.ops.items()
@@ -247,8 +248,14 @@ class CalibratedCostModel:
         if not any(analytic):
             return analytic
         if self.host is not None:
-            return self._host_terms(shape, analytic)
-        return self._table_terms(shape, analytic)
+            return self._host_terms(shape, analytic)  # (its host set is at the slowdown)
+        terms = self._table_terms(shape, analytic)
+        slowdown = self.fallback.config.host_slowdown
+        if slowdown == 1 or self._fitting:  # (a fit prices the profile's own host)
+            return terms
+        if self._cpu:  # one processor runs both clocks: all of the step is the host's
+            return tuple(slowdown * term for term in terms)
+        return (*terms[:-1], slowdown * terms[-1])  # the fitted overhead is the host's
 
     def _table_terms(self, shape: StepShape, analytic: tuple[float, ...]) -> tuple[float, ...]:
         """The tables' terms over the roofline's, the fitted overhead last."""

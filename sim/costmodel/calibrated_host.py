@@ -98,7 +98,7 @@ def run_host_params(profile: Profile, fallback: RooflineCostModel) -> HostParams
     kind = (profile.engine or {}).get("kind")
     if kind is None or kind == config.engine:
         return config.host_params()
-    return host_params(engine_kind_of(profile))
+    return host_params(engine_kind_of(profile)).at_speed(config.host_slowdown)
 
 
 def roofline_device_s(fallback: RooflineCostModel, shape: StepShape) -> float:
@@ -118,8 +118,9 @@ def calibrated_host(
     keep the step overhead of version 4 and before)."""
     clock = gpu_clock_of(profile)
     layers, heads = fallback.model.num_layers, fallback.model.kv_heads_per_shard(fallback.tp)
+    slowdown = fallback.config.host_slowdown  # (what the profile's host measured is at 1)
     if profile.host is not None:
-        model = HostTimeModel(profile.host, layers, heads)
+        model = HostTimeModel(profile.host.at_speed(slowdown), layers, heads)
         return CalibratedHost(clock, model, profile.host_device_scale)
     if is_cpu_profile(profile):
         return None
@@ -139,4 +140,5 @@ def calibrated_host(
         args = host_args(shape, profile.block_size)
         samples.append(StepSample(*args, device, step.measured_s, step.host_s, tokens))
     fit = fit_host(samples, start_params(profile, fallback), layers, heads)
-    return CalibratedHost(clock, HostTimeModel(fit.params, layers, heads), fit.device_scale, fit)
+    model = HostTimeModel(fit.params.at_speed(slowdown), layers, heads)
+    return CalibratedHost(clock, model, fit.device_scale, fit)

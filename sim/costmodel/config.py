@@ -4,6 +4,7 @@ its copies over PCIe, and whether padding is priced. The device's constants live
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from core.decode_split import DEFAULT_SPLIT, check_split_mode
@@ -46,6 +47,12 @@ class CostModelConfig:
     # (``core.decode_split.SPLIT_MODES``): the engine's own since 39ba127 (2026-11-27) by default;
     # ``sim validate`` reads it from the run (``"fixed"`` for runs recorded before).
     decode_split: str = DEFAULT_SPLIT
+    # How many times longer this host takes over its work than the host the host set was
+    # measured on (1.5: a host 1.5x slower; 0.8: faster). It stretches every second of the
+    # host's clock (``HostParams.at_speed``), never the GPU's; on a CPU profile, whose one
+    # processor runs both clocks, the whole step. ``sim validate`` can measure it from a run's
+    # input preparation (``fidelity.host_speed``).
+    host_slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
@@ -66,19 +73,26 @@ class CostModelConfig:
             raise ValueError(
                 f"CostModelConfig.max_model_len must be >= 1 or None, got {self.max_model_len!r}"
             )
+        if not (isinstance(self.host_slowdown, int | float) and 0 < self.host_slowdown < math.inf):
+            raise ValueError(
+                f"CostModelConfig.host_slowdown must be finite and > 0, got {self.host_slowdown!r}"
+            )
         for field in ("step_overhead_s", "per_sequence_overhead_s"):
             value = getattr(self, field)
             if not value >= 0:
                 raise ValueError(f"CostModelConfig.{field} must be >= 0, got {value!r}")
 
     def host_params(self) -> HostParams:
-        """The host parameter set a step pays (see the class docstring)."""
+        """The host parameter set a step pays (see the class docstring), at
+        ``host_slowdown``."""
         if self.host is not None:
-            return self.host
-        if self.engine == "vllm":
-            return HostParams(
+            params = self.host
+        elif self.engine == "vllm":
+            params = HostParams(
                 step_s=self.step_overhead_s,
                 seq_s=self.per_sequence_overhead_s,
                 async_scheduling=self.async_scheduling,
             )
-        return host_params(self.engine)
+        else:
+            params = host_params(self.engine)
+        return params.at_speed(self.host_slowdown)

@@ -16,6 +16,21 @@ ENGINE_KINDS: Final = ("vllm", "servesim-eager", "servesim-graphs", "servesim-pi
 """The engines with a documented host parameter set (``host_params``)."""
 
 
+HOST_SECONDS: Final = (
+    "step_s",
+    "seq_s",
+    "block_entry_s",
+    "sampled_row_s",
+    "layer_s",
+    "attention_launch_s",
+    "graph_replay_s",
+    "mixed_split_s",
+    "piece_replay_s",
+)
+"""The fields of ``HostParams`` that are seconds of the host's work (what a slower host
+stretches: ``HostParams.at_speed``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class HostParams:
     """Seconds of host work per unit of a step's shape, and how the host and the GPU overlap.
@@ -62,18 +77,7 @@ class HostParams:
     piecewise_max_tokens: int = 512
 
     def __post_init__(self) -> None:
-        for name in (
-            "step_s",
-            "seq_s",
-            "block_entry_s",
-            "sampled_row_s",
-            "layer_s",
-            "attention_launch_s",
-            "graph_replay_s",
-            "stall_share",
-            "mixed_split_s",
-            "piece_replay_s",
-        ):
+        for name in (*HOST_SECONDS, "stall_share"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0 <= value < math.inf):
                 raise ValueError(f"HostParams.{name} must be finite and >= 0, got {value!r}")
@@ -84,6 +88,15 @@ class HostParams:
         for name in ("split_programs", "split_min_context", "piecewise_max_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"HostParams.{name} must be >= 0, got {getattr(self, name)!r}")
+
+    def at_speed(self, slowdown: float) -> HostParams:
+        """This set on a host ``slowdown`` times slower (0.8: faster): every second of host
+        work (``HOST_SECONDS``) scaled; the shares, counts and flags kept."""
+        if not (isinstance(slowdown, int | float) and 0 < slowdown < math.inf):
+            raise ValueError(f"a host slowdown must be finite and > 0, got {slowdown!r}")
+        if slowdown == 1:
+            return self
+        return replace(self, **{name: getattr(self, name) * slowdown for name in HOST_SECONDS})
 
     @property
     def launches_kernels(self) -> bool:

@@ -170,6 +170,18 @@ def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Pa
     assert third["models"]["calibrated"]["requests"]["rows"] == first_rows
     metrics = third["engine_floor"]["requests"]["metrics"]
     assert metrics["tpot"]["median_abs_pct"] == 0.0  # a run against itself
+    speed = third["engine_floor"]["host_speed"]  # (its own preparation, fitted and priced)
+    assert speed["num_steps"] > 16 and speed["slowdown"] == pytest.approx(1.0, abs=0.1)
+
+    # On a host 1.5x slower: a CPU profile's whole step is the host's, so every step is longer.
+    slow = tmp_path / "slow"
+    argv_slow = ["validate", *policy, "--replay", str(out / "engine"), "--host-slowdown", "1.5"]
+    assert sim_main([*argv_slow, "--out", str(slow), "--quiet"]) == 0
+    fourth = json.loads((slow / "validation.json").read_text())
+    assert fourth["cost_config"]["host_slowdown"] == 1.5
+    first = [pd.read_csv(run / "sim-calibrated" / "steps.csv").iloc[0] for run in (floor, slow)]
+    assert first[1]["num_prefill_tokens"] == first[0]["num_prefill_tokens"]  # (the same step)
+    assert first[1]["duration_s"] == pytest.approx(1.5 * first[0]["duration_s"])
 
 
 def test_validate_refuses_a_run_of_other_requests(

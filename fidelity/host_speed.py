@@ -1,0 +1,133 @@
+"""How much slower one run's host was than another's, measured from the engine's input
+preparation.
+
+Every step the model runner prepares its inputs on the host (``prepare_s`` in a run's step
+shapes: the persistent batch, the block tables, the attention metadata and their copies). That
+work touches no kernel and waits for no GPU, so its time at a given step shape is a probe of
+the host's speed alone. On the recorded H200 runs it follows the whole step where the host
+set the pace: run 1 of example.csv, made on a freshly started machine, took 1.51x as long as
+run 3 over decode steps of the same batch sizes, and its preparation 1.51x as long
+(docs/validation.md).
+
+``fit_prepare`` fits the preparation time of a reference run's steps as a linear function of
+their shape (``prepare_features``); ``host_speed`` gives another run's steps' median ratio to
+it (the slowdown: 1.5 means a host 1.5x slower), its spread and its drift over the run's
+fifths. The slowdown is what ``CostModelConfig.host_slowdown`` takes to price a run on its own
+host. It is a measurement of the run, beside the step times to be predicted and not one of
+them, and ``sim validate`` reports it apart from, never instead of, the unadjusted errors.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from records.step_shapes import StepShapeRecord
+
+MIN_STEPS = 16
+"""Fewer steps with a preparation time than this measure no host speed."""
+
+
+def prepare_features(step: StepShapeRecord) -> tuple[float, float, float, float]:
+    """(1, whether the step has a prompt chunk, its sequences, its token rows): a step with a
+    chunk uploads its inputs apart (no decode graph), and the rest grows with the rows."""
+    num_seqs = len(step.decode_context_tokens) + len(step.prefill_chunks)
+    num_tokens = len(step.decode_context_tokens) + sum(n for n, _ in step.prefill_chunks)
+    return (1.0, float(bool(step.prefill_chunks)), float(num_seqs), float(num_tokens))
+
+
+def _timed(steps: Sequence[StepShapeRecord]) -> list[StepShapeRecord]:
+    return [s for s in steps if s.prepare_s > 0 and (s.decode_context_tokens or s.prefill_chunks)]
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareModel:
+    """A reference run's preparation seconds as a linear function of ``prepare_features``."""
+
+    coefficients: tuple[float, ...]
+    num_steps: int
+
+    def predict(self, step: StepShapeRecord) -> float:
+        return float(np.dot(self.coefficients, prepare_features(step)))
+
+
+def fit_prepare(steps: Sequence[StepShapeRecord], name: str = "the reference run") -> PrepareModel:
+    """Least squares in relative terms (each step weighted by its own time, so that the many
+    short steps and the few long ones count alike) over ``steps`` with a preparation time."""
+    timed = _timed(steps)
+    if len(timed) < MIN_STEPS:
+        raise ValueError(
+            f"{name}: {len(timed)} steps with a preparation time; a host speed needs >= {MIN_STEPS}"
+        )
+    x = np.array([prepare_features(s) for s in timed])
+    y = np.array([s.prepare_s for s in timed])
+    # Columns that never vary beyond the intercept (no step with a chunk) are left out.
+    keep = [0] + [j for j in range(1, x.shape[1]) if np.ptp(x[:, j]) > 0]
+    solution, *_ = np.linalg.lstsq(x[:, keep] / y[:, None], np.ones(len(y)), rcond=None)
+    coefficients = np.zeros(x.shape[1])
+    coefficients[keep] = solution
+    return PrepareModel(tuple(float(c) for c in coefficients), len(timed))
+
+
+@dataclass(frozen=True, slots=True)
+class HostSpeed:
+    """A run's host against a reference: ``slowdown`` the median over its steps of measured /
+    the reference's predicted preparation time; ``spread`` half the interquartile range of
+    those ratios; ``by_fifth`` their median in each fifth of the run, in order."""
+
+    slowdown: float
+    spread: float
+    by_fifth: tuple[float, ...]
+    num_steps: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "slowdown": self.slowdown,
+            "spread": self.spread,
+            "by_fifth": list(self.by_fifth),
+            "num_steps": self.num_steps,
+        }
+
+
+def host_speed(
+    steps: Sequence[StepShapeRecord], reference: PrepareModel, name: str = "the run"
+) -> HostSpeed:
+    """``steps``' host against the reference's (``fit_prepare``), in step order."""
+    timed = _timed(steps)
+    ratios = []
+    for step in timed:
+        predicted = reference.predict(step)
+        if predicted > 0:
+            ratios.append(step.prepare_s / predicted)
+    if len(ratios) < MIN_STEPS:
+        raise ValueError(
+            f"{name}: {len(ratios)} steps with a preparation time the reference prices; a host "
+            f"speed needs >= {MIN_STEPS}"
+        )
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    fifths = tuple(float(np.median(part)) for part in np.array_split(np.array(ratios), 5))
+    return HostSpeed(float(statistics.median(ratios)), (q3 - q1) / 2, fifths, len(ratios))
+
+
+def against(
+    steps: Sequence[StepShapeRecord], reference: Sequence[StepShapeRecord], name: str = "the run"
+) -> HostSpeed:
+    """``steps``' host against ``reference``'s: the reference run's own preparation fitted,
+    and ``steps`` priced by it."""
+    return host_speed(steps, fit_prepare(reference, f"the reference of {name}"), name)
+
+
+def group_slowdowns(runs: dict[str, Sequence[StepShapeRecord]]) -> dict[str, float]:
+    """Runs of one configuration, each against the fastest host among them (a host's speed is
+    lost to load, heat or a cold start; it is seldom gained): every run's steps priced by the
+    preparation fitted on all of them pooled, and each median ratio divided by the least. One
+    run alone is its own reference (1.0)."""
+    if len(runs) == 1:
+        return dict.fromkeys(runs, 1.0)
+    pooled = fit_prepare([s for steps in runs.values() for s in steps], "the pooled runs")
+    raw = {name: host_speed(steps, pooled, name).slowdown for name, steps in runs.items()}
+    fastest = min(raw.values())
+    return {name: value / fastest for name, value in raw.items()}
