@@ -50,3 +50,20 @@ def test_a_budget_holds_on_the_recorded_runs(tmp_path: Path) -> None:
         floor = figures["ttft_phase_floor"][run]
         assert 10 < floor["median_pct"] < floor["expected_pct"] < 25
     assert figures["profiles_differ"]["verdict"] == "host"
+
+
+def test_on_their_own_hosts_the_slow_runs_come_close(tmp_path: Path) -> None:
+    # Two runs were made on a slower host than their configuration's others (found from
+    # their input preparation alone, fidelity/host_speed.py). Priced on it, shared_prefix's
+    # run 1 meets issue 30's TPOT and E2E target; example's run 1, whose host slowed further
+    # as it ran, halves its miss with calibration 1 and the roofline.
+    runs = ["example-chunked-run1", "shared_prefix-chunked-prefixcache-run1"]
+    figures = recorded_runs(ROOT, tmp_path, runs)
+    budget = {runs[0]: 15.0, runs[1]: 5.0}
+    for run in runs:
+        assert figures["host_slowdown"][run] > 1.1
+        for name, row in figures["on_own_host"][run].items():
+            before = figures["runs"][run][name]
+            for metric in ("tpot", "e2e"):
+                assert row[metric] <= budget[run], f"{run} {name} {metric}: {row[metric]:.1f}"
+                assert row[metric] < before[metric] - 3, f"{run} {name} {metric}"
