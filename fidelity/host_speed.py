@@ -26,17 +26,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from records.step_shapes import StepShapeRecord
+from sim.costmodel.profile import Profile
 
 MIN_STEPS = 16
 """Fewer steps with a preparation time than this measure no host speed."""
 
 
-def prepare_features(step: StepShapeRecord) -> tuple[float, float, float, float]:
+def shape_features(
+    chunks: Sequence[tuple[int, int]], num_decodes: int
+) -> tuple[float, float, float, float]:
     """(1, whether the step has a prompt chunk, its sequences, its token rows): a step with a
     chunk uploads its inputs apart (no decode graph), and the rest grows with the rows."""
-    num_seqs = len(step.decode_context_tokens) + len(step.prefill_chunks)
-    num_tokens = len(step.decode_context_tokens) + sum(n for n, _ in step.prefill_chunks)
-    return (1.0, float(bool(step.prefill_chunks)), float(num_seqs), float(num_tokens))
+    num_seqs = num_decodes + len(chunks)
+    num_tokens = num_decodes + sum(n for n, _ in chunks)
+    return (1.0, float(bool(chunks)), float(num_seqs), float(num_tokens))
+
+
+def prepare_features(step: StepShapeRecord) -> tuple[float, float, float, float]:
+    """``shape_features`` of a run's step."""
+    return shape_features(step.prefill_chunks, len(step.decode_context_tokens))
 
 
 def _timed(steps: Sequence[StepShapeRecord]) -> list[StepShapeRecord]:
@@ -58,18 +66,31 @@ def fit_prepare(steps: Sequence[StepShapeRecord], name: str = "the reference run
     """Least squares in relative terms (each step weighted by its own time, so that the many
     short steps and the few long ones count alike) over ``steps`` with a preparation time."""
     timed = _timed(steps)
-    if len(timed) < MIN_STEPS:
+    return _fit([prepare_features(s) for s in timed], [s.prepare_s for s in timed], name)
+
+
+def profile_reference(profile: Profile) -> PrepareModel:
+    """The preparation of a calibration's whole steps (``prepare_s``, which ``sim calibrate``
+    stores since 2026-11-28), fitted as a run's are: the host a run is measured against."""
+    timed = [s for s in profile.steps if s.prepare_s and s.measured_s > 0]
+    rows = [shape_features(s.prefill_chunks, s.num_decode_seqs) for s in timed]
+    return _fit(rows, [float(s.prepare_s or 0.0) for s in timed], f"{profile.path}: steps")
+
+
+def _fit(
+    rows: list[tuple[float, float, float, float]], times: list[float], name: str
+) -> PrepareModel:
+    if len(rows) < MIN_STEPS:
         raise ValueError(
-            f"{name}: {len(timed)} steps with a preparation time; a host speed needs >= {MIN_STEPS}"
+            f"{name}: {len(rows)} steps with a preparation time; a host speed needs >= {MIN_STEPS}"
         )
-    x = np.array([prepare_features(s) for s in timed])
-    y = np.array([s.prepare_s for s in timed])
+    x, y = np.array(rows), np.array(times)
     # Columns that never vary beyond the intercept (no step with a chunk) are left out.
     keep = [0] + [j for j in range(1, x.shape[1]) if np.ptp(x[:, j]) > 0]
     solution, *_ = np.linalg.lstsq(x[:, keep] / y[:, None], np.ones(len(y)), rcond=None)
     coefficients = np.zeros(x.shape[1])
     coefficients[keep] = solution
-    return PrepareModel(tuple(float(c) for c in coefficients), len(timed))
+    return PrepareModel(tuple(float(c) for c in coefficients), len(rows))
 
 
 @dataclass(frozen=True, slots=True)

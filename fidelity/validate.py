@@ -182,6 +182,19 @@ def engine_floor(first: Path, second: Path) -> dict[str, Any]:
     }
 
 
+def host_against_profile(engine_dir: Path, profile: str | None) -> dict[str, Any]:
+    """The engine run's host against the calibration's, from their input preparation
+    (``fidelity.host_speed``), or why it cannot be measured (``error``)."""
+    if profile is None:
+        return {"error": "no profile"}
+    try:
+        reference = host_speed.profile_reference(load_profile(profile))
+        steps = load_step_shapes(run_file(engine_dir, STEP_SHAPES_FILE))
+        return host_speed.host_speed(steps, reference, str(engine_dir)).as_dict()
+    except ValueError as error:
+        return {"error": str(error)}
+
+
 def profile_spread(cost_model: CostModel) -> dict[str, Any]:
     """How sure a calibrated profile is of itself: its host fit's median |residual| over its
     whole steps, the slow episodes it left out and the stalls it counted, the clock its GPU
@@ -370,7 +383,14 @@ def validate(
     summary = run_summary(engine_dir)
     kind = engine_kind_of_run(summary)
     split = decode_split_of_run(summary, Path(engine_dir) / "summary.json")
-    result = compare(engine_dir, scaled, run, out, progress, kind, split, config.host_slowdown)
+    measured = host_against_profile(engine_dir, run.profile)
+    slowdown = config.host_slowdown
+    if config.measure_host_slowdown:
+        if "error" in measured:
+            raise ValueError(f"--host-slowdown measured: {measured['error']}")
+        slowdown = float(measured["slowdown"])
+    result = compare(engine_dir, scaled, run, out, progress, kind, split, slowdown)
+    result["host_speed"] = {**measured, "applied": slowdown}
     if floor_dir is not None:
         result["engine_floor"] = engine_floor(engine_dir, Path(floor_dir))
     result["command"] = command

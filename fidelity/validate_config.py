@@ -32,6 +32,8 @@ class ValidateConfig:
     # The engine's host against the calibration's: how many times slower (CostModelConfig.
     # host_slowdown; fidelity.host_speed measures it from the runs' input preparation).
     host_slowdown: float = 1.0
+    # Measure it instead: the engine run's input preparation against the calibration's.
+    measure_host_slowdown: bool = False
 
     def __post_init__(self) -> None:
         check_policy(self.scheduler.policy)

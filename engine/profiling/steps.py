@@ -53,9 +53,10 @@ def grid_steps(
     token budget, then decoded ``grid.step_decodes`` steps, a ``step_mixed_prompt``-token
     prompt arriving half-way (one mixed step). The grid runs ``grid.step_repeats`` rounds,
     one after the other; each step's entry is its median busy time over the rounds, with its
-    spread and the host's part of it (schedule, prepare, update). These are the steps the
-    calibrated model fits the host clock to (``sim.costmodel.host_fit``), so they cover
-    decode batches, prefill chunks and mixed steps alike."""
+    spread, the host's part of it (schedule, prepare, update) and the runner's preparation.
+    These are the steps the calibrated model fits the host clock to
+    (``sim.costmodel.host_fit``), so they cover decode batches, prefill chunks and mixed steps
+    alike."""
     tick = on_point or (lambda _: None)
     rounds: list[list[list[StepRecord]]] = []
     with _scheduled_as(engine, engine.scheduler_config.max_num_batched_tokens):
@@ -117,6 +118,7 @@ def _merged(groups: tuple[list[StepRecord], ...]) -> list[dict[str, Any]]:
         entry["spread_s"] = _half_iqr(busy)
         entry["repeats"] = len(busy)
         entry["host_s"] = statistics.median(host)
+        entry["prepare_s"] = statistics.median(g[idx].timing.prepare_s for g in same)
         entries.append(entry)
     return entries
 
@@ -182,4 +184,7 @@ def _step_entry(record: StepRecord) -> dict[str, Any]:
         "sum_decode_context_tokens": sum(contexts),
         "decode_context_tokens": contexts,
         "measured_s": record.busy_s,
+        # The runner's input preparation (wall clock): what a run's host is measured against
+        # (fidelity.host_speed).
+        "prepare_s": record.timing.prepare_s,
     }

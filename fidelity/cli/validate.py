@@ -64,6 +64,17 @@ def print_context(result: dict[str, Any], file: Any = sys.stdout) -> None:
         print(
             f"  profile: table points spread {spread['table_spread_pct']:.1f}% (median)", file=file
         )
+    speed = result.get("host_speed") or {}
+    if "slowdown" in speed:
+        fifths = " ".join(f"{x:.2f}" for x in speed["by_fifth"])
+        print(
+            f"  the run's host against the calibration's (input preparation, "
+            f"{speed['num_steps']} steps): {speed['slowdown']:.3f}x, +-{speed['spread']:.3f}; by "
+            f"fifth of the run {fifths}; priced at {speed['applied']:.3f}x (--host-slowdown)",
+            file=file,
+        )
+    elif speed.get("applied", 1.0) != 1.0:
+        print(f"  the run's host priced at {speed['applied']:.3f}x (--host-slowdown)", file=file)
     floor = result.get("engine_floor")
     if floor:
         parts = _metric_cells(floor["requests"]["metrics"])
@@ -246,12 +257,15 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--host-slowdown",
-        type=float,
+        type=_slowdown,
         default=1.0,
-        metavar="X",
+        metavar="X|measured",
         help="price the engine's host X times slower than the calibration's (its clock only, "
-        "not the GPU's: CostModelConfig.host_slowdown); validation.json's engine_floor gives "
-        "the second run's, measured from its input preparation (default: %(default)s)",
+        "not the GPU's: CostModelConfig.host_slowdown), or as much slower as the run's input "
+        "preparation was than the calibration's steps' (measured; a profile from sim calibrate "
+        "since 2026-11-28 stores them). The table always prints that measurement where it can "
+        "be made, and with a second run the second host against the first (default: "
+        "%(default)s)",
     )
     parser.add_argument(
         "--rerun",
@@ -290,6 +304,19 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
 
 
+def _slowdown(text: str) -> float | str:
+    """--host-slowdown's value: ``measured``, or a finite number > 0."""
+    if text == "measured":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected 'measured' or a number > 0, got {text!r}")
+    return value
+
+
 def config_from_args(
     args: argparse.Namespace, model: str | None = None, hardware: str | None = None
 ) -> ValidateConfig:
@@ -307,7 +334,8 @@ def config_from_args(
             "clock": args.clock,
             "enforce_eager": args.enforce_eager,
             "mixed_graphs": args.mixed_graphs,
-            "host_slowdown": args.host_slowdown,
+            "host_slowdown": 1.0 if args.host_slowdown == "measured" else args.host_slowdown,
+            "measure_host_slowdown": args.host_slowdown == "measured",
         },
     )
 

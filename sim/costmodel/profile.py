@@ -137,9 +137,11 @@ class StepTiming:
     sum_decode_context_tokens: int
     measured_s: float
     decode_context_tokens: tuple[int, ...] | None = None
-    # v5: the step's spread over the calibration's rounds, and the host's part of it.
+    # v5: the step's spread over the calibration's rounds, the host's part of it, and the
+    # runner's input preparation (the reference a run's host speed is measured against).
     spread_s: float | None = None
     host_s: float | None = None
+    prepare_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +278,10 @@ class _Reader:
             self.get(step, "sum_decode_context_tokens", int, f"{field}.sum_decode_context_tokens"),
             float(self.get(step, "measured_s", (int, float), f"{field}.measured_s")),
             contexts,
-            *(self.seconds(step, key, f"{field}.{key}") for key in ("spread_s", "host_s")),
+            *(
+                self.seconds(step, key, f"{field}.{key}")
+                for key in ("spread_s", "host_s", "prepare_s")
+            ),
         )
         if contexts is not None and (
             len(contexts) != timing.num_decode_seqs

@@ -38,6 +38,8 @@ def test_small_calibration_writes_a_profile_that_loads(small_profile: Path) -> N
     assert any(s.prefill_chunks for s in profile.steps)
     assert any(not s.prefill_chunks and s.num_decode_seqs == 2 for s in profile.steps)
     assert profile.timer == "thread_cpu"  # a CPU with one torch thread: the thread's CPU time
+    # Each step keeps the runner's input preparation: the host a run is measured against.
+    assert all(s.prepare_s is not None and s.prepare_s > 0 for s in profile.steps)
     # The kernel checks choose the rule that fits the skewed check points better
     # (fidelity.calibrate); where the profile has enough skewed whole steps, the rule is the one
     # its fitted model fits them best under, the checks' choice kept beside it
@@ -172,6 +174,17 @@ def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Pa
     assert metrics["tpot"]["median_abs_pct"] == 0.0  # a run against itself
     speed = third["engine_floor"]["host_speed"]  # (its own preparation, fitted and priced)
     assert speed["num_steps"] > 16 and speed["slowdown"] == pytest.approx(1.0, abs=0.1)
+
+    # The run's host against the calibration's, measured from their input preparation (the
+    # same machine, moments apart), and priced at it on request.
+    measured = result["host_speed"]
+    assert measured["applied"] == 1.0 and 0.5 < measured["slowdown"] < 2.0
+    on_own = tmp_path / "own"
+    argv_own = ["validate", *policy, "--replay", str(out / "engine"), "--host-slowdown", "measured"]
+    assert sim_main([*argv_own, "--out", str(on_own), "--quiet"]) == 0
+    own = json.loads((on_own / "validation.json").read_text())
+    assert own["host_speed"]["applied"] == pytest.approx(own["host_speed"]["slowdown"])
+    assert own["cost_config"]["host_slowdown"] == own["host_speed"]["applied"]
 
     # On a host 1.5x slower: a CPU profile's whole step is the host's, so every step is longer.
     slow = tmp_path / "slow"
