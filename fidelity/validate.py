@@ -187,6 +187,12 @@ def host_against_profile(engine_dir: Path, profile: str | None) -> dict[str, Any
     (``fidelity.host_speed``), or why it cannot be measured (``error``)."""
     if profile is None:
         return {"error": "no profile"}
+    if load_run(engine_dir).config.get("clock") == "cpu":
+        # A busy machine slows the preparation's wall time and not the steps' thread time.
+        return {
+            "error": f"{engine_dir}: the run's steps are on the thread's CPU clock, its "
+            "preparation on the wall clock: run with --clock wall to measure the host"
+        }
     try:
         reference = host_speed.profile_reference(load_profile(profile))
         steps = load_step_shapes(run_file(engine_dir, STEP_SHAPES_FILE))
