@@ -13,8 +13,16 @@ run 3 over decode steps of the same batch sizes, and its preparation 1.51x as lo
 their shape (``prepare_features``); ``host_speed`` gives another run's steps' median ratio to
 it (the slowdown: 1.5 means a host 1.5x slower), its spread and its drift over the run's
 fifths. The slowdown is what ``CostModelConfig.host_slowdown`` takes to price a run on its own
-host. It is a measurement of the run, beside the step times to be predicted and not one of
-them, and ``sim validate`` reports it apart from, never instead of, the unadjusted errors.
+host.
+
+What it does not see: a core shared by time slices. A preparation takes a fraction of a
+millisecond and mostly runs within one slice, so beside a busy loop on the same core it read
+1.27x where the steps, at half the core, took 2.4x as long (``benchmarks/host_speed_cpu.py``).
+Where the run records the engine thread's CPU time, ``core_share`` (its median share of each
+step's wall time) shows such sharing apart.
+
+It is a measurement of the run, beside the step times to be predicted and not one of them,
+and ``sim validate`` reports it apart from, never instead of, the unadjusted errors.
 """
 
 from __future__ import annotations
@@ -103,6 +111,9 @@ class HostSpeed:
     spread: float
     by_fifth: tuple[float, ...]
     num_steps: int
+    # The median over the run's steps of the engine thread's CPU time / the step's wall time
+    # (None where the run records no CPU time): below 1, the thread waited for a core.
+    core_share: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -110,6 +121,7 @@ class HostSpeed:
             "spread": self.spread,
             "by_fifth": list(self.by_fifth),
             "num_steps": self.num_steps,
+            "core_share": self.core_share,
         }
 
 
@@ -130,7 +142,9 @@ def host_speed(
         )
     q1, _, q3 = statistics.quantiles(ratios, n=4)
     fifths = tuple(float(np.median(part)) for part in np.array_split(np.array(ratios), 5))
-    return HostSpeed(float(statistics.median(ratios)), (q3 - q1) / 2, fifths, len(ratios))
+    shares = [s.cpu_s / s.wall_s for s in steps if s.cpu_s and s.wall_s]
+    share = float(statistics.median(shares)) if shares else None
+    return HostSpeed(float(statistics.median(ratios)), (q3 - q1) / 2, fifths, len(ratios), share)
 
 
 def against(

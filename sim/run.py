@@ -76,6 +76,9 @@ class RunConfig:
     # (Scheduler's release_finished_late). False: as a synchronous engine, and as Vidur and
     # LLMServingSim model vLLM.
     scheduling_lag: bool = True
+    # The host against the one the cost model's host set was measured on: how many times
+    # slower (`CostModelConfig.host_slowdown`: the host's clock only, not the GPU's).
+    host_slowdown: float = 1.0
     # Data parallelism as vLLM's: ranks with their own scheduler and KV cache behind vLLM's
     # balancer; a mixture of experts steps them in lockstep, its experts over all their GPUs.
     data_parallel_size: int = 1
@@ -108,7 +111,7 @@ class RunConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         # ``not x > 0`` (rather than ``x <= 0``) is also true for NaN.
-        for name in ("link_bandwidth_gbps", "slo_ttft_s", "slo_tpot_s"):
+        for name in ("link_bandwidth_gbps", "slo_ttft_s", "slo_tpot_s", "host_slowdown"):
             value = getattr(self, name)
             if value is not None and not 0 < value < math.inf:
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
@@ -289,7 +292,9 @@ def simulate(
     scheduler_config = replace(config.scheduler, policy=config.pools_policy)
     cache = _resolved_cache(model, hardware, config, scheduler_config, lockstep)
     if cost_config is None:
-        cost_config = CostModelConfig(async_scheduling=config.async_scheduling)
+        cost_config = CostModelConfig(
+            async_scheduling=config.async_scheduling, host_slowdown=config.host_slowdown
+        )
     cost_model = make_cost_model(
         model, hardware, config.tp, config.profile, cost_config, block_size=config.cache.block_size
     )

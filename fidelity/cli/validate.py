@@ -73,6 +73,13 @@ def print_context(result: dict[str, Any], file: Any = sys.stdout) -> None:
             f"fifth of the run {fifths}; priced at {speed['applied']:.3f}x (--host-slowdown)",
             file=file,
         )
+        share = speed.get("core_share")
+        if share is not None and share < 0.9:
+            print(
+                f"  the engine thread was on a core {100 * share:.0f}% of each step's wall time "
+                "(median): the machine was shared, which the preparation does not measure",
+                file=file,
+            )
     elif speed.get("applied", 1.0) != 1.0:
         print(f"  the run's host priced at {speed['applied']:.3f}x (--host-slowdown)", file=file)
     floor = result.get("engine_floor")

@@ -110,6 +110,14 @@ def _add_run_switches(parser: argparse.ArgumentParser) -> None:
         "before 0.14, and servesim's own engine); by default a step lasts the longer of the two",
     )
     parser.add_argument(
+        "--host-slowdown",
+        type=positive_float,
+        default=DEFAULTS.host_slowdown,
+        metavar="X",
+        help="a host X times slower than the one the cost model's host set was measured on "
+        "(0.8: faster); it stretches the host's clock, not the GPU's (default: %(default)s)",
+    )
+    parser.add_argument(
         "--no-scheduling-lag",
         action="store_true",
         help="with async scheduling, schedule each step after the one before has ended, as a "
@@ -217,6 +225,7 @@ def base_config_from_args(args: argparse.Namespace) -> RunConfig:
             "seed": args.seed,
             "fast_forward": not args.no_fast_forward,
             "async_scheduling": not args.no_async_scheduling,
+            "host_slowdown": args.host_slowdown,
             "scheduling_lag": not args.no_scheduling_lag,
             "data_parallel_size": args.data_parallel_size,
             "enable_expert_parallel": args.enable_expert_parallel,

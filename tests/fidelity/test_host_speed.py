@@ -99,3 +99,12 @@ def test_the_recorded_slow_runs_are_found_from_their_preparation_alone() -> None
     for run in ("example-chunked-run2", "example-chunked-run3", "example-chunked-run4"):
         assert slowdowns[run] < 1.05
     assert slowdowns["shared_prefix-chunked-prefixcache-run2"] == 1.0
+
+
+def test_core_share_shows_a_shared_core_the_preparation_does_not() -> None:
+    reference = _steps(300, seed=10)
+    alone = [dataclasses.replace(s, wall_s=0.01, cpu_s=0.01) for s in _steps(100, seed=11)]
+    shared = [dataclasses.replace(s, wall_s=0.02, cpu_s=0.01) for s in _steps(100, seed=12)]
+    assert against(alone, reference).core_share == pytest.approx(1.0)
+    assert against(shared, reference).core_share == pytest.approx(0.5)
+    assert against(_steps(100, seed=13), reference).core_share is None  # (no CPU time recorded)

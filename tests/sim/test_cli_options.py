@@ -193,3 +193,21 @@ def test_no_async_scheduling_adds_host_work_to_every_step(trace: Path, tmp_path:
     async_tpot = summaries["async"]["summary"]["median_tpot_ms"]
     sync_tpot = summaries["sync"]["summary"]["median_tpot_ms"]
     assert sync_tpot > async_tpot + 1.0
+
+
+def test_host_slowdown_stretches_the_hosts_work(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summaries = {}
+    for name, extra in (("as set", []), ("slower", ["--host-slowdown", "2"])):
+        out = tmp_path / name
+        argv = ["run", str(trace), *RUN_BASE, "--no-async-scheduling", "--out", str(out)]
+        assert _call([*argv, *extra]) == 0
+        summaries[name] = json.loads((out / "summary.json").read_text())
+    assert summaries["as set"]["config"]["host_slowdown"] == 1.0
+    assert summaries["slower"]["config"]["host_slowdown"] == 2.0
+    # vLLM's 2 ms a step, twice over, on every decode step.
+    tpot = [summaries[name]["summary"]["median_tpot_ms"] for name in ("as set", "slower")]
+    assert tpot[1] > tpot[0] + 1.5
+    assert _call(["run", str(trace), *RUN_BASE, "--host-slowdown", "0"]) == 2
+    assert "argument --host-slowdown: must be > 0" in capsys.readouterr().err

@@ -27,6 +27,8 @@ def _summary_hash(path: Path) -> str:
     # Issue 31: arrivals join a step as vLLM's async scheduling takes them in, unless
     # ``--no-scheduling-lag`` (which every case below gives, so that the rest is compared).
     assert summary["config"].pop("scheduling_lag") is False
+    # 2026-11-28: the host's speed against the host set's (1.0 unless --host-slowdown).
+    assert summary["config"].pop("host_slowdown") == 1.0
     return hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()
 
 
