@@ -126,7 +126,9 @@ def calibration(folder: Path) -> dict[str, Any]:
 
 def validation(folder: Path) -> dict[str, Any]:
     """Per cost model: the median per-request |error| of TTFT, TPOT and E2E, and of the
-    engine's own steps, in percent."""
+    engine's own steps, in percent; the engine against itself; and how much slower the run's
+    host was than the calibration's (and the rerun's than the run's), from their input
+    preparation."""
     result = _json(folder / "validation.json")
     out: dict[str, Any] = {}
     for name, model in result["models"].items():
@@ -149,6 +151,15 @@ def validation(folder: Path) -> dict[str, Any]:
         out["noise_floor"] = {
             m: _round(metrics[m]["median_abs_pct"]) for m in ("ttft", "tpot", "e2e") if m in metrics
         }
+        speed = floor.get("host_speed")
+        if isinstance(speed, dict):  # the second run's host against the first's
+            out["rerun_host_slowdown"] = _round(speed["slowdown"])
+    speed = result.get("host_speed") or {}
+    if "slowdown" in speed:  # the run's host against the calibration's (fidelity.host_speed)
+        out["host_slowdown"] = _round(speed["slowdown"])
+        out["host_slowdown_by_fifth"] = [_round(x) for x in speed["by_fifth"]]
+        if speed.get("core_share") is not None:
+            out["core_share"] = _round(speed["core_share"])
     spread = result.get("profile_spread") or {}
     if "steps_spread_pct" in spread:
         out["profile_step_spread_pct"] = _round(spread["steps_spread_pct"])

@@ -226,3 +226,26 @@ def test_the_piecewise_ab_sets_the_piecewise_run_beside_engine_selfs(tmp_path: P
         assert medians[0] == round(1e3 * median, 2)
     assert 1 < ab["piecewise"]["median_tpot_ms"] < 100
     assert ab["piecewise"]["median_ttft_ms"] > ab["piecewise"]["median_tpot_ms"] / 10
+
+
+def test_validation_figures_carry_the_hosts_measured_speed(tmp_path: Path) -> None:
+    metrics = {m: {"median_abs_pct": 5.0} for m in ("ttft", "tpot", "e2e")}
+    model = {"requests": {"metrics": metrics}, "steps": {"all": {"median_abs_pct": 4.0}}}
+    speed = {"slowdown": 1.2345, "spread": 0.05, "by_fifth": [1.0, 1.1, 1.2, 1.3, 1.4]}
+    result = {
+        "models": {"calibrated": model},
+        "host_speed": {**speed, "num_steps": 90, "core_share": 0.999, "applied": 1.0},
+        "engine_floor": {
+            "requests": {"metrics": metrics},
+            "host_speed": {**speed, "slowdown": 0.9},
+        },
+    }
+    (tmp_path / "validation.json").write_text(json.dumps(result))
+    found = figures.validation(tmp_path)
+    assert found["host_slowdown"] == 1.23 and found["rerun_host_slowdown"] == 0.9
+    assert found["host_slowdown_by_fifth"] == [1.0, 1.1, 1.2, 1.3, 1.4]
+    assert found["core_share"] == 1.0
+    # A run whose host could not be measured (a profile without preparation times) says none.
+    result["host_speed"] = {"error": "no preparation times", "applied": 1.0}
+    (tmp_path / "validation.json").write_text(json.dumps(result))
+    assert "host_slowdown" not in figures.validation(tmp_path)
