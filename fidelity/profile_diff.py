@@ -117,7 +117,8 @@ def _relative(first: Sequence[float], second: Sequence[float]) -> dict[str, Any]
 
 def _step_difference(a: Profile, b: Profile) -> dict[str, Any]:
     """The whole steps' measured times at matching shapes: all, decode-only, with prefill;
-    the host's part and the rest where both store ``host_s``."""
+    the host's part and the rest where both store ``host_s``; their input preparation where
+    both store ``prepare_s`` (how much slower the second host ran: ``fidelity.host_speed``)."""
     pairs = _matching_steps(a.steps, b.steps)
     out: dict[str, Any] = {"num_a": len(a.steps), "num_b": len(b.steps)}
     groups = {
@@ -135,6 +136,11 @@ def _step_difference(a: Profile, b: Profile) -> dict[str, Any]:
         out["rest"] = _relative(
             [p.measured_s - (p.host_s or 0.0) for p, _ in timed],
             [q.measured_s - (q.host_s or 0.0) for _, q in timed],
+        )
+    prepared = [(p, q) for p, q in pairs if p.prepare_s and q.prepare_s]
+    if prepared:  # the two hosts' speed, from the same steps' input preparation
+        out["prepare"] = _relative(
+            [p.prepare_s or 0.0 for p, _ in prepared], [q.prepare_s or 0.0 for _, q in prepared]
         )
     return out
 
@@ -286,7 +292,7 @@ def describe(differences: dict[str, Any]) -> list[str]:
             f"{t['median_pct']:+5.1f}% (n={t['n']}){spread}"
         )
     steps = differences["steps"]
-    for name in ("all", "decode_only", "with_prefill", "host", "rest"):
+    for name in ("all", "decode_only", "with_prefill", "host", "rest", "prepare"):
         if name in steps and steps[name]["n"]:
             s = steps[name]
             lines.append(

@@ -121,6 +121,10 @@ def calibration(folder: Path) -> dict[str, Any]:
         pairs = _json(repeats)["pairs"]
         out["profiles_differ_median_pct"] = [_round(p["median_pct"]) for p in pairs]
         out["profiles_differ_p90_pct"] = [_round(p["p90_pct"]) for p in pairs]
+        # How much slower the later calibration's host ran, from the steps' input preparation.
+        prepare = [(p.get("where") or {}).get("steps", {}).get("prepare") for p in pairs]
+        if all(prepare):
+            out["host_prepare_differ_pct"] = [_round(q["median_pct"]) for q in prepare]
     return out
 
 

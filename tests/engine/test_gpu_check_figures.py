@@ -151,6 +151,16 @@ def test_the_calibration_figures_give_the_host_terms_in_microseconds(tmp_path: P
     assert host["attention_launch_us"] == pytest.approx(16.5, abs=0.1)
     assert host["stall_share"] == pytest.approx(0.14, abs=0.01) and host["cuda_graphs"] is True
     assert "layer_s" not in host
+    # Its repeats (this call's pair stored no preparation times: nothing said of the hosts).
+    shutil.copy(calibration / "profile-repeats.json", tmp_path / "profile-repeats.json")
+    read = figures.calibration(tmp_path)
+    assert len(read["profiles_differ_median_pct"]) == 1
+    assert "host_prepare_differ_pct" not in read
+    repeats = json.loads((tmp_path / "profile-repeats.json").read_text())
+    for pair in repeats["pairs"]:
+        pair["where"]["steps"]["prepare"] = {"n": 300, "median_pct": 12.345, "median_abs_pct": 13}
+    (tmp_path / "profile-repeats.json").write_text(json.dumps(repeats))
+    assert figures.calibration(tmp_path)["host_prepare_differ_pct"] == [12.35]
 
 
 def test_the_decode_split_ab_is_read_from_the_kernel_rows(tmp_path: Path) -> None:

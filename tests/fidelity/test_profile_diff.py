@@ -27,6 +27,7 @@ def _profile(
     prefill_scale: float = 1.0,
     host_scale: float | None = None,
     extra_point: bool = False,
+    prepare_scale: float | None = None,
 ) -> Profile:
     """A version 5 profile: a linear and a decode-attention table (times scaled by
     ``table_scale``, each point's spread ``spread`` of its time), and whole steps: decode-only
@@ -60,6 +61,8 @@ def _profile(
             host = 0.6 * base * host_scale
             step["host_s"] = host
             step["measured_s"] = host + 0.4 * base * scale
+        if prepare_scale is not None:  # the input preparation, 3% of the first profile's step
+            step["prepare_s"] = 0.03 * base * prepare_scale
         steps.append(step)
     # The steps in another order: they are matched by shape, not by position.
     steps = steps[::-1] if name == "b" else steps
@@ -162,3 +165,14 @@ def test_data_that_agree_with_predictions_apart_blame_the_fit() -> None:
     assert with_predictions(agree, 4.0, fitted) is agree
     host = {"verdict": "host", "text": "..."}
     assert with_predictions(host, 9.0, fitted) is host
+
+
+def test_the_two_hosts_speed_is_read_from_the_steps_preparation(tmp_path: Path) -> None:
+    a = _profile(tmp_path, "a", prepare_scale=1.0)
+    b = _profile(tmp_path, "b", decode_scale=1.3, prefill_scale=1.1, prepare_scale=1.25)
+    found = profile_differences(a, b)
+    assert found["steps"]["prepare"]["n"] == 5
+    assert found["steps"]["prepare"]["median_pct"] == pytest.approx(25)
+    assert any(line.startswith("  steps prepare") and "+25.0%" in line for line in describe(found))
+    # Profiles from before 2026-11-28 store no preparation: nothing is said of it.
+    assert "prepare" not in profile_differences(_profile(tmp_path, "a"), b)["steps"]
