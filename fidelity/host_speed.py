@@ -17,7 +17,8 @@ host.
 
 What it does not see: a core shared by time slices. A preparation takes a fraction of a
 millisecond and mostly runs within one slice, so beside a busy loop on the same core it read
-1.27x where the steps, at half the core, took 2.4x as long (``benchmarks/host_speed_cpu.py``).
+1.23-1.27x where the engine thread had half the core and its steps ran about twice as long
+(``benchmarks/host_speed_cpu.py``).
 Where the run records the engine thread's CPU time, ``core_share`` (its median share of each
 step's wall time) shows such sharing apart.
 
