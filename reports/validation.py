@@ -143,7 +143,8 @@ def error_table(result: dict[str, Any]) -> str:
 
 def compared_text(result: dict[str, Any]) -> str:
     """What was compared, in words: the engine's kind, clock and decode split, the profile's
-    own spread, and the engine against itself (the noise floor) where it was run twice."""
+    own spread, the engine against itself (the noise floor) where it was run twice, and the
+    run's host against the calibration's where it was measured."""
     kind, clock = result.get("engine_kind", "servesim-eager"), result.get("engine_clock", "wall")
     parts = [f"Engine {kind} (clock {clock}, decode split {result.get('decode_split', 'fixed')})."]
     spread = result.get("profile_spread") or {}
@@ -168,6 +169,15 @@ def compared_text(result: dict[str, Any]) -> str:
         )
     else:
         parts.append("No second run of the engine was given, so there is no noise floor.")
+    speed = result.get("host_speed") or {}
+    if "slowdown" in speed:
+        parts.append(
+            f"The run's host was {speed['slowdown']:.2f}x as slow as the calibration's, from "
+            "their input preparation; the simulator priced it at "
+            f"{speed.get('applied', 1.0):.2f}x."
+        )
+    elif speed.get("applied", 1.0) != 1.0:
+        parts.append(f"The simulator priced the run's host at {speed['applied']:.2f}x.")
     return " ".join(parts)
 
 

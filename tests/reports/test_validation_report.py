@@ -37,3 +37,13 @@ def test_without_a_second_run_it_says_there_is_no_floor() -> None:
     text = compared_text(result)
     assert "decode split per_sequence" in text
     assert "no noise floor" in text
+
+
+def test_the_report_says_how_fast_the_runs_host_was_and_what_was_priced() -> None:
+    result = _result()
+    assert "host was" not in compared_text(result)  # (call 2's profile stored no preparation)
+    result["host_speed"] = {"slowdown": 1.234, "by_fifth": [1.2] * 5, "applied": 1.234}
+    assert "host was 1.23x as slow as the calibration's" in compared_text(result)
+    assert "priced it at 1.23x" in compared_text(result)
+    result["host_speed"] = {"error": "no preparation times", "applied": 1.5}
+    assert "priced the run's host at 1.50x" in compared_text(result)
