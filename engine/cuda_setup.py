@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import gc
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from core.config import GIB
+from core.config import GIB, CacheConfig, SchedulerConfig
 from engine.cuda_graphs import DecodeGraphs, GraphStats, graph_batch_sizes
 from engine.input_batch import StepBuffers
 from engine.kv_cache import KVCache
@@ -27,12 +27,29 @@ from engine.mixed_graphs import MixedGraphs, mixed_token_sizes
 from kernels.contracts import resolve_backend
 
 if TYPE_CHECKING:
-    from engine.llm_engine import EngineConfig
     from engine.model.llama import LlamaForCausalLM
     from engine.model_runner import ModelRunner
 
 
-def uses_graphs(config: EngineConfig, device: torch.device) -> bool:
+class SetupSettings(Protocol):
+    """The fields of ``engine.llm_engine.EngineConfig`` the set-up reads (a protocol: the
+    engine's module imports this one)."""
+
+    @property
+    def cache(self) -> CacheConfig: ...
+    @property
+    def scheduler(self) -> SchedulerConfig: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def enforce_eager(self) -> bool: ...
+    @property
+    def decode_split(self) -> str: ...
+    @property
+    def mixed_graphs(self) -> str: ...
+
+
+def uses_graphs(config: SetupSettings, device: torch.device) -> bool:
     """Decode on CUDA graphs: on CUDA, with the Triton kernels, unless ``enforce_eager``."""
     return (
         device.type == "cuda"
@@ -43,7 +60,7 @@ def uses_graphs(config: EngineConfig, device: torch.device) -> bool:
 
 def decode_graphs(
     model: LlamaForCausalLM,
-    config: EngineConfig,
+    config: SetupSettings,
     kv_cache: KVCache,
     buffers: StepBuffers,
     max_len: int,
@@ -62,7 +79,7 @@ def decode_graphs(
 
 
 def mixed_graphs(
-    model: LlamaForCausalLM, config: EngineConfig, kv_cache: KVCache
+    model: LlamaForCausalLM, config: SetupSettings, kv_cache: KVCache
 ) -> MixedGraphs | None:
     """The piecewise graphs for ``config``'s step budget on ``kv_cache``, not yet captured;
     None when ``mixed_graphs`` is off."""
@@ -73,7 +90,7 @@ def mixed_graphs(
 
 
 def capture_graphs(
-    model: LlamaForCausalLM, config: EngineConfig, runner: ModelRunner, max_len: int
+    model: LlamaForCausalLM, config: SetupSettings, runner: ModelRunner, max_len: int
 ) -> GraphStats:
     """Capture the decode graphs on the runner's cache, and the piecewise graphs where they
     are on; hand them to the runner and print what they cost, once."""
@@ -107,7 +124,7 @@ def capture_graphs(
 
 
 def graph_memory(
-    model: LlamaForCausalLM, config: EngineConfig, dtype: torch.dtype, max_len: int
+    model: LlamaForCausalLM, config: SetupSettings, dtype: torch.dtype, max_len: int
 ) -> int:
     """The device memory the CUDA graphs take, measured before the KV cache is sized by
     capturing them once on a one-block scratch cache (every captured row is padding, so no
@@ -130,7 +147,7 @@ def graph_memory(
 
 
 def gpu_blocks(
-    model: LlamaForCausalLM, config: EngineConfig, block_bytes: int, reserved_bytes: int = 0
+    model: LlamaForCausalLM, config: SetupSettings, block_bytes: int, reserved_bytes: int = 0
 ) -> int:
     """vLLM's rule: run the largest step once, then give the KV cache
     ``gpu_memory_utilization`` of total memory less the peak the pass reached and less

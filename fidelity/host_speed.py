@@ -94,11 +94,17 @@ def _fit(
             f"{name}: {len(rows)} steps with a preparation time; a host speed needs >= {MIN_STEPS}"
         )
     x, y = np.array(rows), np.array(times)
-    # Columns that never vary beyond the intercept (no step with a chunk) are left out.
+    # Columns that never vary beyond the intercept (no step with a chunk) are left out, and so
+    # is any whose coefficient comes out negative (noise on few steps can make one so, and a
+    # preparation time priced below zero measures nothing): refitted without it, until none is.
     keep = [0] + [j for j in range(1, x.shape[1]) if np.ptp(x[:, j]) > 0]
-    solution, *_ = np.linalg.lstsq(x[:, keep] / y[:, None], np.ones(len(y)), rcond=None)
+    while True:
+        solution, *_ = np.linalg.lstsq(x[:, keep] / y[:, None], np.ones(len(y)), rcond=None)
+        if solution.min() >= 0 or len(keep) == 1:
+            break
+        keep.pop(int(np.argmin(solution)))
     coefficients = np.zeros(x.shape[1])
-    coefficients[keep] = solution
+    coefficients[keep] = np.maximum(solution, 0.0)
     return PrepareModel(tuple(float(c) for c in coefficients), len(rows))
 
 

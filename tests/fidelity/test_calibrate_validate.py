@@ -173,6 +173,7 @@ def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Pa
     metrics = third["engine_floor"]["requests"]["metrics"]
     assert metrics["tpot"]["median_abs_pct"] == 0.0  # a run against itself
     speed = third["engine_floor"]["host_speed"]  # (its own preparation, fitted and priced)
+    assert isinstance(speed, dict), speed
     assert speed["num_steps"] > 16 and speed["slowdown"] == pytest.approx(1.0, abs=0.1)
 
     # The run's host against the calibration's, from their input preparation: not on the

@@ -108,3 +108,18 @@ def test_core_share_shows_a_shared_core_the_preparation_does_not() -> None:
     assert against(alone, reference).core_share == pytest.approx(1.0)
     assert against(shared, reference).core_share == pytest.approx(0.5)
     assert against(_steps(100, seed=13), reference).core_share is None  # (no CPU time recorded)
+
+
+def test_a_coefficient_that_fits_below_zero_is_left_out() -> None:
+    # Preparation that falls as the rows grow (noise on a short run can look like it): the
+    # unconstrained fit prices long steps below zero; the fit leaves the rows out instead.
+    def prepare(features: tuple[float, ...]) -> float:
+        return 3e-4 + 1e-5 * features[2] - 3e-7 * features[3]
+
+    steps = [
+        dataclasses.replace(s, prepare_s=prepare(prepare_features(s))) for s in _steps(200, seed=14)
+    ]
+    model = fit_prepare(steps)
+    assert min(model.coefficients) >= 0 and model.coefficients[3] == 0
+    speed = against(steps, steps)
+    assert speed.num_steps == 200 and speed.slowdown == pytest.approx(1.0, abs=0.05)
