@@ -66,11 +66,9 @@ def print_context(result: dict[str, Any], file: Any = sys.stdout) -> None:
         )
     speed = result.get("host_speed") or {}
     if "slowdown" in speed:
-        fifths = " ".join(f"{x:.2f}" for x in speed["by_fifth"])
         print(
-            f"  the run's host against the calibration's (input preparation, "
-            f"{speed['num_steps']} steps): {speed['slowdown']:.3f}x, +-{speed['spread']:.3f}; by "
-            f"fifth of the run {fifths}; priced at {speed['applied']:.3f}x (--host-slowdown)",
+            f"  the run's host against the calibration's {_speed_text(speed)}; priced at "
+            f"{speed['applied']:.3f}x (--host-slowdown)",
             file=file,
         )
         share = speed.get("core_share")
@@ -98,11 +96,9 @@ def print_context(result: dict[str, Any], file: Any = sys.stdout) -> None:
             )
         speed = floor.get("host_speed")
         if isinstance(speed, dict):
-            fifths = " ".join(f"{x:.2f}" for x in speed["by_fifth"])
             print(
-                f"  the second run's host against the first's (input preparation, "
-                f"{speed['num_steps']} steps): {speed['slowdown']:.3f}x, +-{speed['spread']:.3f}; "
-                f"by fifth of the run {fifths} (--host-slowdown prices a run on its own host)",
+                f"  the second run's host against the first's {_speed_text(speed)} "
+                "(--host-slowdown prices a run on its own host)",
                 file=file,
             )
         elif speed:
@@ -309,6 +305,15 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
         "with like (default: %(default)s)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+
+
+def _speed_text(speed: dict[str, Any]) -> str:
+    """A measured host speed (``fidelity.host_speed.HostSpeed.as_dict``) in words."""
+    fifths = " ".join(f"{x:.2f}" for x in speed["by_fifth"])
+    return (
+        f"(input preparation, {speed['num_steps']} steps): {speed['slowdown']:.3f}x, "
+        f"+-{speed['spread']:.3f}; by fifth of the run {fifths}"
+    )
 
 
 def _slowdown(text: str) -> float | str:

@@ -8,25 +8,15 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from sim.costmodel.host_time import HostParams
+from sim.costmodel.host_time import HOST_SECONDS, HostParams
 
 Fail = Callable[[str, str], ValueError]
 GPU_CLOCKS = ("tables", "roofline")
 TABLES_TIMES = ("span", "device")
-HOST_NUMBERS = (
-    "step_s",
-    "seq_s",
-    "block_entry_s",
-    "sampled_row_s",
-    "layer_s",
-    "attention_launch_s",
-    "graph_replay_s",
-    "overlap_loss",
-    "stall_share",
-    "mixed_split_s",
-)
-HOST_COUNTS = ("split_programs", "split_min_context")
-HOST_FLAGS = ("async_scheduling", "cuda_graphs")
+# Every field of HostParams, by kind: what `sim calibrate` stores (``asdict``) must load back.
+HOST_NUMBERS = (*HOST_SECONDS, "overlap_loss", "stall_share")
+HOST_COUNTS = ("split_programs", "split_min_context", "piecewise_max_tokens")
+HOST_FLAGS = ("async_scheduling", "cuda_graphs", "piecewise_graphs")
 
 
 def _number(value: Any, field: str, fail: Fail) -> float:

@@ -12,6 +12,7 @@ import pytest
 
 from core.model.presets import get_model_preset
 from sim.costmodel.base import CostModelConfig, StepShape, make_cost_model
+from sim.costmodel.host_time import HostParams
 from sim.costmodel.llmservingsim_import import llmservingsim_profile
 from sim.costmodel.profile import load_profile
 from sim.costmodel.roofline import RooflineCostModel
@@ -212,3 +213,20 @@ def test_the_two_dimensional_tables_follow_the_roofline_past_their_grid(tmp_path
     # Inside the grid the tables read as before.
     inside = model.step_breakdown(StepShape(decode_context_tokens=(256,) * 8))
     assert inside["decode_attention"] == pytest.approx(LAYERS * 9e-5)
+
+
+def test_every_host_field_that_calibrate_stores_loads_back() -> None:
+    # `sim calibrate` on a GPU stores ``asdict`` of the fitted HostParams; a field the loader
+    # did not know (the piecewise graphs' three) made every new GPU profile unloadable.
+    from dataclasses import asdict, fields, replace
+
+    from sim.costmodel.host_time import SERVESIM_PIECEWISE_HOST
+    from sim.costmodel.profile_v5 import HOST_COUNTS, HOST_FLAGS, HOST_NUMBERS, read_host
+
+    assert {f.name for f in fields(HostParams)} == {*HOST_NUMBERS, *HOST_COUNTS, *HOST_FLAGS}
+    params = replace(SERVESIM_PIECEWISE_HOST, piece_replay_s=2.5e-5, piecewise_max_tokens=256)
+
+    def fail(field: str, why: str) -> ValueError:
+        return ValueError(f"{field}: {why}")
+
+    assert read_host({**asdict(params), "device_scale": 1.1}, fail) == (params, 1.1)
