@@ -58,6 +58,14 @@ def main(argv: list[str] | None = None) -> int:
             profiles = [_as_calibrated(p, Path(scratch.name) / folder.name) for p in profiles]
         pair = compare_profiles(profiles)["pairs"][0]
         label = f"{folder.name:15s} {pair['median_pct']:4.1f}% (p90 {pair['p90_pct']:4.1f}%)"
+        one = pair["one_host"]
+        print(
+            f"# {folder.name}: on one host, not measured ({one['error']})"
+            if "error" in one
+            else f"# {folder.name}: the second's host ran {one['host_slowdown']:.3f}x the "
+            f"first's; priced back on the first's, apart {one['median_pct']:.1f}% (p90 "
+            f"{one['p90_pct']:.1f}%)"
+        )
         floor = _floor(folder / "runs")
         for name, profile in zip(PROFILES, profiles, strict=True):
             cells = _medians(folder / "runs", profile)

@@ -3,6 +3,9 @@ policy (the first --requests requests of each), with a profile calibrated in the
 --profile), and the analytic roofline beside it. Prints the error table, then the run-to-run
 noise of the engine itself (the same configuration replayed twice), per request and per step,
 and where the calibrated model's step error sits (by batch shape, by decode skew, per term).
+Last, each run once more on its own host: its input preparation measured against the
+calibration's (on the clock its steps are on) and the run priced at that slowdown
+(``--host-slowdown measured``), beside the error as it is.
 
 By default (``--clock auto``) both the calibration and the engine run on the thread-CPU clock
 (docs/cpu_timing.md): on a loaded, shared CPU the wall clock measures the load more than the
@@ -194,6 +197,64 @@ def term_table(out: Path) -> list[str]:
     return lines
 
 
+def own_host_table(args: argparse.Namespace, out: Path, profile: str, command: str) -> list[str]:
+    """Each run of ``out`` validated again from its saved engine run on its own host
+    (``--host-slowdown measured``: its input preparation against the calibration's, on the
+    clock the steps are on, ``fidelity/host_speed.py``): the host's slowdown and the
+    calibrated model's TPOT and E2E error as is and on its own host, then their medians."""
+    lines = [
+        "on the run's own host (its input preparation against the calibration's; calibrated "
+        "model, median |error| %)",
+        f"{'trace':<18}{'policy':<11}{'slowdown':>9}   TPOT as is, own    E2E as is, own",
+    ]
+    pairs: dict[str, list[tuple[float, float]]] = {"tpot": [], "e2e": []}
+    for name in args.traces.split(","):
+        trace = load_trace(ROOT / "traces" / "data" / f"{name}.csv")
+        for policy in args.policies.split(","):
+            path = out / name / policy / "validation.json"
+            if not path.exists():
+                continue
+            result = json.loads(path.read_text())
+            speed = result.get("host_speed") or {}
+            if "slowdown" not in speed:
+                lines.append(f"{name:<18}{policy:<11} not measured: {speed.get('error')}")
+                continue
+            config = build(
+                ValidateConfig,
+                policy=policy,
+                max_requests=args.requests,
+                measure_host_slowdown=True,
+            )
+            own = validate(
+                trace,
+                config,
+                out / name / policy / "own-host",
+                profile,
+                replay_dir=result["engine_run"],
+                command=command,
+            )
+            cells = ""
+            for metric in ("tpot", "e2e"):
+                before, after = (
+                    r["models"]["calibrated"]["requests"]["metrics"][metric]["median_abs_pct"]
+                    for r in (result, own)
+                )
+                pairs[metric].append((before, after))
+                cells += f"   {before:6.1f} {after:6.1f}  "
+            lines.append(f"{name:<18}{policy:<11}{speed['slowdown']:9.3f}{cells}")
+    if pairs["tpot"]:
+        import numpy as np
+
+        medians = {
+            m: tuple(float(np.median([p[i] for p in v])) for i in (0, 1)) for m, v in pairs.items()
+        }
+        lines.append(
+            f"  median over {len(pairs['tpot'])} runs: TPOT {medians['tpot'][0]:.2f} -> "
+            f"{medians['tpot'][1]:.2f}, E2E {medians['e2e'][0]:.2f} -> {medians['e2e'][1]:.2f}"
+        )
+    return lines
+
+
 SEQ_BUCKETS = ((1, 1), (2, 4), (5, 8), (9, 10**9))
 CONTEXT_BUCKETS = ((0, 255), (256, 1023), (1024, 10**9))
 
@@ -255,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in noise(ROOT / "traces" / "data" / "example.csv", args, out, clock):
             print(line)
     print("\n".join(term_table(out)))
+    print("\n".join(own_host_table(args, out, profile, command)))
     wall, cpu = time.perf_counter() - started, time.process_time()
     print(f"# wall time {wall:.0f} s, CPU time {cpu:.0f} s")
     print(f"# load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -123,7 +123,9 @@ class StepRecord:
     """One executed step, as the engine measured it. ``duration_s`` (schedule, prepare and
     execute) and ``update_s`` (the scheduler's update after it) are on the engine's clock
     (``EngineConfig.clock``); ``wall_s`` and ``cpu_s`` are the whole step (both parts) on the
-    wall clock and in the engine thread's CPU time, whichever clock the timeline runs on."""
+    wall clock and in the engine thread's CPU time, whichever clock the timeline runs on.
+    ``prepare_s`` is the runner's input preparation on the engine's clock (the probe of the
+    host's speed, ``fidelity.host_speed``); ``timing`` has it on the wall clock."""
 
     batch: ScheduledBatch
     start_s: float
@@ -132,6 +134,7 @@ class StepRecord:
     update_s: float = 0.0
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    prepare_s: float = 0.0
 
     @property
     def busy_s(self) -> float:
@@ -305,14 +308,16 @@ class LLMEngine:
         else:
             result = self.runner.execute(batch)
             wall_1, cpu_1 = time.perf_counter(), time.thread_time()
-            if self.config.clock == "cpu":
+            cpu_mode = self.config.clock == "cpu"
+            if cpu_mode:
                 end_s = start_s + (cpu_1 - cpu_0)
             else:
                 end_s = start_s + result.duration_s if now_s is not None else self.clock()
-            record = StepRecord(batch, start_s, end_s - start_s, self.runner.last_timing)
+            timing = self.runner.last_timing
+            prepare_s = timing.prepare_cpu_s if cpu_mode else timing.prepare_s
+            record = StepRecord(batch, start_s, end_s - start_s, timing, prepare_s=prepare_s)
             finished = self.scheduler.update(batch, result, end_s)
             wall_2, cpu_2 = time.perf_counter(), time.thread_time()
-            cpu_mode = self.config.clock == "cpu"
             record.update_s = (cpu_2 - cpu_1) if cpu_mode else (wall_2 - wall_1)
             record.wall_s, record.cpu_s = wall_2 - wall_0, cpu_2 - cpu_0
         for request in finished:

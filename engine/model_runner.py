@@ -38,12 +38,15 @@ ForwardInputs = tuple[
 
 @dataclass(frozen=True, slots=True)
 class StepTiming:
-    """Where one executed step's time went (seconds, wall clock, on the host)."""
+    """Where one executed step's time went (seconds, wall clock, on the host), and the input
+    preparation's in the engine thread's CPU time too (a run on the CPU clock measures its
+    host on that clock: ``StepRecord.prepare_s``)."""
 
     prepare_s: float  # building the inputs on the host
     execute_s: float  # memory moves, model and sampling, to the last token on the host
     forward_s: float = 0.0  # issuing the model (on CUDA it runs on after this)
     sample_s: float = 0.0  # sampling, and waiting for the device to give the tokens
+    prepare_cpu_s: float = 0.0  # building the inputs, in the engine thread's CPU time
 
 
 class ModelRunner:
@@ -91,7 +94,7 @@ class ModelRunner:
         return old
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         if batch.block_tables:
             self.tables.update(batch.block_tables)
         rows = collect_rows(batch, self.tables, self.params_of)
@@ -103,7 +106,7 @@ class ModelRunner:
         specs = host.specs
         if size is None:
             inputs, specs = self._upload(host)
-        prepared = time.perf_counter()
+        prepared, prepared_cpu = time.perf_counter(), time.thread_time()
         self.kv_cache.apply(batch.swap_out, batch.swap_in, batch.copies)
         logits = None
         if size is not None:
@@ -130,7 +133,11 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         end = time.perf_counter()
         self.last_timing = StepTiming(
-            prepared - start, end - prepared, forwarded - prepared, end - forwarded
+            prepared - start,
+            end - prepared,
+            forwarded - prepared,
+            end - forwarded,
+            prepared_cpu - start_cpu,
         )
         return StepResult(end - start, sampled, frozenset(stopped))
 

@@ -123,6 +123,9 @@ class EngineRunResult:
             "dtype": self.dtype,
             "torch_version": torch.__version__,
             "clock": self.config.engine.clock,
+            # The steps' input preparation is on the same clock (fidelity.host_speed); runs
+            # from before 2026-11-28 timed it on the wall clock whatever the steps' clock.
+            "prepare_clock": self.config.engine.clock,
             "load_average_1m": {"start": self.load_average[0], "end": self.load_average[1]},
             "wall_s": self.wall_s,
             "input_prepare_s": self.prepare_s,
@@ -217,14 +220,14 @@ class _Collected:
     def add_step(self, batch: ScheduledBatch, record: StepRecord) -> None:
         times = (record.wall_s, record.cpu_s)
         self.steps.record(batch, record.start_s, record.duration_s, wall_cpu_s=times)
-        self.prepare_s += record.timing.prepare_s
+        self.prepare_s += record.prepare_s
         self.shapes.append(
             record_of(
                 len(self.shapes),
                 batch,
                 record.start_s,
                 record.duration_s,
-                record.timing.prepare_s,
+                record.prepare_s,
                 record.update_s,
                 *times,
             )

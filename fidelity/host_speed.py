@@ -24,18 +24,27 @@ step's wall time) shows such sharing apart.
 
 It is a measurement of the run, beside the step times to be predicted and not one of them,
 and ``sim validate`` reports it apart from, never instead of, the unadjusted errors.
+
+The preparation is timed on the clock the steps are (``summary.json``'s and a profile's
+``prepare_clock``): on a run on the thread-CPU clock, the engine thread's CPU time, which a
+shared core does not stretch, as it does not stretch the steps. Runs and profiles from before
+2026-11-28 timed it on the wall clock whatever the steps' clock; on the CPU clock they measure
+no host (``clock_problem``).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from records.step_shapes import StepShapeRecord
 from sim.costmodel.profile import Profile
+
+WALL = "wall"
 
 MIN_STEPS = 16
 """Fewer steps with a preparation time than this measure no host speed."""
@@ -56,6 +65,41 @@ def prepare_features(step: StepShapeRecord) -> tuple[float, float, float, float]
     return shape_features(step.prefill_chunks, len(step.decode_context_tokens))
 
 
+def run_clocks(summary: Mapping[str, Any]) -> tuple[str, str]:
+    """(the steps' clock, the input preparation's) of a run's ``summary.json``."""
+    return str(summary.get("clock", WALL)), str(summary.get("prepare_clock", WALL))
+
+
+def profile_clocks(profile: Profile) -> tuple[str, str]:
+    """(the whole steps' clock, their input preparation's) of a calibration."""
+    engine = profile.engine or {}
+    return engine.get("clock", WALL), engine.get("prepare_clock", WALL)
+
+
+def clock_problem(name: str, clocks: tuple[str, str]) -> str | None:
+    """Why ``name``'s preparation measures no host speed for its steps (None: it does): it
+    is timed on another clock than they are."""
+    steps, prepare = clocks
+    if steps == prepare:
+        return None
+    return (
+        f"{name}: its steps are on the {steps} clock, its input preparation on the {prepare} "
+        "clock (recorded before 2026-11-28), so the preparation does not measure the host the "
+        "steps ran on; record it again"
+    )
+
+
+def clocks_problem(*sides: tuple[str, tuple[str, str]]) -> str | None:
+    """Why the hosts of two runs (or of a run and a calibration: ``(name, clocks)`` each)
+    cannot be compared: one's preparation is off its steps' clock. Two sides on different
+    clocks compare, each measured on the clock its steps are priced on."""
+    for name, clocks in sides:
+        problem = clock_problem(name, clocks)
+        if problem:
+            return problem
+    return None
+
+
 def _timed(steps: Sequence[StepShapeRecord]) -> list[StepShapeRecord]:
     return [s for s in steps if s.prepare_s > 0 and (s.decode_context_tokens or s.prefill_chunks)]
 
@@ -68,7 +112,10 @@ class PrepareModel:
     num_steps: int
 
     def predict(self, step: StepShapeRecord) -> float:
-        return float(np.dot(self.coefficients, prepare_features(step)))
+        return self.predict_features(prepare_features(step))
+
+    def predict_features(self, features: tuple[float, ...]) -> float:
+        return float(np.dot(self.coefficients, features))
 
 
 def fit_prepare(steps: Sequence[StepShapeRecord], name: str = "the reference run") -> PrepareModel:
@@ -105,6 +152,11 @@ def _fit(
         keep.pop(int(np.argmin(solution)))
     coefficients = np.zeros(x.shape[1])
     coefficients[keep] = np.maximum(solution, 0.0)
+    # Scaled so that the reference's own steps' median ratio to it is 1: a run measured
+    # against itself (or a copy of it) reads exactly 1, and k times its preparation exactly k.
+    priced = x @ coefficients
+    if (priced > 0).any():
+        coefficients *= float(np.median(y[priced > 0] / priced[priced > 0]))
     return PrepareModel(tuple(float(c) for c in coefficients), len(rows))
 
 
@@ -136,12 +188,23 @@ def host_speed(
     steps: Sequence[StepShapeRecord], reference: PrepareModel, name: str = "the run"
 ) -> HostSpeed:
     """``steps``' host against the reference's (``fit_prepare``), in step order."""
-    timed = _timed(steps)
+    timed = [(prepare_features(s), s.prepare_s) for s in _timed(steps)]
+    shares = [s.cpu_s / s.wall_s for s in steps if s.cpu_s and s.wall_s]
+    share = float(statistics.median(shares)) if shares else None
+    return _speed(timed, reference, name, share)
+
+
+def _speed(
+    timed: list[tuple[tuple[float, float, float, float], float]],
+    reference: PrepareModel,
+    name: str,
+    share: float | None = None,
+) -> HostSpeed:
     ratios = []
-    for step in timed:
-        predicted = reference.predict(step)
+    for features, prepare_s in timed:
+        predicted = reference.predict_features(features)
         if predicted > 0:
-            ratios.append(step.prepare_s / predicted)
+            ratios.append(prepare_s / predicted)
     if len(ratios) < MIN_STEPS:
         raise ValueError(
             f"{name}: {len(ratios)} steps with a preparation time the reference prices; a host "
@@ -149,8 +212,6 @@ def host_speed(
         )
     q1, _, q3 = statistics.quantiles(ratios, n=4)
     fifths = tuple(float(np.median(part)) for part in np.array_split(np.array(ratios), 5))
-    shares = [s.cpu_s / s.wall_s for s in steps if s.cpu_s and s.wall_s]
-    share = float(statistics.median(shares)) if shares else None
     return HostSpeed(float(statistics.median(ratios)), (q3 - q1) / 2, fifths, len(ratios), share)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from core.model.presets import load_model_spec
+from fidelity import host_speed
 from fidelity.profile_diff import profile_differences, with_predictions
 from fidelity.replay_inputs import hardware_of
 from sim.costmodel.base import CostModel, CostModelConfig, make_cost_model
@@ -48,12 +49,20 @@ def hardware_for(profile: Profile) -> str:
     return hardware_of(name) or DEFAULT_GPU_HARDWARE
 
 
-def load_model(path: str | Path, model: str | None = None) -> ProfileModel:
-    """The calibrated cost model of the profile at ``path`` (its model preset, or ``model``)."""
+def load_model(
+    path: str | Path, model: str | None = None, host_slowdown: float = 1.0
+) -> ProfileModel:
+    """The calibrated cost model of the profile at ``path`` (its model preset, or ``model``),
+    on a host ``host_slowdown`` times slower than the calibration's."""
     profile = load_profile(path)
     spec = load_model_spec(model or profile.model)
     hardware = get_hardware_preset(hardware_for(profile))
-    config = CostModelConfig(async_scheduling=False, price_padding=False, engine="servesim-eager")
+    config = CostModelConfig(
+        async_scheduling=False,
+        price_padding=False,
+        engine="servesim-eager",
+        host_slowdown=host_slowdown,
+    )
     cost = make_cost_model(spec, hardware, profile.tp, path, config, block_size=profile.block_size)
     return ProfileModel(profile, cost)
 
@@ -91,12 +100,7 @@ def compare_profiles(paths: list[Path], model: str | None = None) -> dict[str, A
         100 * float(np.median(np.abs(m.residuals()))) if m.profile.steps else None for m in models
     ]
     for index, (other, path) in enumerate(zip(models[1:], paths[1:], strict=True), start=1):
-        ratios = []
-        for grid in (first.profile, other.profile):
-            base, alt = first.predictions(grid), other.predictions(grid)
-            ratios.extend((np.abs(alt - base) / base).tolist())
-        values = 100 * np.array(ratios)
-        median = float(np.median(values))
+        median, p90 = _apart(first, other)
         fitted = (_fitted(first), _fitted(other))
         pair = (spreads[0], spreads[index])
         where = profile_differences(first.profile, other.profile)
@@ -105,9 +109,46 @@ def compare_profiles(paths: list[Path], model: str | None = None) -> dict[str, A
             {
                 "profile": str(path),
                 "median_pct": median,
-                "p90_pct": float(np.percentile(values, 90)),
+                "p90_pct": p90,
                 "where": where,
+                "one_host": _on_one_host(first, other, path, model, where["steps"].get("prepare")),
             }
         )
     out["step_spread_pct"] = spreads
     return out
+
+
+def _apart(first: ProfileModel, other: ProfileModel) -> tuple[float, float]:
+    """The median and p90 of |other - first| / first in percent over both step grids."""
+    ratios = []
+    for grid in (first.profile, other.profile):
+        base, alt = first.predictions(grid), other.predictions(grid)
+        ratios.extend((np.abs(alt - base) / base).tolist())
+    values = 100 * np.array(ratios)
+    return float(np.median(values)), float(np.percentile(values, 90))
+
+
+def _on_one_host(
+    first: ProfileModel, other: ProfileModel, path: Path, model: str | None, prepare: Any
+) -> dict[str, Any]:
+    """The two calibrations once the host's speed is taken out: how much slower the second's
+    host ran (the median ratio of the same whole steps' input preparation, ``prepare`` from
+    ``profile_differences``: both ran one step grid), and the two models' predictions apart
+    with the second priced back on the first's host (``CostModelConfig.host_slowdown``); or why
+    the hosts cannot be compared (``error``)."""
+    problem = host_speed.clocks_problem(
+        (str(first.profile.path), host_speed.profile_clocks(first.profile)),
+        (str(path), host_speed.profile_clocks(other.profile)),
+    )
+    if problem:
+        return {"error": problem}
+    if not prepare or prepare["n"] < host_speed.MIN_STEPS:
+        count = prepare["n"] if prepare else 0
+        return {
+            "error": f"{path}: {count} steps of the first's shapes with a preparation time in "
+            f"both; a host speed needs >= {host_speed.MIN_STEPS}"
+        }
+    slowdown = 1 + prepare["median_pct"] / 100
+    median, p90 = _apart(first, load_model(path, model, host_slowdown=1 / slowdown))
+    return {"host_slowdown": slowdown, "num_steps": prepare["n"], "median_pct": median,
+            "p90_pct": p90}  # fmt: skip

@@ -163,10 +163,19 @@ def engine_floor(first: Path, second: Path) -> dict[str, Any]:
     steps_a = load_step_shapes(run_file(first, STEP_SHAPES_FILE))
     steps_b = load_step_shapes(run_file(second, STEP_SHAPES_FILE))
     ratio = float(np.median([s.busy_s for s in steps_b]) / np.median([s.busy_s for s in steps_a]))
-    try:  # the second run's host against the first's, from their input preparation
-        speed: dict[str, Any] | str = host_speed.against(steps_b, steps_a, str(second)).as_dict()
-    except ValueError as error:
-        speed = str(error)
+    # The second run's host against the first's, from their input preparation.
+    speed: dict[str, Any] | str
+    problem = host_speed.clocks_problem(
+        (str(first), host_speed.run_clocks(run_summary(first))),
+        (str(second), host_speed.run_clocks(run_summary(second))),
+    )
+    if problem:
+        speed = problem
+    else:
+        try:
+            speed = host_speed.against(steps_b, steps_a, str(second)).as_dict()
+        except ValueError as error:
+            speed = str(error)
     return {
         "first": str(first),
         "second": str(second),
@@ -187,14 +196,17 @@ def host_against_profile(engine_dir: Path, profile: str | None) -> dict[str, Any
     (``fidelity.host_speed``), or why it cannot be measured (``error``)."""
     if profile is None:
         return {"error": "no profile"}
-    if load_run(engine_dir).config.get("clock") == "cpu":
-        # A busy machine slows the preparation's wall time and not the steps' thread time.
-        return {
-            "error": f"{engine_dir}: the run's steps are on the thread's CPU clock, its "
-            "preparation on the wall clock: run with --clock wall to measure the host"
-        }
     try:
-        reference = host_speed.profile_reference(load_profile(profile))
+        calibration = load_profile(profile)
+        # A busy machine stretches the preparation's wall time and not a thread's CPU time:
+        # each side's preparation must be on its steps' clock, and the two on one clock.
+        problem = host_speed.clocks_problem(
+            (f"the calibration {profile}", host_speed.profile_clocks(calibration)),
+            (f"the run {engine_dir}", host_speed.run_clocks(run_summary(engine_dir))),
+        )
+        if problem:
+            return {"error": problem}
+        reference = host_speed.profile_reference(calibration)
         steps = load_step_shapes(run_file(engine_dir, STEP_SHAPES_FILE))
         return host_speed.host_speed(steps, reference, str(engine_dir)).as_dict()
     except ValueError as error:
@@ -204,13 +216,15 @@ def host_against_profile(engine_dir: Path, profile: str | None) -> dict[str, Any
 def profile_spread(cost_model: CostModel) -> dict[str, Any]:
     """How sure a calibrated profile is of itself: its host fit's median |residual| over its
     whole steps, the slow episodes it left out and the stalls it counted, the clock its GPU
-    time comes from, and the median relative spread of its table points (version 5)."""
+    time comes from and the scale on it, and the median relative spread of its table points
+    (version 5)."""
     host = getattr(cost_model, "host", None)
     profile = getattr(cost_model, "profile", None)
     out: dict[str, Any] = {}
     if host is not None:
         out["gpu_clock"] = host.gpu_clock
         out["host"] = asdict(host.model.params)
+        out["device_scale"] = host.device_scale
         if host.fit is not None:
             out["steps_spread_pct"] = 100 * host.fit.spread
             out["num_steps"] = len(host.fit.residuals)

@@ -125,6 +125,11 @@ def calibration(folder: Path) -> dict[str, Any]:
         prepare = [(p.get("where") or {}).get("steps", {}).get("prepare") for p in pairs]
         if all(prepare):
             out["host_prepare_differ_pct"] = [_round(q["median_pct"]) for q in prepare]
+        # The two apart once the later one is priced back on the first's host.
+        hosts = [p.get("one_host") or {} for p in pairs]
+        if hosts and all("median_pct" in h for h in hosts):
+            out["profiles_differ_one_host_median_pct"] = [_round(h["median_pct"]) for h in hosts]
+            out["host_slowdown_between"] = [_round(h["host_slowdown"]) for h in hosts]
     return out
 
 

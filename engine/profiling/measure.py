@@ -128,6 +128,8 @@ def measure(
         "cpu_threads": str(config.cpu_threads),
         "num_blocks": str(engine.cache_config.num_blocks),
         "clock": config.clock,
+        # The whole steps' input preparation is on the same clock (fidelity.host_speed).
+        "prepare_clock": config.clock,
         "kind": engine_kind(engine),
         "decode_split": engine.config.decode_split,
     }

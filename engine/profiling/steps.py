@@ -118,7 +118,7 @@ def _merged(groups: tuple[list[StepRecord], ...]) -> list[dict[str, Any]]:
         entry["spread_s"] = _half_iqr(busy)
         entry["repeats"] = len(busy)
         entry["host_s"] = statistics.median(host)
-        entry["prepare_s"] = statistics.median(g[idx].timing.prepare_s for g in same)
+        entry["prepare_s"] = statistics.median(g[idx].prepare_s for g in same)
         entries.append(entry)
     return entries
 
@@ -184,7 +184,7 @@ def _step_entry(record: StepRecord) -> dict[str, Any]:
         "sum_decode_context_tokens": sum(contexts),
         "decode_context_tokens": contexts,
         "measured_s": record.busy_s,
-        # The runner's input preparation (wall clock): what a run's host is measured against
-        # (fidelity.host_speed).
-        "prepare_s": record.timing.prepare_s,
+        # The runner's input preparation on the engine's clock: what a run's host is measured
+        # against (fidelity.host_speed).
+        "prepare_s": record.prepare_s,
     }

@@ -117,3 +117,14 @@ def print_repeats(report: dict[str, Any]) -> None:
         )
         for line in describe(pair["where"]):
             print(line)
+        one = pair.get("one_host") or {}
+        if "error" in one:
+            print(f"  on one host: not measured ({one['error']})")
+        elif one:
+            print(
+                f"  on one host: its host ran {one['host_slowdown']:.3f}x the first's (input "
+                f"preparation, median over {one['num_steps']} steps of the same shapes); priced "
+                "back on the first's, the two "
+                f"predict the step grids {one['median_pct']:.1f}% apart (median), p90 "
+                f"{one['p90_pct']:.1f}%"
+            )

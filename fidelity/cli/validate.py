@@ -46,7 +46,13 @@ def print_context(result: dict[str, Any], file: Any = sys.stdout) -> None:
     spread = result.get("profile_spread") or {}
     if "steps_spread_pct" in spread:
         print(
-            f"  profile: GPU time from the {spread['gpu_clock']}; its whole steps scatter "
+            f"  profile: GPU time from the {spread['gpu_clock']}"
+            + (
+                f" x{spread['device_scale']:.3f} (as its steps the GPU set the pace of ran)"
+                if spread.get("device_scale", 1.0) != 1.0
+                else ""
+            )
+            + f"; its whole steps scatter "
             f"{spread['steps_spread_pct']:.1f}% (median) around its host fit over "
             f"{spread['num_steps']} steps, {spread['num_episode_steps']} left out as slow "
             f"episodes (outside load), {spread['num_stalls']} lone slow steps counted as stalls",

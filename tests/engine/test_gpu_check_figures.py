@@ -161,6 +161,15 @@ def test_the_calibration_figures_give_the_host_terms_in_microseconds(tmp_path: P
         pair["where"]["steps"]["prepare"] = {"n": 300, "median_pct": 12.345, "median_abs_pct": 13}
     (tmp_path / "profile-repeats.json").write_text(json.dumps(repeats))
     assert figures.calibration(tmp_path)["host_prepare_differ_pct"] == [12.35]
+    assert "profiles_differ_one_host_median_pct" not in figures.calibration(tmp_path)
+    # And the two once the later one is priced back on the first's host.
+    for pair in repeats["pairs"]:
+        pair["one_host"] = {"host_slowdown": 1.12345, "num_steps": 300, "median_pct": 2.345,
+                            "p90_pct": 6.0}  # fmt: skip
+    (tmp_path / "profile-repeats.json").write_text(json.dumps(repeats))
+    read = figures.calibration(tmp_path)
+    assert read["profiles_differ_one_host_median_pct"] == [2.35]
+    assert read["host_slowdown_between"] == [1.12]
 
 
 def test_the_decode_split_ab_is_read_from_the_kernel_rows(tmp_path: Path) -> None:

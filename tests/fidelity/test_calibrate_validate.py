@@ -6,14 +6,17 @@ comparison from the saved run without the engine."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 pytest.importorskip("torch")
 
 from core.model.presets import get_model_preset
+from fidelity.profile_check import compare_profiles
 from fidelity.profile_diff import VERDICTS
 from records.step_shapes import load_step_shapes
 from sim.cli.main import main as sim_main
@@ -102,6 +105,43 @@ def test_calibrating_twice_reports_how_far_the_profiles_differ(
     where = pair["where"]
     assert where["verdict"] in VERDICTS and where["steps"]["all"]["n"] > 0
     assert "table linear" in printed and f"verdict ({where['verdict']})" in printed
+    # And on one host: the second's measured against the first's from their preparation.
+    assert 0.5 < pair["one_host"]["host_slowdown"] < 2.0
+    assert "on one host: its host ran" in printed
+
+
+def _on_a_slower_host(profile: Path, out: Path, slowdown: float) -> Path:
+    """``profile`` as a CPU calibration on a host ``slowdown`` times slower would have timed it:
+    every table point, whole step and preparation stretched alike."""
+    raw = json.loads(profile.read_text())
+    for table in raw["ops"].values():
+        for key in ("time_s", "spread_s"):
+            if key in table:
+                table[key] = np.multiply(table[key], slowdown).tolist()
+    for step in raw["steps"]:
+        for key in ("measured_s", "spread_s", "host_s", "prepare_s"):
+            if step.get(key) is not None:
+                step[key] *= slowdown
+    out.write_text(json.dumps(raw))
+    return out
+
+
+def test_two_calibrations_are_compared_on_one_host(small_profile: Path, tmp_path: Path) -> None:
+    # A CPU calibration's steps and their input preparation are both on the thread's CPU clock.
+    raw = json.loads(small_profile.read_text())
+    assert raw["engine"]["prepare_clock"] == raw["engine"]["clock"] == "cpu"
+    slow = _on_a_slower_host(small_profile, tmp_path / "slow.json", 1.4)
+    (pair,) = compare_profiles([small_profile, slow])["pairs"]
+    assert pair["median_pct"] == pytest.approx(40, abs=1)  # as they are: the host's 1.4x
+    one = pair["one_host"]
+    assert one["host_slowdown"] == pytest.approx(1.4, rel=1e-6)
+    assert one["median_pct"] < 0.5 and one["p90_pct"] < 0.5  # priced back on the first's host
+    # A calibration from before 2026-11-28 (its preparation on the wall clock, its steps on
+    # the CPU clock) is not compared on one host, and says why.
+    del raw["engine"]["prepare_clock"]
+    (tmp_path / "old.json").write_text(json.dumps(raw))
+    (pair,) = compare_profiles([small_profile, tmp_path / "old.json"])["pairs"]
+    assert "input preparation on the wall clock" in pair["one_host"]["error"]
 
 
 def _trace(path: Path) -> Path:
@@ -111,7 +151,9 @@ def _trace(path: Path) -> Path:
     return path
 
 
-def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Path) -> None:
+def test_validate_joins_one_to_one_and_replays(
+    tmp_path: Path, small_profile: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = _trace(tmp_path / "trace.csv")
     out, html = tmp_path / "val", tmp_path / "val.html"
     argv = ["validate", str(trace), "--policy", "continuous", "--profile", str(small_profile)]
@@ -184,28 +226,43 @@ def test_validate_joins_one_to_one_and_replays(tmp_path: Path, small_profile: Pa
     else:
         assert f"{num_timed} steps with a preparation time" in speed
 
-    # The run's host against the calibration's, from their input preparation: not on the
-    # thread's CPU clock (a busy machine slows the preparation's wall time, not the steps'
-    # thread time), so --host-slowdown measured is refused there ...
-    assert "--clock wall" in result["host_speed"]["error"]
+    # The run's host against the calibration's, from their input preparation, each timed on
+    # the clock its steps are (here both on the thread's CPU clock) ...
+    if num_timed >= 16:
+        assert 0.5 < result["host_speed"]["slowdown"] < 2.0
+    else:
+        assert f"{num_timed} steps with a preparation time" in result["host_speed"]["error"]
     assert result["host_speed"]["applied"] == 1.0
+    # ... but a run whose preparation is on another clock than its steps (every run on the CPU
+    # clock recorded before 2026-11-28) measures no host: --host-slowdown measured is refused.
+    old = tmp_path / "old-engine"
+    shutil.copytree(out / "engine", old)
+    summary = json.loads((old / "summary.json").read_text())
+    assert summary["clock"] == summary.pop("prepare_clock") == "cpu"
+    (old / "summary.json").write_text(json.dumps(summary))
     on_own = tmp_path / "own"
     argv_own = [*argv, "--host-slowdown", "measured", "--quiet"]
-    assert sim_main([*argv_own, "--replay", str(out / "engine"), "--out", str(on_own)]) == 2
-    # ... and measured on the wall clock (the same machine, moments apart), then priced at:
-    # four requests of 24 tokens make at least 24 steps on any machine.
+    assert sim_main([*argv_own, "--replay", str(old), "--out", str(on_own)]) == 2
+    assert "input preparation on the wall clock" in capsys.readouterr().err
+    # Measured and priced at, on either clock (the same machine, moments apart): four requests
+    # of 24 tokens make at least 24 steps on any machine. A run on the wall clock against the
+    # calibration on the CPU clock: each side's preparation is on its own steps' clock.
     long_trace = tmp_path / "long.csv"
     long_trace.write_text(
         "request_id,arrival_s,prompt_tokens,output_tokens,num_samples\n"
         + "".join(f"l{i},{0.01 * i:.2f},{16 + 8 * i},24,1\n" for i in range(4))
     )
-    wall = ["validate", str(long_trace), "--policy", "continuous", "--profile", str(small_profile)]
-    wall += ["--host-slowdown", "measured", "--clock", "wall", "--quiet"]
-    assert sim_main([*wall, "--out", str(on_own)]) == 0
-    own = json.loads((on_own / "validation.json").read_text())
-    assert 0.5 < own["host_speed"]["slowdown"] < 2.0 and own["host_speed"]["num_steps"] >= 24
-    assert own["host_speed"]["applied"] == pytest.approx(own["host_speed"]["slowdown"])
-    assert own["cost_config"]["host_slowdown"] == own["host_speed"]["applied"]
+    for clock in ("cpu", "wall"):
+        own_argv = ["validate", str(long_trace), "--policy", "continuous"]
+        own_argv += ["--profile", str(small_profile), "--host-slowdown", "measured"]
+        own_dir = tmp_path / f"own-{clock}"
+        assert sim_main([*own_argv, "--clock", clock, "--out", str(own_dir), "--quiet"]) == 0
+        own = json.loads((own_dir / "validation.json").read_text())
+        assert own["engine_clock"] == clock
+        speed = own["host_speed"]
+        assert 0.5 < speed["slowdown"] < 2.0 and speed["num_steps"] >= 24
+        assert speed["applied"] == pytest.approx(speed["slowdown"])
+        assert own["cost_config"]["host_slowdown"] == speed["applied"]
 
     # On a host 1.5x slower: a CPU profile's whole step is the host's, so every step is longer.
     slow = tmp_path / "slow"

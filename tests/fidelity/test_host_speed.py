@@ -14,10 +14,13 @@ import pytest
 from fidelity.host_speed import (
     MIN_STEPS,
     against,
+    clock_problem,
+    clocks_problem,
     fit_prepare,
     group_slowdowns,
     host_speed,
     prepare_features,
+    run_clocks,
 )
 from records.step_shapes import StepShapeRecord
 
@@ -123,3 +126,14 @@ def test_a_coefficient_that_fits_below_zero_is_left_out() -> None:
     assert min(model.coefficients) >= 0 and model.coefficients[3] == 0
     speed = against(steps, steps)
     assert speed.num_steps == 200 and speed.slowdown == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_preparation_off_its_steps_clock_measures_no_host() -> None:
+    # Each side's preparation on its own steps' clock: comparable, even across clocks.
+    assert clock_problem("run", run_clocks({"clock": "cpu", "prepare_clock": "cpu"})) is None
+    assert clock_problem("run", run_clocks({})) is None  # a wall-clock run from before
+    assert clocks_problem(("a", ("cpu", "cpu")), ("b", ("wall", "wall"))) is None
+    # A run on the CPU clock from before 2026-11-28 timed its preparation on the wall clock.
+    problem = clocks_problem(("a", ("wall", "wall")), ("b", run_clocks({"clock": "cpu"})))
+    assert problem is not None and problem.startswith("b: its steps are on the cpu clock")
+    assert "input preparation on the wall clock" in problem
