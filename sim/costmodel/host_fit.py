@@ -19,6 +19,14 @@ EPISODE_GAP_STEPS = 2
 """Steps that were not slow inside an episode, at most, between slow ones."""
 SLOW_FLOOR = 0.08
 """A step is slow when it is this much (or four noise widths, if more) above the fit."""
+DEVICE_BOUND = 4.0
+"""A step is the GPU's when its GPU time is at least this many times its host time: there the
+GPU sets the pace, an error of a fifth in the host's part moves it by 5% at most, and the GPU
+time's scale is measured (``_device_scale``)."""
+SCALE_ROUNDS = 8
+"""At most this many turns of measuring the GPU time's scale and refitting the host at it."""
+MIN_DEVICE_BOUND_STEPS = 4
+"""The GPU's steps it takes to measure the scale on its time; with fewer it stays 1."""
 LOWER_WEIGHT = 0.1
 """The first pass's weight of steps measured slower than the fit (0.9 for faster ones): an
 expectile fit that sits near the fast steps, so that a slow majority cannot pull it up."""
@@ -293,15 +301,69 @@ def _fit_before(samples: list[StepSample]) -> dict[str, Any] | None:
     return dict(zip(("step_s", "seq_s", "block_entry_s"), map(float, coef), strict=True))
 
 
+def _device_scale(model: HostTimeModel, samples: list[StepSample]) -> float | None:
+    """The scale on the GPU time that the GPU's own steps measure: over the steps whose GPU
+    time is at least ``DEVICE_BOUND`` times their host time, the median of (measured - the
+    host's part of the step) / GPU time, the host's part being what ``model`` adds to the GPU
+    time there. None with fewer than ``MIN_DEVICE_BOUND_STEPS`` such steps.
+
+    The host's steps fit the host's terms, where the GPU time hardly shows; these steps are
+    the only ones that tell how fast the GPU ran against the roofline (or the tables)."""
+    ratios = []
+    for sample in samples:
+        host = sample.host_time(model)
+        if host.graphs or sample.device_s < DEVICE_BOUND * max(host.total_s, 1e-12):
+            continue
+        rest = model.duration_s(host, sample.device_s) - sample.device_s
+        ratios.append((sample.measured_s - rest) / sample.device_s)
+    if len(ratios) < MIN_DEVICE_BOUND_STEPS:
+        return None
+    scale = float(np.median(ratios))
+    return scale if scale > 0 else None
+
+
 def _fit_theta(
     samples: list[StepSample], params: HostParams, layers: int, heads: int, fit_scale: bool
+) -> HostFit:
+    """The fit at one overlap loss: the host's terms with the GPU time as it is, then (unless
+    ``fit_scale`` frees it) once more with the GPU time at the scale its own steps measure."""
+    fit = _fit_theta_at(samples, params, layers, heads, fit_scale, 1.0)
+    if fit_scale:
+        return fit
+    # Every step counts, those the host's fit calls slow too: the GPU's steps sit above a fit
+    # at the GPU time as given, and a slow host hardly moves a step four times its time. The
+    # host's terms, refitted at the new scale, move the host's part of those steps, so the two
+    # are measured in turn while each turn moves the scale less than the one before; a turn
+    # that moves it more is walking off (both pinned by the same steps) and is not taken.
+    step = float("inf")
+    for _ in range(SCALE_ROUNDS):
+        scale = _device_scale(HostTimeModel(fit.params, layers, heads), samples)
+        if scale is None:
+            break
+        change = abs(scale - fit.device_scale)
+        if change >= step:
+            break
+        step = change
+        fit = _fit_theta_at(samples, params, layers, heads, fit_scale, scale)
+        if change < 1e-4 * scale:
+            break
+    return fit
+
+
+def _fit_theta_at(
+    samples: list[StepSample],
+    params: HostParams,
+    layers: int,
+    heads: int,
+    fit_scale: bool,
+    scale: float,
 ) -> HostFit:
     measured = np.array([s.measured_s for s in samples])
     model = HostTimeModel(params, layers, heads)
     # With the host's part measured, only the launch terms (and the scale) are left to fit.
     measured_before = all(s.host_s is not None and s.host_s > 0 for s in samples)
     keep = np.ones(len(samples), dtype=bool)
-    model, scale = _fit_once(model, samples, keep, 1.0, fit_scale, True, measured_before)
+    model, scale = _fit_once(model, samples, keep, scale, fit_scale, True, measured_before)
     episodes: list[tuple[int, int]] = []
     lone = np.zeros(len(samples), dtype=bool)
     for _ in range(3):
@@ -319,7 +381,8 @@ def _fit_theta(
     hosts = [s.host_time(model) for s in samples]
     host_total = np.array([h.total_s for h in hosts])
     counted = ~slow | lone
-    stall = float(np.sum((measured - predicted)[lone]) / np.sum(host_total[counted]))
+    host_sum = float(np.sum(host_total[counted]))
+    stall = float(np.sum((measured - predicted)[lone]) / host_sum) if host_sum > 0 else 0.0
     params = replace(model.params, stall_share=max(0.0, stall))
     relative = (measured - predicted) / predicted
     return HostFit(

@@ -19,7 +19,7 @@ from sim.cli.main import main as sim_main
 
 ROOT = Path(__file__).resolve().parents[2].parent / "shared" / RECORDED
 RUNS = ["example-chunked-run3", "bursty-chunked-run1", "shared_prefix-chunked-prefixcache-run2"]
-BUDGET = {"ttft": 30.0, "tpot": 9.0, "e2e": 9.0, "steps": 15.0}
+BUDGET = {"ttft": 30.0, "tpot": 10.0, "e2e": 10.0, "steps": 10.0}
 PROFILES_AGREE = 12.0
 
 pytestmark = [
@@ -55,11 +55,12 @@ def test_a_budget_holds_on_the_recorded_runs(tmp_path: Path) -> None:
 def test_on_their_own_hosts_the_slow_runs_come_close(tmp_path: Path) -> None:
     # Two runs were made on a slower host than their configuration's others (found from
     # their input preparation alone, fidelity/host_speed.py). Priced on it, shared_prefix's
-    # run 1 meets issue 30's TPOT and E2E target; example's run 1, whose host slowed further
-    # as it ran, halves its miss with calibration 1 and the roofline.
+    # run 1 meets issue 30's TPOT and E2E target with calibration 2 and the roofline (4.2-4.3%;
+    # calibration 1 8.3-8.5%); example's run 1, whose host slowed further as it ran, comes to
+    # 5.6-9.6% from 19.1-25.7%.
     runs = ["example-chunked-run1", "shared_prefix-chunked-prefixcache-run1"]
     figures = recorded_runs(ROOT, tmp_path, runs)
-    budget = {runs[0]: 15.0, runs[1]: 5.0}
+    budget = {runs[0]: 12.0, runs[1]: 9.0}
     for run in runs:
         assert figures["host_slowdown"][run] > 1.1
         for name, row in figures["on_own_host"][run].items():

@@ -8,7 +8,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sim.costmodel.host_fit import EPISODE_MIN_STEPS, StepSample, fit_host, predict
+from sim.costmodel.host_fit import (
+    EPISODE_MIN_STEPS,
+    StepSample,
+    _device_scale,
+    fit_host,
+    predict,
+)
 from sim.costmodel.host_time import HostParams, HostTimeModel
 
 TRUTH = HostParams(seq_s=2e-5, layer_s=3.5e-4, attention_launch_s=3e-5, split_programs=264)
@@ -100,3 +106,30 @@ def test_piecewise_replays_are_fitted_beside_the_eager_launches() -> None:
     seen = [s for s in measured if s.num_chunks and s.num_decodes and s.num_tokens <= 512]
     blind = [replace(s, num_tokens=None) for s in seen]
     assert (predict(model, blind) > predict(model, seen)).all()
+
+
+def test_the_gpu_time_scale_comes_from_the_steps_the_gpu_sets_the_pace_of() -> None:
+    # The GPU ran 1.25x the GPU time given (the roofline's): the host's steps cannot tell, the
+    # prefills of 8,192 tokens (GPU time over four times the host's) can.
+    big = [StepSample(1, 0, 0, 512, 1.2e-5 * 8192 + 3e-3, 0.0) for _ in range(6)]
+    shapes = _samples() + big
+    measured = predict(HostTimeModel(TRUTH, 32, 8), shapes, scale=1.25)
+    samples = [replace(s, measured_s=float(t)) for s, t in zip(shapes, measured, strict=True)]
+    fit = fit_host(samples, START, 32, 8)
+    assert fit.device_scale == pytest.approx(1.25, rel=1e-3)
+    assert fit.params.layer_s == pytest.approx(TRUTH.layer_s, rel=1e-3)
+    assert fit.params.seq_s == pytest.approx(TRUTH.seq_s, rel=1e-3)
+    assert fit.spread < 1e-6 and fit.num_stalls == 0
+    # Fewer than four such steps leave the scale at 1: the prefills the fit cannot explain sit
+    # above it.
+    few = fit_host(samples[:-3], START, 32, 8)
+    assert few.device_scale == 1.0 and few.num_stalls >= 3
+    # A decode step replayed as one graph is the GPU's too, but its host time and its GPU time
+    # are pinned by the same steps: it measures no scale.
+    graphs = replace(TRUTH, cuda_graphs=True, graph_replay_s=1e-4)
+    decodes = [StepSample(0, 8, 500, 256, 5e-3, 0.0, num_tokens=8) for _ in range(8)]
+    model = HostTimeModel(graphs, 32, 8)
+    assert all(d.host_time(model).graphs for d in decodes)
+    times = predict(model, decodes, scale=1.25)
+    replays = [replace(d, measured_s=float(t)) for d, t in zip(decodes, times, strict=True)]
+    assert _device_scale(model, replays) is None
