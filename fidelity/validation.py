@@ -192,6 +192,19 @@ def _stats_of(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return stats
 
 
+def total_and_median(stats: dict[str, Any]) -> tuple[float, float] | None:
+    """Of a group of steps (``_stats_of``): how much longer than priced they took in total,
+    and how much the median step did (measured / predicted - 1, in %). Their difference is
+    the group's slow tail, which a mean over steps (a request's TPOT) carries and a median
+    does not. None without steps."""
+    measured, predicted = stats.get("measured_mean_s"), stats.get("predicted_mean_s")
+    median = stats.get("median_pct")
+    if not measured or not predicted or median is None:
+        return None
+    # median_pct is (predicted - measured) / measured; turned round: measured / predicted - 1.
+    return 100 * (measured / predicted - 1), -median / (1 + median / 100)
+
+
 def term_shares(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per step kind, the mean seconds of each cost-model term beside the mean measured and
     predicted step: which term carries the error."""

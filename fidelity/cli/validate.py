@@ -174,6 +174,9 @@ def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
                 f"(bias {steps['all']['bias_pct']:+.1f}%): {kinds}",
                 file=file,
             )
+        tail = _tail_text(steps["by_kind"].get("decode-only") or {})
+        if tail:
+            print(f"  {name:<10} {tail}", file=file)
         if "by_phase" in steps:
             print(f"  {name:<10} {_phase_text(steps['by_phase'])}", file=file)
         if "ttft_wait_split" in model:
@@ -188,6 +191,22 @@ def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
         )
         if "why" in div:
             print(f"  {name:<10} where they part: {div['why']['text']}", file=file)
+
+
+def _tail_text(stats: dict[str, Any]) -> str | None:
+    """The decode-only steps' total against the model's beside their median step: what a
+    request's TPOT (a mean over its steps) carries and a median does not, the run's slow steps
+    (stalls, outside load), which the calibration's steps may have had fewer of."""
+    from fidelity.validation import total_and_median
+
+    figures = total_and_median(stats)
+    if figures is None:
+        return None
+    total, step = figures
+    return (
+        f"decode-only steps in total {total:+.1f}% over the model's, the median step "
+        f"{step:+.1f}%: the run's slow steps add {total - step:+.1f} points to a TPOT"
+    )
 
 
 MEASURED_OPTION = "--measured"
