@@ -60,13 +60,15 @@ def main(argv: list[str] | None = None) -> int:
 def _print(figures: dict[str, Any]) -> None:
     print("median |error| % per request (TTFT, TPOT, E2E) and on the engine's own steps; 'tail':")
     print("the decode-only steps' total over the model's less their median step's, in points (the")
-    print("run's slow steps, which a request's TPOT carries)")
+    print("run's slow steps, which a request's TPOT carries); 'calm': the same without the steps")
+    print("whose input preparation also ran >= 1.2x the run's own fit of it (the host's stalls)")
     header = f"{'run':44s} {'model':12s}" + "".join(f"{m.upper():>7s}" for m in METRICS)
-    print(header + f"{'steps':>7s}{'bias':>7s}{'tail':>7s}")
+    print(header + f"{'steps':>7s}{'bias':>7s}{'tail':>7s}{'calm':>7s}")
     for run, models in figures["runs"].items():
         for name, row in models.items():
             cells = "".join(f"{row[m]:7.1f}" for m in METRICS)
             steps = f"{row['steps']:7.1f}{row['steps_bias']:+7.1f}{row['decode_tail']:+7.1f}"
+            steps += f"{row['decode_tail_calm']:+7.1f}"
             print(f"{run:44s} {name:12s}{cells}{steps}")
     print("on the run's own host: each run's host against the fastest run of its configuration,")
     print("measured from the engine's input preparation (fidelity/host_speed.py; a configuration")

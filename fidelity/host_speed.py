@@ -215,6 +215,24 @@ def _speed(
     return HostSpeed(float(statistics.median(ratios)), (q3 - q1) / 2, fifths, len(ratios), share)
 
 
+HICCUP = 1.2
+"""A step whose input preparation took this many times its run's own fit of it ran on a host
+that stalled (``step_ratios``)."""
+
+
+def step_ratios(steps: Sequence[StepShapeRecord]) -> list[float | None]:
+    """Each step's preparation against the run's own fit of it (``fit_prepare`` on ``steps``),
+    in step order; None for a step the fit does not price. A host that stalls for a moment
+    (outside load, a pause) stretches a step's preparation with the rest of it: on the recorded
+    H200 runs the two ratios correlate at 0.44-0.84 over the decode-only steps."""
+    reference = fit_prepare(steps, "the run")
+    out: list[float | None] = []
+    for step in steps:
+        predicted = reference.predict(step) if step.prepare_s > 0 else 0.0
+        out.append(step.prepare_s / predicted if predicted > 0 else None)
+    return out
+
+
 def against(
     steps: Sequence[StepShapeRecord], reference: Sequence[StepShapeRecord], name: str = "the run"
 ) -> HostSpeed:

@@ -68,9 +68,11 @@ def _row(model: dict[str, Any]) -> dict[str, float]:
     row = {m: float(metrics[m]["median_abs_pct"]) for m in ("ttft", "tpot", "e2e")}
     row["steps"] = float(model["steps"]["all"]["median_abs_pct"])
     row["steps_bias"] = float(model["steps"]["all"]["bias_pct"])
-    # The decode-only steps' slow tail: their total over the model's less the median step's.
-    figures = validation.total_and_median(model["steps"]["by_kind"]["decode-only"])
-    row["decode_tail"] = figures[0] - figures[1] if figures else float("nan")
+    # The decode-only steps' slow tail (their total over the model's less the median step's),
+    # and what is left of it without the steps whose preparation ran slow too.
+    tail = model["tail"]
+    row["decode_tail"] = float(tail.get("tail_pts", float("nan")))
+    row["decode_tail_calm"] = float(tail.get("tail_without_hiccups_pts", float("nan")))
     # Beside the per-request TTFT error: its part after the wait for the step under way, the
     # TTFT distribution's error, and the prefill-heavy steps' error early in the run and later.
     row["ttft_rest"] = float(model["ttft_wait_split"]["rest_pct"])

@@ -191,6 +191,18 @@ def engine_floor(first: Path, second: Path) -> dict[str, Any]:
     }
 
 
+def _host_ratios(engine_dir: Path, steps: list[Any]) -> list[float | None] | None:
+    """Each step's input preparation against the run's own fit of it (``host_speed.step_ratios``),
+    or None where the preparation is off the steps' clock or too few steps are timed."""
+    clocks = host_speed.run_clocks(run_summary(engine_dir))
+    if host_speed.clock_problem(str(engine_dir), clocks):
+        return None
+    try:
+        return host_speed.step_ratios(steps)
+    except ValueError:  # (too few timed steps)
+        return None
+
+
 def host_against_profile(engine_dir: Path, profile: str | None) -> dict[str, Any]:
     """The engine run's host against the calibration's, from their input preparation
     (``fidelity.host_speed``), or why it cannot be measured (``error``)."""
@@ -287,6 +299,7 @@ def compare(
             measured.requests["request_id"].astype(str), measured.requests["arrival_s"], strict=True
         )
     )
+    host_ratios = _host_ratios(engine_dir, engine_steps)
     for name, cost_model in cost_models(run, engine_kind, decode_split, host_slowdown).items():
         if name == "calibrated":
             result["profile_spread"] = profile_spread(cost_model)
@@ -323,6 +336,7 @@ def compare(
         result["models"][name] = {
             "requests": requests,
             "steps": steps,
+            "tail": validation.tail_stats(steps["rows"], host_ratios, host_speed.HICCUP),
             "terms_by_kind": validation.term_shares(steps["rows"]),
             "aggregates": validation.aggregates(measured.summary, simulated.summary),
             "divergence": divergence,

@@ -205,6 +205,31 @@ def total_and_median(stats: dict[str, Any]) -> tuple[float, float] | None:
     return 100 * (measured / predicted - 1), -median / (1 + median / 100)
 
 
+def tail_stats(
+    rows: Sequence[dict[str, Any]], host_ratios: Sequence[float | None] | None, hiccup: float
+) -> dict[str, Any]:
+    """The decode-only steps' slow tail (``total_and_median`` of them, and its points), and
+    with ``host_ratios`` (each step's input preparation against the run's own fit, in the
+    order of ``rows``) the same without the steps whose preparation ran ``hiccup`` times its
+    fit or more: how much of the tail the host's own stalls carry."""
+    picked = [i for i, r in enumerate(rows) if r["kind"] == "decode-only"]
+    out: dict[str, Any] = {"n": len(picked)}
+    figures = total_and_median(_stats_of([rows[i] for i in picked]))
+    if figures is None:
+        return out
+    out["total_pct"], out["median_step_pct"] = figures
+    out["tail_pts"] = figures[0] - figures[1]
+    if host_ratios is None:
+        return out
+    calm = [i for i in picked if (host_ratios[i] or 0.0) < hiccup]
+    rest = total_and_median(_stats_of([rows[i] for i in calm]))
+    out["hiccup"] = hiccup
+    out["hiccup_share"] = 1 - len(calm) / len(picked)
+    if rest is not None:
+        out["tail_without_hiccups_pts"] = rest[0] - rest[1]
+    return out
+
+
 def term_shares(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per step kind, the mean seconds of each cost-model term beside the mean measured and
     predicted step: which term carries the error."""

@@ -174,7 +174,7 @@ def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
                 f"(bias {steps['all']['bias_pct']:+.1f}%): {kinds}",
                 file=file,
             )
-        tail = _tail_text(steps["by_kind"].get("decode-only") or {})
+        tail = _tail_text(model.get("tail") or {})
         if tail:
             print(f"  {name:<10} {tail}", file=file)
         if "by_phase" in steps:
@@ -193,20 +193,25 @@ def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
             print(f"  {name:<10} where they part: {div['why']['text']}", file=file)
 
 
-def _tail_text(stats: dict[str, Any]) -> str | None:
+def _tail_text(tail: dict[str, Any]) -> str | None:
     """The decode-only steps' total against the model's beside their median step: what a
-    request's TPOT (a mean over its steps) carries and a median does not, the run's slow steps
-    (stalls, outside load), which the calibration's steps may have had fewer of."""
-    from fidelity.validation import total_and_median
-
-    figures = total_and_median(stats)
-    if figures is None:
+    request's TPOT (a mean over its steps) carries and a median does not, the run's slow steps;
+    and how much of it is left without the steps whose input preparation ran slow too (the
+    host's own stalls)."""
+    if "tail_pts" not in tail:
         return None
-    total, step = figures
-    return (
-        f"decode-only steps in total {total:+.1f}% over the model's, the median step "
-        f"{step:+.1f}%: the run's slow steps add {total - step:+.1f} points to a TPOT"
+    text = (
+        f"decode-only steps in total {tail['total_pct']:+.1f}% over the model's, the median "
+        f"step {tail['median_step_pct']:+.1f}%: the run's slow steps add "
+        f"{tail['tail_pts']:+.1f} points to a TPOT"
     )
+    if "tail_without_hiccups_pts" in tail:
+        text += (
+            f"; {tail['tail_without_hiccups_pts']:+.1f} without the "
+            f"{100 * tail['hiccup_share']:.1f}% whose input preparation ran "
+            f">= {tail['hiccup']:g}x its fit too (the host's stalls)"
+        )
+    return text
 
 
 MEASURED_OPTION = "--measured"
