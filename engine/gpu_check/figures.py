@@ -148,6 +148,11 @@ def validation(folder: Path) -> dict[str, Any]:
             if metric in metrics
         }
         out[name]["steps"] = _round(model["steps"]["all"]["median_abs_pct"])
+        tail = model.get("tail") or {}
+        if "tail_pts" in tail:  # the decode-only steps' slow tail, and without the host's stalls
+            out[name]["tail_pts"] = _round(tail["tail_pts"])
+            if "tail_without_hiccups_pts" in tail:
+                out[name]["tail_calm_pts"] = _round(tail["tail_without_hiccups_pts"])
         why = model.get("divergence", {}).get("why")
         if why:
             out[name]["first_divergence"] = why.get("reason")
@@ -172,6 +177,8 @@ def validation(folder: Path) -> dict[str, Any]:
     spread = result.get("profile_spread") or {}
     if "steps_spread_pct" in spread:
         out["profile_step_spread_pct"] = _round(spread["steps_spread_pct"])
+    if spread.get("device_scale") is not None:
+        out["profile_device_scale"] = _round(spread["device_scale"])
     return out
 
 

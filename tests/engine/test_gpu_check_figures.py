@@ -268,3 +268,22 @@ def test_validation_figures_carry_the_hosts_measured_speed(tmp_path: Path) -> No
     result["host_speed"] = {"error": "no preparation times", "applied": 1.0}
     (tmp_path / "validation.json").write_text(json.dumps(result))
     assert "host_slowdown" not in figures.validation(tmp_path)
+
+
+def test_validation_figures_carry_the_slow_tail_and_the_gpu_scale(tmp_path: Path) -> None:
+    metrics = {m: {"median_abs_pct": 5.0} for m in ("ttft", "tpot", "e2e")}
+    tail = {"n": 900, "total_pct": 9.0, "median_step_pct": 2.0, "tail_pts": 7.004}
+    model = {
+        "requests": {"metrics": metrics},
+        "steps": {"all": {"median_abs_pct": 4.0}},
+        "tail": {**tail, "hiccup": 1.2, "hiccup_share": 0.1, "tail_without_hiccups_pts": 1.996},
+    }
+    result = {
+        "models": {"calibrated": model, "roofline": {**model, "tail": tail}},
+        "profile_spread": {"steps_spread_pct": 2.0, "device_scale": 1.2734},
+    }
+    (tmp_path / "validation.json").write_text(json.dumps(result))
+    found = figures.validation(tmp_path)
+    assert found["calibrated"]["tail_pts"] == 7.0 and found["calibrated"]["tail_calm_pts"] == 2.0
+    assert found["roofline"]["tail_pts"] == 7.0 and "tail_calm_pts" not in found["roofline"]
+    assert found["profile_device_scale"] == 1.27
