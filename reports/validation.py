@@ -143,8 +143,9 @@ def error_table(result: dict[str, Any]) -> str:
 
 def compared_text(result: dict[str, Any]) -> str:
     """What was compared, in words: the engine's kind, clock and decode split, the profile's
-    own spread, the engine against itself (the noise floor) where it was run twice, and the
-    run's host against the calibration's where it was measured."""
+    own spread and its GPU time's scale, the run's slow tail under the calibrated model, the
+    engine against itself (the noise floor) where it was run twice, and the run's host against
+    the calibration's where it was measured."""
     kind, clock = result.get("engine_kind", "servesim-eager"), result.get("engine_clock", "wall")
     parts = [f"Engine {kind} (clock {clock}, decode split {result.get('decode_split', 'fixed')})."]
     spread = result.get("profile_spread") or {}
@@ -155,6 +156,25 @@ def compared_text(result: dict[str, Any]) -> str:
         )
     if "table_spread_pct" in spread:
         parts.append(f"Its table points spread {spread['table_spread_pct']:.1f}% (median).")
+    if spread.get("device_scale", 1.0) != 1.0:
+        parts.append(
+            f"Its GPU time is scaled by {spread['device_scale']:.2f}, as its GPU-bound whole "
+            "steps measured."
+        )
+    tail = (result.get("models", {}).get("calibrated") or {}).get("tail") or {}
+    if "tail_pts" in tail:
+        text = (
+            f"The run's decode-only steps took {tail['total_pct']:+.1f}% against the calibrated "
+            f"model in total and {tail['median_step_pct']:+.1f}% by median step: its slow steps "
+            f"add {tail['tail_pts']:+.1f} points to a TPOT"
+        )
+        if "tail_without_hiccups_pts" in tail:
+            text += (
+                f", {tail['tail_without_hiccups_pts']:+.1f} without the "
+                f"{100 * tail['hiccup_share']:.1f}% whose input preparation ran slow too "
+                "(the host's stalls)"
+            )
+        parts.append(text + ".")
     floor = (result.get("engine_floor") or {}).get("requests", {}).get("metrics", {})
     cells = [
         f"{METRIC_NAMES[m]} {floor[m]['median_abs_pct']:.1f}%"

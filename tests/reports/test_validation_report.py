@@ -47,3 +47,18 @@ def test_the_report_says_how_fast_the_runs_host_was_and_what_was_priced() -> Non
     assert "priced it at 1.23x" in compared_text(result)
     result["host_speed"] = {"error": "no preparation times", "applied": 1.5}
     assert "priced the run's host at 1.50x" in compared_text(result)
+
+
+def test_the_report_gives_the_gpu_time_scale_and_the_runs_slow_tail() -> None:
+    result = _result()
+    text = compared_text(result)
+    assert "scaled by" not in text and "slow steps add" not in text  # (call 2: neither)
+    result["profile_spread"] = {**result["profile_spread"], "device_scale": 1.274}
+    tail = {"n": 900, "total_pct": 9.8, "median_step_pct": 2.9, "tail_pts": 6.9}
+    result["models"]["calibrated"]["tail"] = {
+        **tail, "hiccup": 1.2, "hiccup_share": 0.095, "tail_without_hiccups_pts": 2.7,
+    }  # fmt: skip
+    text = compared_text(result)
+    assert "Its GPU time is scaled by 1.27, as its GPU-bound whole steps measured." in text
+    assert "took +9.8% against the calibrated model in total and +2.9% by median step" in text
+    assert "add +6.9 points to a TPOT, +2.7 without the 9.5% whose input preparation" in text
