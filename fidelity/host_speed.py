@@ -112,10 +112,7 @@ class PrepareModel:
     num_steps: int
 
     def predict(self, step: StepShapeRecord) -> float:
-        return self.predict_features(prepare_features(step))
-
-    def predict_features(self, features: tuple[float, ...]) -> float:
-        return float(np.dot(self.coefficients, features))
+        return float(np.dot(self.coefficients, prepare_features(step)))
 
 
 def fit_prepare(steps: Sequence[StepShapeRecord], name: str = "the reference run") -> PrepareModel:
@@ -188,23 +185,11 @@ def host_speed(
     steps: Sequence[StepShapeRecord], reference: PrepareModel, name: str = "the run"
 ) -> HostSpeed:
     """``steps``' host against the reference's (``fit_prepare``), in step order."""
-    timed = [(prepare_features(s), s.prepare_s) for s in _timed(steps)]
-    shares = [s.cpu_s / s.wall_s for s in steps if s.cpu_s and s.wall_s]
-    share = float(statistics.median(shares)) if shares else None
-    return _speed(timed, reference, name, share)
-
-
-def _speed(
-    timed: list[tuple[tuple[float, float, float, float], float]],
-    reference: PrepareModel,
-    name: str,
-    share: float | None = None,
-) -> HostSpeed:
     ratios = []
-    for features, prepare_s in timed:
-        predicted = reference.predict_features(features)
+    for step in _timed(steps):
+        predicted = reference.predict(step)
         if predicted > 0:
-            ratios.append(prepare_s / predicted)
+            ratios.append(step.prepare_s / predicted)
     if len(ratios) < MIN_STEPS:
         raise ValueError(
             f"{name}: {len(ratios)} steps with a preparation time the reference prices; a host "
@@ -212,6 +197,8 @@ def _speed(
         )
     q1, _, q3 = statistics.quantiles(ratios, n=4)
     fifths = tuple(float(np.median(part)) for part in np.array_split(np.array(ratios), 5))
+    shares = [s.cpu_s / s.wall_s for s in steps if s.cpu_s and s.wall_s]
+    share = float(statistics.median(shares)) if shares else None
     return HostSpeed(float(statistics.median(ratios)), (q3 - q1) / 2, fifths, len(ratios), share)
 
 
