@@ -241,7 +241,8 @@ def own_host_table(args: argparse.Namespace, out: Path, profile: str, command: s
                 )
                 pairs[metric].append((before, after))
                 cells += f"   {before:6.1f} {after:6.1f}  "
-            lines.append(f"{name:<18}{policy:<11}{speed['slowdown']:9.3f}{cells}")
+            applied = (own.get("host_speed") or {}).get("applied", speed["slowdown"])
+            lines.append(f"{name:<18}{policy:<11}{applied:9.3f}{cells}")
     if pairs["tpot"]:
         import numpy as np
 
@@ -290,6 +291,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.tables_only:
             _print_saved_rows(args, out)
         print("\n".join(term_table(out)))
+        return 0
+    if args.own_host_only:
+        if args.profile is None:
+            print("validate_cpu.py: --own-host-only needs the runs' --profile", file=sys.stderr)
+            return 2
+        command = shlex.join(["python", "benchmarks/validate_cpu.py", *sys.argv[1:]])
+        print(f"# {command}")
+        print("\n".join(own_host_table(args, out, args.profile, command)))
         return 0
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "benchmarks/validate_cpu.py", *sys.argv[1:]])
@@ -341,6 +350,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-noise", action="store_true", help="skip the twice-run check")
     parser.add_argument(
         "--terms-only", action="store_true", help="only print the term table of runs in --out"
+    )
+    parser.add_argument(
+        "--own-host-only",
+        action="store_true",
+        help="only price the runs already in --out again on their own host (needs --profile)",
     )
     parser.add_argument(
         "--tables-only",

@@ -61,7 +61,7 @@ def _print(figures: dict[str, Any]) -> None:
     print("median |error| % per request (TTFT, TPOT, E2E) and on the engine's own steps; 'tail':")
     print("the decode-only steps' total over the model's less their median step's, in points (the")
     print("run's slow steps, which a request's TPOT carries); 'calm': the same without the steps")
-    print("whose input preparation also ran >= 1.2x the run's own fit of it (the host's stalls)")
+    print("whose input preparation also ran >= 1.2x the run's own table of it (the host's stalls)")
     header = f"{'run':44s} {'model':12s}" + "".join(f"{m.upper():>7s}" for m in METRICS)
     print(header + f"{'steps':>7s}{'bias':>7s}{'tail':>7s}{'calm':>7s}")
     for run, models in figures["runs"].items():

@@ -9,11 +9,19 @@ set the pace: run 1 of example.csv, made on a freshly started machine, took 1.51
 run 3 over decode steps of the same batch sizes, and its preparation 1.51x as long
 (docs/validation.md).
 
-``fit_prepare`` fits the preparation time of a reference run's steps as a linear function of
-their shape (``prepare_features``); ``host_speed`` gives another run's steps' median ratio to
-it (the slowdown: 1.5 means a host 1.5x slower), its spread and its drift over the run's
-fifths. The slowdown is what ``CostModelConfig.host_slowdown`` takes to price a run on its own
-host.
+``fit_prepare`` tables the preparation time of a reference run's decode-only steps by their
+batch size (the median at each size it saw, linear between sizes); ``host_speed`` gives another
+run's steps' median ratio to it (the slowdown: 1.5 means a host 1.5x slower), its spread and its
+drift over the run's fifths. The slowdown is what ``CostModelConfig.host_slowdown`` takes to
+price a run on its own host.
+
+Why a table by batch size and not a line through the step's shape: the preparation is not
+linear in the batch. On the CPU engine it jumps from 224 to 654 us between 8 and 9 decodes
+(past ``kernels.torch_attention.ROW_PATH_MAX_SEQS`` the attention's gather plan is built in
+the preparation), so a line fitted to a calibration's grid (batches of 1-64) read runs of 1-8
+decodes on the same machine as 0.88-0.97x of it; the table reads them 0.93-0.98x, as their
+steps were (2026-11-28, ``benchmarks/results/cpu-calibrations-2026-11-28/8-idle``). Steps with
+a prompt chunk are few and vary with their tokens: they are left out.
 
 What it does not see: a core shared by time slices. A preparation takes a fraction of a
 millisecond and mostly runs within one slice, so beside a busy loop on the same core it read
@@ -34,6 +42,7 @@ no host (``clock_problem``).
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -48,21 +57,29 @@ WALL = "wall"
 
 MIN_STEPS = 16
 """Fewer steps with a preparation time than this measure no host speed."""
+KNOT_STEPS = 3
+"""A reference's batch size with fewer decode-only steps than this is not one of its knots."""
+SETTLE_STEPS = 6
+"""On an engine that runs on a CPU, decode-only steps this close after a step with a prompt
+chunk are no probes (``settle_steps``). There the prefill runs on the host's own caches, and
+the next steps' preparation runs cold: the first decode step after one took 1.6x the settled
+steps' preparation, the second 1.3x, the fifth 1.0-1.03x (2026-11-28, sets 8 and 9 of
+``benchmarks/results/cpu-calibrations-2026-11-28``). A calibration's grid has short runs of
+decodes and a replay long ones, so with those steps the grid read a run's host 2-5% fast. On
+the H200 runs, whose prefill runs on the GPU, no such effect shows (0.98-1.02x), and leaving
+the steps out there only loses probes: it read example's drifting run 1 at 1.60x instead of
+1.33x."""
 
 
-def shape_features(
-    chunks: Sequence[tuple[int, int]], num_decodes: int
-) -> tuple[float, float, float, float]:
-    """(1, whether the step has a prompt chunk, its sequences, its token rows): a step with a
-    chunk uploads its inputs apart (no decode graph), and the rest grows with the rows."""
-    num_seqs = num_decodes + len(chunks)
-    num_tokens = num_decodes + sum(n for n, _ in chunks)
-    return (1.0, float(bool(chunks)), float(num_seqs), float(num_tokens))
+def settle_steps(device_name: str | None) -> int:
+    """``SETTLE_STEPS`` for an engine on a CPU (``device_name`` a run's ``summary.json``
+    ``device_name`` or a profile's ``device.name``), 0 for one on a GPU."""
+    return SETTLE_STEPS if (device_name or "").lower().startswith("cpu") else 0
 
 
-def prepare_features(step: StepShapeRecord) -> tuple[float, float, float, float]:
-    """``shape_features`` of a run's step."""
-    return shape_features(step.prefill_chunks, len(step.decode_context_tokens))
+def run_settle(summary: Mapping[str, Any]) -> int:
+    """``settle_steps`` of a run's ``summary.json``."""
+    return settle_steps(summary.get("device_name"))
 
 
 def run_clocks(summary: Mapping[str, Any]) -> tuple[str, str]:
@@ -100,61 +117,97 @@ def clocks_problem(*sides: tuple[str, tuple[str, str]]) -> str | None:
     return None
 
 
-def _timed(steps: Sequence[StepShapeRecord]) -> list[StepShapeRecord]:
-    return [s for s in steps if s.prepare_s > 0 and (s.decode_context_tokens or s.prefill_chunks)]
+def _settled(has_chunk: Sequence[bool], settle: int) -> list[bool]:
+    """For each step in order, whether more than ``settle`` steps without a prompt chunk have
+    run since the last step with one."""
+    out, since = [], settle + 1
+    for chunk in has_chunk:
+        since = 0 if chunk else since + 1
+        out.append(since > settle)
+    return out
+
+
+def _timed(steps: Sequence[StepShapeRecord], settle: int) -> list[StepShapeRecord]:
+    """The probe's steps: decode-only, more than ``settle`` steps after the last prompt chunk,
+    with a preparation time."""
+    settled = _settled([bool(s.prefill_chunks) for s in steps], settle)
+    return [
+        s for s, ok in zip(steps, settled, strict=True)
+        if ok and s.prepare_s > 0 and s.decode_context_tokens and not s.prefill_chunks
+    ]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class PrepareModel:
-    """A reference run's preparation seconds as a linear function of ``prepare_features``."""
+    """A reference's preparation seconds of a decode-only step by its batch size: at each
+    ``(batch size, seconds)`` of ``knots`` (ascending), linear in between. A step with a prompt
+    chunk, or a batch outside the knots, is not priced (0.0)."""
 
-    coefficients: tuple[float, ...]
+    knots: tuple[tuple[int, float], ...]
     num_steps: int
 
     def predict(self, step: StepShapeRecord) -> float:
-        return float(np.dot(self.coefficients, prepare_features(step)))
+        if step.prefill_chunks:
+            return 0.0
+        return self.at(len(step.decode_context_tokens))
+
+    def at(self, batch: int) -> float:
+        """The reference's preparation of a ``batch``-sequence decode step (0.0 outside it)."""
+        sizes = [size for size, _ in self.knots]
+        if not self.knots or batch < sizes[0] or batch > sizes[-1]:
+            return 0.0
+        j = bisect.bisect_left(sizes, batch)
+        if sizes[j] == batch:
+            return self.knots[j][1]
+        (x0, y0), (x1, y1) = self.knots[j - 1], self.knots[j]
+        return y0 + (y1 - y0) * (batch - x0) / (x1 - x0)
 
 
-def fit_prepare(steps: Sequence[StepShapeRecord], name: str = "the reference run") -> PrepareModel:
-    """Least squares in relative terms (each step weighted by its own time, so that the many
-    short steps and the few long ones count alike) over ``steps`` with a preparation time."""
-    timed = _timed(steps)
-    return _fit([prepare_features(s) for s in timed], [s.prepare_s for s in timed], name)
+def fit_prepare(
+    steps: Sequence[StepShapeRecord], name: str = "the reference run", settle: int = 0
+) -> PrepareModel:
+    """The reference's decode-only steps with a preparation time (more than ``settle`` after
+    the last prompt chunk: ``settle_steps``), as a table of their median by batch size
+    (``KNOT_STEPS`` steps or more at a size)."""
+    timed = _timed(steps, settle)
+    return _fit([len(s.decode_context_tokens) for s in timed], [s.prepare_s for s in timed], name)
 
 
 def profile_reference(profile: Profile) -> PrepareModel:
-    """The preparation of a calibration's whole steps (``prepare_s``, which ``sim calibrate``
-    stores since 2026-11-28), fitted as a run's are: the host a run is measured against."""
-    timed = [s for s in profile.steps if s.prepare_s and s.measured_s > 0]
-    rows = [shape_features(s.prefill_chunks, s.num_decode_seqs) for s in timed]
-    return _fit(rows, [float(s.prepare_s or 0.0) for s in timed], f"{profile.path}: steps")
+    """The preparation of a calibration's decode-only whole steps (``prepare_s``, which ``sim
+    calibrate`` stores since 2026-11-28), tabled as a run's are: the host a run is measured
+    against."""
+    settle = settle_steps(profile.device.get("name"))
+    settled = _settled([bool(s.prefill_chunks) for s in profile.steps], settle)
+    timed = [
+        s for s, ok in zip(profile.steps, settled, strict=True)
+        if ok and s.prepare_s and s.measured_s > 0 and s.num_decode_seqs and not s.prefill_chunks
+    ]  # fmt: skip
+    sizes = [s.num_decode_seqs for s in timed]
+    return _fit(sizes, [float(s.prepare_s or 0.0) for s in timed], f"{profile.path}: steps")
 
 
-def _fit(
-    rows: list[tuple[float, float, float, float]], times: list[float], name: str
-) -> PrepareModel:
-    if len(rows) < MIN_STEPS:
+def _fit(sizes: list[int], times: list[float], name: str) -> PrepareModel:
+    by_size: dict[int, list[float]] = {}
+    for size, time_s in zip(sizes, times, strict=True):
+        by_size.setdefault(size, []).append(time_s)
+    knots = tuple(
+        (size, float(statistics.median(values)))
+        for size, values in sorted(by_size.items())
+        if len(values) >= KNOT_STEPS
+    )
+    priced = sum(len(by_size[size]) for size, _ in knots)
+    if priced < MIN_STEPS:
         raise ValueError(
-            f"{name}: {len(rows)} steps with a preparation time; a host speed needs >= {MIN_STEPS}"
+            f"{name}: {priced} decode-only steps with a preparation time at a batch size seen "
+            f">= {KNOT_STEPS} times; a host speed needs >= {MIN_STEPS}"
         )
-    x, y = np.array(rows), np.array(times)
-    # Columns that never vary beyond the intercept (no step with a chunk) are left out, and so
-    # is any whose coefficient comes out negative (noise on few steps can make one so, and a
-    # preparation time priced below zero measures nothing): refitted without it, until none is.
-    keep = [0] + [j for j in range(1, x.shape[1]) if np.ptp(x[:, j]) > 0]
-    while True:
-        solution, *_ = np.linalg.lstsq(x[:, keep] / y[:, None], np.ones(len(y)), rcond=None)
-        if solution.min() >= 0 or len(keep) == 1:
-            break
-        keep.pop(int(np.argmin(solution)))
-    coefficients = np.zeros(x.shape[1])
-    coefficients[keep] = np.maximum(solution, 0.0)
     # Scaled so that the reference's own steps' median ratio to it is 1: a run measured
     # against itself (or a copy of it) reads exactly 1, and k times its preparation exactly k.
-    priced = x @ coefficients
-    if (priced > 0).any():
-        coefficients *= float(np.median(y[priced > 0] / priced[priced > 0]))
-    return PrepareModel(tuple(float(c) for c in coefficients), len(rows))
+    model = PrepareModel(knots, len(sizes))
+    own = [t / model.at(n) for n, t in zip(sizes, times, strict=True) if model.at(n) > 0]
+    scale = float(statistics.median(own))
+    return PrepareModel(tuple((n, t * scale) for n, t in knots), len(sizes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,11 +235,15 @@ class HostSpeed:
 
 
 def host_speed(
-    steps: Sequence[StepShapeRecord], reference: PrepareModel, name: str = "the run"
+    steps: Sequence[StepShapeRecord],
+    reference: PrepareModel,
+    name: str = "the run",
+    settle: int = 0,
 ) -> HostSpeed:
-    """``steps``' host against the reference's (``fit_prepare``), in step order."""
+    """``steps``' host against the reference's (``fit_prepare``), in step order, over their
+    decode-only steps more than ``settle`` after the last prompt chunk (``settle_steps``)."""
     ratios = []
-    for step in _timed(steps):
+    for step in _timed(steps, settle):
         predicted = reference.predict(step)
         if predicted > 0:
             ratios.append(step.prepare_s / predicted)
@@ -203,39 +260,59 @@ def host_speed(
 
 
 HICCUP = 1.2
-"""A step whose input preparation took this many times its run's own fit of it ran on a host
+"""A step whose input preparation took this many times its run's own table of it ran on a host
 that stalled (``step_ratios``)."""
 
 
-def step_ratios(steps: Sequence[StepShapeRecord]) -> list[float | None]:
-    """Each step's preparation against the run's own fit of it (``fit_prepare`` on ``steps``),
-    in step order; None for a step the fit does not price. A host that stalls for a moment
-    (outside load, a pause) stretches a step's preparation with the rest of it: on the recorded
-    H200 runs the two ratios correlate at 0.44-0.84 over the decode-only steps."""
-    reference = fit_prepare(steps, "the run")
+def step_ratios(steps: Sequence[StepShapeRecord], settle: int = 0) -> list[float | None]:
+    """Each step's preparation against the run's own table of it (``fit_prepare`` on
+    ``steps``), in step order; None for a step the table does not price. A host that stalls
+    for a moment (outside load, a pause) stretches a step's preparation with the rest of it:
+    on the recorded H200 runs the two ratios correlate at 0.39-0.84 over the decode-only
+    steps (calibration 1 pricing). ``settle`` as ``host_speed``."""
+    reference = fit_prepare(steps, "the run", settle)
+    probes = {id(step) for step in _timed(steps, settle)}
     out: list[float | None] = []
     for step in steps:
-        predicted = reference.predict(step) if step.prepare_s > 0 else 0.0
+        predicted = reference.predict(step) if id(step) in probes else 0.0
         out.append(step.prepare_s / predicted if predicted > 0 else None)
     return out
 
 
 def against(
-    steps: Sequence[StepShapeRecord], reference: Sequence[StepShapeRecord], name: str = "the run"
+    steps: Sequence[StepShapeRecord],
+    reference: Sequence[StepShapeRecord],
+    name: str = "the run",
+    settle: int = 0,
 ) -> HostSpeed:
-    """``steps``' host against ``reference``'s: the reference run's own preparation fitted,
-    and ``steps`` priced by it."""
-    return host_speed(steps, fit_prepare(reference, f"the reference of {name}"), name)
+    """``steps``' host against ``reference``'s: the reference run's own preparation tabled,
+    and ``steps`` priced by it (both runs of one engine: ``settle`` as ``host_speed``)."""
+    table = fit_prepare(reference, f"the reference of {name}", settle)
+    return host_speed(steps, table, name, settle)
 
 
-def group_slowdowns(runs: dict[str, Sequence[StepShapeRecord]]) -> dict[str, float]:
+def group_slowdowns(
+    runs: dict[str, Sequence[StepShapeRecord]], settle: int = 0
+) -> dict[str, float]:
     """Runs of one configuration, each against the fastest host among them (a host's speed is
-    lost to load, heat or a cold start; it is seldom gained): every run's steps priced by the
-    preparation fitted on all of them pooled, and each median ratio divided by the least. One
-    run alone is its own reference (1.0)."""
+    lost to load, heat or a cold start; it is seldom gained): the fastest is the run that the
+    others' tables read slowest (its median over them), and every run is read against the
+    fastest's own table. One run alone is its own reference (1.0). ``settle`` as
+    ``host_speed``.
+
+    Not against a table of all the runs pooled: a slower host batches more, so at a batch size
+    where the slow run has most of the steps the pooled median is its own, and reads it as
+    1.0 there. On the recorded H200 runs the pooled table read shared_prefix's run 1 1.10x its
+    run 2; against run 2's table it reads 1.17x, as its decode steps' times do."""
     if len(runs) == 1:
         return dict.fromkeys(runs, 1.0)
-    pooled = fit_prepare([s for steps in runs.values() for s in steps], "the pooled runs")
-    raw = {name: host_speed(steps, pooled, name).slowdown for name, steps in runs.items()}
-    fastest = min(raw.values())
-    return {name: value / fastest for name, value in raw.items()}
+    tables = {name: fit_prepare(steps, f"the run {name}", settle) for name, steps in runs.items()}
+
+    def read(name: str, reference: str) -> float:
+        return host_speed(runs[name], tables[reference], name, settle).slowdown
+
+    fastest = min(
+        runs,
+        key=lambda name: statistics.median(read(name, other) for other in runs if other != name),
+    )
+    return {name: 1.0 if name == fastest else read(name, fastest) for name in runs}

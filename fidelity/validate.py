@@ -173,7 +173,8 @@ def engine_floor(first: Path, second: Path) -> dict[str, Any]:
         speed = problem
     else:
         try:
-            speed = host_speed.against(steps_b, steps_a, str(second)).as_dict()
+            settle = host_speed.run_settle(run_summary(first))
+            speed = host_speed.against(steps_b, steps_a, str(second), settle).as_dict()
         except ValueError as error:
             speed = str(error)
     return {
@@ -192,13 +193,13 @@ def engine_floor(first: Path, second: Path) -> dict[str, Any]:
 
 
 def _host_ratios(engine_dir: Path, steps: list[Any]) -> list[float | None] | None:
-    """Each step's input preparation against the run's own fit of it (``host_speed.step_ratios``),
+    """Each step's input preparation against the run's own table of it (``host_speed.step_ratios``),
     or None where the preparation is off the steps' clock or too few steps are timed."""
-    clocks = host_speed.run_clocks(run_summary(engine_dir))
-    if host_speed.clock_problem(str(engine_dir), clocks):
+    summary = run_summary(engine_dir)
+    if host_speed.clock_problem(str(engine_dir), host_speed.run_clocks(summary)):
         return None
     try:
-        return host_speed.step_ratios(steps)
+        return host_speed.step_ratios(steps, host_speed.run_settle(summary))
     except ValueError:  # (too few timed steps)
         return None
 
@@ -212,15 +213,17 @@ def host_against_profile(engine_dir: Path, profile: str | None) -> dict[str, Any
         calibration = load_profile(profile)
         # A busy machine stretches the preparation's wall time and not a thread's CPU time:
         # each side's preparation must be on its steps' clock, and the two on one clock.
+        summary = run_summary(engine_dir)
         problem = host_speed.clocks_problem(
             (f"the calibration {profile}", host_speed.profile_clocks(calibration)),
-            (f"the run {engine_dir}", host_speed.run_clocks(run_summary(engine_dir))),
+            (f"the run {engine_dir}", host_speed.run_clocks(summary)),
         )
         if problem:
             return {"error": problem}
         reference = host_speed.profile_reference(calibration)
         steps = load_step_shapes(run_file(engine_dir, STEP_SHAPES_FILE))
-        return host_speed.host_speed(steps, reference, str(engine_dir)).as_dict()
+        settle = host_speed.run_settle(summary)
+        return host_speed.host_speed(steps, reference, str(engine_dir), settle).as_dict()
     except ValueError as error:
         return {"error": str(error)}
 

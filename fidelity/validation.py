@@ -209,7 +209,7 @@ def tail_stats(
     rows: Sequence[dict[str, Any]], host_ratios: Sequence[float | None] | None, hiccup: float
 ) -> dict[str, Any]:
     """The decode-only steps' slow tail (``total_and_median`` of them, and its points), and
-    with ``host_ratios`` (each step's input preparation against the run's own fit, in the
+    with ``host_ratios`` (each step's input preparation against the run's own table, in the
     order of ``rows``) the same without the steps whose preparation ran ``hiccup`` times its
     fit or more: how much of the tail the host's own stalls carry."""
     picked = [i for i, r in enumerate(rows) if r["kind"] == "decode-only"]

@@ -209,7 +209,7 @@ def _tail_text(tail: dict[str, Any]) -> str | None:
         text += (
             f"; {tail['tail_without_hiccups_pts']:+.1f} without the "
             f"{100 * tail['hiccup_share']:.1f}% whose input preparation ran "
-            f">= {tail['hiccup']:g}x its fit too (the host's stalls)"
+            f">= {tail['hiccup']:g}x the run's own table of it too (the host's stalls)"
         )
     return text
 
