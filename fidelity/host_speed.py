@@ -19,9 +19,10 @@ Why a table by batch size and not a line through the step's shape: the preparati
 linear in the batch. On the CPU engine it jumps from 224 to 654 us between 8 and 9 decodes
 (past ``kernels.torch_attention.ROW_PATH_MAX_SEQS`` the attention's gather plan is built in
 the preparation), so a line fitted to a calibration's grid (batches of 1-64) read runs of 1-8
-decodes on the same machine as 0.88-0.97x of it; the table reads them 0.93-0.98x, as their
-steps were (2026-11-28, ``benchmarks/results/cpu-calibrations-2026-11-28/8-idle``). Steps with
-a prompt chunk are few and vary with their tokens: they are left out.
+decodes on the same machine as 0.88-0.97x of it. The table, with the cold steps after a
+prefill left out on a CPU (``SETTLE_STEPS``), reads them 0.95-1.01x (2026-11-28, sets 8 and 9
+of ``benchmarks/results/cpu-calibrations-2026-11-28``). Steps with a prompt chunk are few and
+vary with their tokens: they are left out.
 
 What it does not see: a core shared by time slices. A preparation takes a fraction of a
 millisecond and mostly runs within one slice, so beside a busy loop on the same core it read
