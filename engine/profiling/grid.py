@@ -3,7 +3,7 @@ and a grid small enough for tests (``SMALL_GRID``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 
@@ -97,3 +97,16 @@ SMALL_GRID = CalibrationGrid(
     step_repeats=2,
 )
 """A grid small enough for tests (seconds on CPU)."""
+
+
+def for_backend(grid: CalibrationGrid, backend: str, row_path_max_seqs: int) -> CalibrationGrid:
+    """``grid`` with a decode-batch knot where ``backend``'s decode attention changes path: the
+    torch backend attends up to ``row_path_max_seqs`` rows one at a time and more by split and
+    merge (``kernels.torch_attention``), so the first batch past the switch is timed too, where
+    the grid reaches past it. Without it, the tables interpolate from the row path at 8 to the
+    split path at 16, and the CPU runs' decode steps of 9 or more were priced 6-10% fast (sets
+    8 and 9 of ``benchmarks/results/cpu-calibrations-2026-11-28``, their preparation measured)."""
+    knot = row_path_max_seqs + 1
+    if backend != "torch" or knot in grid.decode_seqs or knot >= grid.decode_seqs[-1]:
+        return grid
+    return replace(grid, decode_seqs=tuple(sorted((*grid.decode_seqs, knot))))

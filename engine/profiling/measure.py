@@ -10,11 +10,12 @@ from typing import Any
 import torch
 
 from engine.llm_engine import EngineConfig, LLMEngine
-from engine.profiling.grid import CalibrationGrid
+from engine.profiling.grid import CalibrationGrid, for_backend
 from engine.profiling.parts import StepParts
 from engine.profiling.steps import check_steps, grid_steps
 from engine.profiling.timer import PointTime, Timer
 from kernels.contracts import resolve_backend
+from kernels.torch_attention import ROW_PATH_MAX_SEQS
 
 
 @dataclass
@@ -122,6 +123,7 @@ def measure(
     # Which context a decode batch costs as ("mean", "max" or "per_sequence") is chosen by
     # fidelity.calibrate from the skewed check points timed below; "mean" until then.
     backend = resolve_backend(device, config.backend)
+    grid = for_backend(grid, backend, ROW_PATH_MAX_SEQS)
     out.engine = {
         "backend": backend,
         "dtype": str(engine.dtype).removeprefix("torch."),

@@ -15,7 +15,14 @@ from sim.costmodel.calibrated_host import calibrated_host, is_cpu_profile
 from sim.costmodel.profile import Profile, StepTiming, Table1D, Table2D
 from sim.costmodel.roofline import TERMS, RooflineCostModel
 from sim.costmodel.step_attention import step_attention_s
-from sim.costmodel.step_fit import DECODE_KNOTS, TOKEN_KNOTS, hat, least_absolute
+from sim.costmodel.step_fit import (
+    DECODE_KNOTS,
+    TOKEN_KNOTS,
+    hat,
+    least_absolute,
+    prepare_at,
+    prepare_table,
+)
 from sim.costmodel.step_shape import StepShape
 
 GROWING_OPS = ("linear", "elementwise", "store_kv", "lm_head", "allreduce", "copy_blocks",
@@ -97,6 +104,9 @@ class CalibratedCostModel:
         self._decode_scales = np.ones(len(DECODE_KNOTS))
         self._joint = profile.step_fit == "joint" and bool(profile.steps)
         self._fitting = False
+        # The joint fit's measured input preparation by batch size, where the profile's whole
+        # steps store it on their own clock (``_measured_prepare``); None: fitted with the glue.
+        self._prepare: tuple[tuple[int, float], ...] | None = None
         self._prefill_per_token: Table2D | None = None
         if (prefill := self._table2("prefill_attention")) is not None:
             rows = zip(prefill.xs, prefill.times_s, strict=True)
@@ -111,6 +121,7 @@ class CalibratedCostModel:
         if self.host is not None:
             self._joint = False
         elif self._joint:
+            self._prepare = _measured_prepare(profile)
             self._fit_joint()
         elif profile.steps:
             self._fixed_overhead_s, self._per_seq_overhead_s = self._fit_overhead()
@@ -143,10 +154,11 @@ class CalibratedCostModel:
         and KV streamed from the shared cache each step, not hot in a tight loop, by an amount
         that depends on the step's size; and the step's Python glue (module calls, views,
         residual adds, input preparation, sampling bookkeeping) is timed by no table: a fixed
-        and a per-sequence cost. A least-absolute fit of relative error (each residual weighs
-        1 / measured), decode-only and prefill steps weighted equally as groups: a step slowed
-        by load moves it no more than another. A negative coefficient is pinned (scales at 1,
-        overheads at 0)."""
+        and a per-sequence cost, beside the input preparation where the profile's steps
+        measured it (``_measured_prepare``, then part of ``rest``). A least-absolute fit of
+        relative error (each residual weighs 1 / measured), decode-only and prefill steps
+        weighted equally as groups: a step slowed by load moves it no more than another. A
+        negative coefficient is pinned (scales at 1, overheads at 0)."""
         self._fitting = True
         self._token_scales = np.ones(len(TOKEN_KNOTS))
         self._prefill_scale = 1.0
@@ -160,7 +172,8 @@ class CalibratedCostModel:
             shape = self._step_shape(step)
             terms = self.step_terms(shape)
             tokens = terms[0] + terms[3] + terms[4]
-            rest = sum(terms) - tokens - terms[1] - terms[2] - terms[9]
+            # (terms[9] is the measured preparation alone while fitting: known, as the rest)
+            rest = sum(terms) - tokens - terms[1] - terms[2]
             by_tokens = tokens * hat(shape.num_batched_tokens, TOKEN_KNOTS)
             by_context = terms[2] * hat(sum(shape.decode_context_tokens), DECODE_KNOTS)
             rows.append([*by_tokens, terms[1], *by_context, 1.0, float(shape.num_seqs), rest])
@@ -421,8 +434,8 @@ class CalibratedCostModel:
         """The fitted overhead, plus the ``prepare`` table where the profile has one (without
         steps to fit to and without ``prepare``: the roofline's per-sequence overhead)."""
         fitted = self._fixed_overhead_s + self._per_seq_overhead_s * num_seqs
-        if self._joint:  # the joint fit's per-sequence part stands for the host's input work
-            return fitted
+        if self._joint:  # the measured preparation, or the per-sequence part stands for it
+            return fitted + (prepare_at(self._prepare, num_seqs) if self._prepare else 0.0)
         if (table := self._table1("prepare")) is not None:
             return fitted + table(num_seqs)
         if self._per_seq_overhead_s or self._fitting:
@@ -454,3 +467,25 @@ class CalibratedCostModel:
         return self.fallback.kv_transfer_time_s(
             num_tokens, link_bandwidth_bytes_per_s, link_latency_s
         )
+
+
+def _measured_prepare(profile: Profile) -> tuple[tuple[int, float], ...] | None:
+    """The input preparation of the profile's decode-only whole steps by batch size
+    (``step_fit.prepare_table``), where each step stores it on the steps' own clock (profiles
+    since 2026-11-28); None otherwise.
+
+    Why measured and not fitted: the preparation is not linear in the batch. On the CPU engine
+    it jumps from 224 to 654 us between 8 and 9 decodes (past
+    ``kernels.torch_attention.ROW_PATH_MAX_SEQS`` the attention's gather plan is built in it),
+    and a fixed and a per-sequence cost fitted over batches of 1-64 priced the CPU runs' decode
+    steps of 9 or more 8-12% fast (sets 8 and 9 of
+    ``benchmarks/results/cpu-calibrations-2026-11-28``)."""
+    engine = profile.engine or {}
+    if engine.get("prepare_clock", "wall") != engine.get("clock", "wall"):
+        return None
+    decode = [s for s in profile.steps if s.num_decode_seqs and not s.prefill_chunks]
+    if not decode or any(not s.prepare_s for s in decode):
+        return None
+    return prepare_table(
+        [s.num_decode_seqs for s in decode], [float(s.prepare_s or 0.0) for s in decode]
+    )

@@ -83,3 +83,29 @@ def least_absolute(
         if cost < best_cost:
             best, best_cost = coef, cost
     return best
+
+
+PREPARE_KNOT_STEPS: Final = 3
+"""A batch size with fewer of a profile's decode-only steps than this is no knot of its
+preparation table (``prepare_table``)."""
+
+
+def prepare_table(sizes: list[int], prepare_s: list[float]) -> tuple[tuple[int, float], ...] | None:
+    """The median input preparation of a profile's decode-only whole steps by their batch size,
+    at each size seen ``PREPARE_KNOT_STEPS`` times or more; None for fewer than two such sizes."""
+    by_size: dict[int, list[float]] = {}
+    for size, time_s in zip(sizes, prepare_s, strict=True):
+        by_size.setdefault(size, []).append(time_s)
+    knots = tuple(
+        (size, float(np.median(times)))
+        for size, times in sorted(by_size.items())
+        if len(times) >= PREPARE_KNOT_STEPS
+    )
+    return knots if len(knots) >= 2 else None
+
+
+def prepare_at(knots: tuple[tuple[int, float], ...], num_seqs: int) -> float:
+    """``prepare_table``'s seconds at ``num_seqs`` sequences: linear between its knots, the end
+    knot's beyond them."""
+    sizes = [size for size, _ in knots]
+    return float(np.interp(num_seqs, sizes, [time_s for _, time_s in knots]))

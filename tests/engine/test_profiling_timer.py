@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine.profiling.grid import SMALL_GRID  # noqa: E402
+from engine.profiling.grid import SMALL_GRID, CalibrationGrid, for_backend  # noqa: E402
 from engine.profiling.timer import Timer, point_time  # noqa: E402
 
 
@@ -80,3 +80,11 @@ def test_device_timing_leaves_the_launches_out() -> None:
     t1.synchronize()
     span_s = t0.elapsed_time(t1) / 1000
     assert device_s < span_s  # 200 launches take longer than 200 tiny kernels
+
+
+def test_the_torch_backends_path_switch_is_a_decode_knot() -> None:
+    grid = CalibrationGrid()
+    torch_grid = for_backend(grid, "torch", 8)
+    assert torch_grid.decode_seqs == (1, 2, 4, 8, 9, 16, 32, 64)
+    assert for_backend(grid, "triton", 8) == grid  # (no such switch)
+    assert for_backend(SMALL_GRID, "torch", 8) == SMALL_GRID  # (its batches stop at 4)

@@ -166,3 +166,37 @@ def test_padding_is_priced_only_where_the_engine_computes_it(tmp_path: Path) -> 
         )
         assert engine_like.step_time_s(padded) == engine_like.step_time_s(packed)
         assert engine_like.step_time_s(packed) == default.step_time_s(packed)
+
+
+def _prepare(num_seqs: int) -> float:
+    """A CPU engine's input preparation: 150 us, 10 us a sequence, and 430 us more past 8
+    (the torch backend's split path builds its gather plan there)."""
+    return 1.5e-4 + 1e-5 * num_seqs + (4.3e-4 if num_seqs > 8 else 0.0)
+
+
+def test_the_steps_measured_preparation_prices_its_jump(tmp_path: Path) -> None:
+    shapes = SHAPES + [
+        StepShape(decode_context_tokens=(c,) * b) for b in (9, 12) for c in (64, 256, 1024)
+    ]
+
+    def measured(shape: StepShape) -> float:
+        truth = _truth(_table_terms(tmp_path, shape), shape.num_seqs)
+        return truth + _prepare(shape.num_seqs)
+
+    steps = [{**_step(s, measured(s)), "prepare_s": _prepare(s.num_seqs)} for s in shapes]
+    cost = make_cost_model(
+        TINY, CPU, profile_path=_profile(tmp_path, steps, format_version=5), block_size=16
+    )
+    fitted = cost.fitted  # type: ignore[attr-defined]
+    assert fitted["fixed_overhead_s"] == pytest.approx(2e-3, rel=1e-2)
+    assert fitted["per_seq_overhead_s"] == pytest.approx(1e-4, rel=5e-2)
+    ten = StepShape(decode_context_tokens=(300,) * 10)
+    assert cost.step_time_s(ten) == pytest.approx(measured(ten), rel=2e-3)
+    # Without it, one fixed and one per-sequence cost stand for the preparation too, and their
+    # line cannot bend at 9.
+    for step in steps:
+        del step["prepare_s"]
+    line = make_cost_model(
+        TINY, CPU, profile_path=_profile(tmp_path, steps, format_version=5), block_size=16
+    )
+    assert line.step_time_s(ten) / measured(ten) - 1 < -0.015  # (-2.0% here)
