@@ -431,8 +431,10 @@ class CalibratedCostModel:
         return time_s
 
     def _overhead_s(self, num_seqs: int) -> float:
-        """The fitted overhead, plus the ``prepare`` table where the profile has one (without
-        steps to fit to and without ``prepare``: the roofline's per-sequence overhead)."""
+        """The fitted overhead, plus the input preparation: under the joint fit the steps'
+        measured one where they store it (``_measured_prepare``), else the ``prepare`` table
+        where the profile has one (without steps to fit to and without ``prepare``: the
+        roofline's per-sequence overhead)."""
         fitted = self._fixed_overhead_s + self._per_seq_overhead_s * num_seqs
         if self._joint:  # the measured preparation, or the per-sequence part stands for it
             return fitted + (prepare_at(self._prepare, num_seqs) if self._prepare else 0.0)
