@@ -53,12 +53,13 @@ import numpy as np
 
 from records.step_shapes import StepShapeRecord
 from sim.costmodel.profile import Profile
+from sim.costmodel.step_fit import PREPARE_KNOT_STEPS, median_by_size
 
 WALL = "wall"
 
 MIN_STEPS = 16
 """Fewer steps with a preparation time than this measure no host speed."""
-KNOT_STEPS = 3
+KNOT_STEPS = PREPARE_KNOT_STEPS
 """A reference's batch size with fewer decode-only steps than this is not one of its knots."""
 SETTLE_STEPS = 6
 """On an engine that runs on a CPU, decode-only steps this close after a step with a prompt
@@ -189,15 +190,9 @@ def profile_reference(profile: Profile) -> PrepareModel:
 
 
 def _fit(sizes: list[int], times: list[float], name: str) -> PrepareModel:
-    by_size: dict[int, list[float]] = {}
-    for size, time_s in zip(sizes, times, strict=True):
-        by_size.setdefault(size, []).append(time_s)
-    knots = tuple(
-        (size, float(statistics.median(values)))
-        for size, values in sorted(by_size.items())
-        if len(values) >= KNOT_STEPS
-    )
-    priced = sum(len(by_size[size]) for size, _ in knots)
+    knots = median_by_size(sizes, times, KNOT_STEPS)
+    tabled = {size for size, _ in knots}
+    priced = sum(1 for size in sizes if size in tabled)
     if priced < MIN_STEPS:
         raise ValueError(
             f"{name}: {priced} decode-only steps with a preparation time at a batch size seen "

@@ -90,17 +90,25 @@ PREPARE_KNOT_STEPS: Final = 3
 preparation table (``prepare_table``)."""
 
 
-def prepare_table(sizes: list[int], prepare_s: list[float]) -> tuple[tuple[int, float], ...] | None:
-    """The median input preparation of a profile's decode-only whole steps by their batch size,
-    at each size seen ``PREPARE_KNOT_STEPS`` times or more; None for fewer than two such sizes."""
+def median_by_size(
+    sizes: list[int], times_s: list[float], min_count: int = PREPARE_KNOT_STEPS
+) -> tuple[tuple[int, float], ...]:
+    """``(size, median seconds)`` for each size seen ``min_count`` times or more, ascending: a
+    table of the steps' times by their batch size (also ``fidelity.host_speed``'s probe)."""
     by_size: dict[int, list[float]] = {}
-    for size, time_s in zip(sizes, prepare_s, strict=True):
+    for size, time_s in zip(sizes, times_s, strict=True):
         by_size.setdefault(size, []).append(time_s)
-    knots = tuple(
+    return tuple(
         (size, float(np.median(times)))
         for size, times in sorted(by_size.items())
-        if len(times) >= PREPARE_KNOT_STEPS
+        if len(times) >= min_count
     )
+
+
+def prepare_table(sizes: list[int], prepare_s: list[float]) -> tuple[tuple[int, float], ...] | None:
+    """The median input preparation of a profile's decode-only whole steps by their batch size
+    (``median_by_size``); None for fewer than two sizes seen ``PREPARE_KNOT_STEPS`` times."""
+    knots = median_by_size(sizes, prepare_s)
     return knots if len(knots) >= 2 else None
 
 
