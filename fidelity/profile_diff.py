@@ -207,11 +207,18 @@ def _verdict(tables: dict[str, Any], steps: dict[str, Any]) -> tuple[str, str]:
         if share is None or share > BEYOND_SPREAD_SHARE:
             spread = "" if share is None else " by more than their spread"
             shifted = abs(tables["median_pct"]) > AGREE_PCT
-            cause = (
-                f"shifted {tables['median_pct']:+.1f}% one way: the device ran at another speed"
-                if shifted
-                else "scattered both ways: their points are noisy"
-            )
+            shift = f"shifted {tables['median_pct']:+.1f}% one way"
+            if not shifted:
+                cause = "scattered both ways: their points are noisy"
+            elif step_pct is not None and step_pct <= AGREE_PCT:
+                # The whole steps ran on the same device and agree: not the device's speed.
+                # On the H200 (2026-11-28) one calibration's tables timed the host's launches.
+                cause = (
+                    f"{shift} while the whole steps agree: one profile's tables timed more than "
+                    "the kernels (on a GPU, the host's launches: its engine's timer_late)"
+                )
+            else:
+                cause = f"{shift}: the device ran at another speed"
             return "tables", (
                 f"{tables_text}; {steps_text}: the tables themselves differ{spread}, "
                 f"{cause}; calibrate again and compare"

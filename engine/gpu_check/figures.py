@@ -108,6 +108,11 @@ def calibration(folder: Path) -> dict[str, Any]:
         "decode_attention_context": profile.get("decode_attention_context"),
         "device": profile.get("device", {}).get("name"),
     }
+    engine = profile.get("engine") or {}
+    if "timer_calls" in engine:  # how often a timed call's launches outran the GPU's hold
+        out["timer_holds"] = {
+            k: int(engine.get(f"timer_{k}", 0)) for k in ("calls", "retimed", "late")
+        }
     if isinstance(profile.get("host"), dict):
         # Seconds in microseconds: rounded as seconds, every per-launch term read 0.0.
         out["host"] = {

@@ -140,6 +140,12 @@ def measure(
     points, layout = _table_points(parts, grid, max_len)
     timed = timer.rounds(points, on_round=lambda done: tick(f"table round {done}"))
     del points
+    if timer.calls:  # on CUDA: how often a call's launches outran the GPU's hold
+        out.engine.update(
+            timer_calls=str(timer.calls),
+            timer_retimed=str(timer.retimed),
+            timer_late=str(timer.late),
+        )
     _fill_tables(out, timed, grid, layout, parts)
     # The whole steps run on this same engine (each under a scheduler of their own): one
     # model and one KV cache for the whole calibration.

@@ -4,7 +4,15 @@ every point alike, each round starting one point later; each point keeps its med
 spread. On CUDA with CUDA events, the
 call's launches issued while the GPU is held busy, so that the events time the kernels alone
 (``device``); on CPU with the engine's clock: ``time.perf_counter`` (``wall``) or the calling
-thread's CPU time, ``time.thread_time`` (``cpu``)."""
+thread's CPU time, ``time.thread_time`` (``cpu``).
+
+On CUDA every timed call checks its own hold: an event before the hold times how long the GPU
+was held, and the host's time from the hold's launch to the last event's must fit inside it.
+A call whose launches outran the hold is timed again with a longer one (``HeldCall``). The
+hold's length is in the spin's cycles, and its rate is read again from every hold: on the H200
+(2026-11-28) one calibration's single reading of that rate came out about five times slow,
+its holds about a fifth of what they should have been, and its op tables timed the host's
+launches (elementwise at one token 339 us against 13 us) while its whole steps were right."""
 
 from __future__ import annotations
 
@@ -22,6 +30,27 @@ from engine.profiling.grid import CalibrationGrid
 # so that every launch is queued before its kernel may start.
 _HOLD_FACTOR = 2.0
 _HOLD_MIN_S = 2e-4
+# A call whose launches outran its hold is timed again, up to this many times in all.
+_MAX_HOLDS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class HeldCall:
+    """One call timed behind a hold: ``issued_s``, the host's time from the hold's launch to
+    the call's last event; ``held_s``, how long the GPU was held (by events); ``kernels_s``,
+    the call's kernels' time (by events); ``cycles``, the hold's length in the spin's cycles."""
+
+    issued_s: float
+    held_s: float
+    kernels_s: float
+    cycles: int
+
+    @property
+    def in_time(self) -> bool:
+        """Every launch was queued before the hold ended: the GPU reached the hold no sooner
+        than the host issued it, so the host's time from there is an upper bound on how far
+        into the hold the last launch came."""
+        return self.issued_s <= self.held_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +85,9 @@ class Timer:
             self.kind = "thread_cpu"
         self._launch_s: dict[int, float] = {}
         self._cycles_per_s: float | None = None
+        # Calls timed on CUDA; of them, timed again after a hold too short; and still too
+        # short after ``_MAX_HOLDS`` holds (their time kept, the host's launches in it).
+        self.calls = self.retimed = self.late = 0
 
     def rounds(
         self,
@@ -115,32 +147,66 @@ class Timer:
 
     def _device_s(self, fn: Callable[[], Any]) -> float:
         """The call's kernels alone: the GPU is held busy until every launch of the call is
-        queued, so the first event's time is the first kernel's start."""
-        torch.cuda.synchronize(self.device)
-        hold_s = max(_HOLD_MIN_S, _HOLD_FACTOR * self._launch_s.get(id(fn), 0.0))
+        queued, so the first event's time is the first kernel's start. A hold the launches
+        outran is lengthened to the host's time and the call timed again."""
         if self._cycles_per_s is None:
             self._cycles_per_s = _sleep_cycles_per_s(self.device)
-        torch.cuda._sleep(int(hold_s * self._cycles_per_s))  # type: ignore[no-untyped-call]
+        self.calls += 1
+        key = id(fn)
+        for attempt in range(_MAX_HOLDS):
+            hold_s = max(_HOLD_MIN_S, _HOLD_FACTOR * self._launch_s.get(key, 0.0))
+            call = self._held(fn, max(1, int(hold_s * self._cycles_per_s)))
+            if call.held_s > 0:  # a spin runs no faster than the clock: a faster hold
+                # means the rate was read low, and the holds were short
+                self._cycles_per_s = max(self._cycles_per_s, call.cycles / call.held_s)
+            if call.in_time:
+                return call.kernels_s
+            if attempt == 0:
+                self.retimed += 1
+            self._launch_s[key] = max(self._launch_s.get(key, 0.0), call.issued_s)
+        self.late += 1
+        return call.kernels_s
+
+    def _held(self, fn: Callable[[], Any], cycles: int) -> HeldCall:
+        """``fn`` timed by CUDA events behind a hold of ``cycles`` of the GPU's spin."""
+        torch.cuda.synchronize(self.device)
+        held = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        t0 = time.perf_counter()
+        held.record()
+        torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
         start.record()
         fn()
         end.record()
+        issued_s = time.perf_counter() - t0
         end.synchronize()
-        return float(start.elapsed_time(end)) / 1000.0
+        return HeldCall(
+            issued_s=issued_s,
+            held_s=float(held.elapsed_time(start)) / 1000.0,
+            kernels_s=float(start.elapsed_time(end)) / 1000.0,
+            cycles=cycles,
+        )
 
 
 def _sleep_cycles_per_s(device: torch.device) -> float:
-    """How many of ``torch.cuda._sleep``'s cycles the GPU spins per second (timed once)."""
+    """How many of ``torch.cuda._sleep``'s cycles the GPU spins per second: the fastest of
+    three spins, after an untimed one (its first launch may load its module while the first
+    event waits; an idle GPU's clock rises while it spins). Every timed call reads it again
+    from its own hold (``Timer._device_s``)."""
     cycles = 10_000_000
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    torch.cuda.synchronize(device)
-    start.record()
     torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
-    end.record()
-    end.synchronize()
-    return cycles / max(1e-6, float(start.elapsed_time(end)) / 1000.0)
+    rates = []
+    for _ in range(3):
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        torch.cuda.synchronize(device)
+        start.record()
+        torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
+        end.record()
+        end.synchronize()
+        rates.append(cycles / max(1e-6, float(start.elapsed_time(end)) / 1000.0))
+    return max(rates)
 
 
 def _host_launch_s(fn: Callable[[], Any], device: torch.device) -> float:

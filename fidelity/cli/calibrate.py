@@ -93,6 +93,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         paths.append(path)
         if not args.quiet:
             print(f"wrote profile {path}")
+        if (warning := late_timer_warning(path)) is not None:
+            print(warning, file=sys.stderr)
     if len(paths) > 1:
         from fidelity.profile_check import compare_profiles
 
@@ -102,6 +104,20 @@ def run_calibrate(args: argparse.Namespace) -> int:
         print_repeats(report)
         print(f"wrote {target}")
     return 0
+
+
+def late_timer_warning(path: Path) -> str | None:
+    """A warning where some of the profile's timed calls on CUDA still had the host's launches
+    in their events after every hold (``engine.profiling.timer``), else None."""
+    engine = json.loads(path.read_text()).get("engine") or {}
+    late = int(engine.get("timer_late", 0) or 0)
+    if not late:
+        return None
+    return (
+        f"warning: {path}: {late} of {engine.get('timer_calls', '?')} timed calls' launches "
+        "outran the GPU's hold every time; their table points include host time (a host "
+        "busy elsewhere?): calibrate again"
+    )
 
 
 def print_repeats(report: dict[str, Any]) -> None:

@@ -146,6 +146,7 @@ def test_the_calibration_figures_give_the_host_terms_in_microseconds(tmp_path: P
     calibration = ROOT / "benchmarks/results/gpu-h200-2026-11-27/call2/calibrate"
     shutil.copy(calibration / "profile.json", tmp_path / "profile.json")
     read = figures.calibration(tmp_path)
+    assert "timer_holds" not in read  # (timed before the holds were checked)
     host = read["host"]
     assert host["layer_us"] == pytest.approx(372.2, abs=0.1)
     assert host["attention_launch_us"] == pytest.approx(16.5, abs=0.1)
@@ -287,3 +288,10 @@ def test_validation_figures_carry_the_slow_tail_and_the_gpu_scale(tmp_path: Path
     assert found["calibrated"]["tail_pts"] == 7.0 and found["calibrated"]["tail_calm_pts"] == 2.0
     assert found["roofline"]["tail_pts"] == 7.0 and "tail_calm_pts" not in found["roofline"]
     assert found["profile_device_scale"] == 1.27
+
+
+def test_the_calibration_figures_say_how_often_the_holds_were_outrun(tmp_path: Path) -> None:
+    profile = {"engine": {"kind": "servesim-graphs", "timer_calls": "1260", "timer_retimed":
+               "31", "timer_late": "2"}, "steps": []}  # fmt: skip
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    assert figures.calibration(tmp_path)["timer_holds"] == {"calls": 1260, "retimed": 31, "late": 2}

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from engine.profiling.grid import SMALL_GRID, CalibrationGrid, for_backend  # noqa: E402
-from engine.profiling.timer import Timer, point_time  # noqa: E402
+from engine.profiling.timer import HeldCall, Timer, point_time  # noqa: E402
 
 
 def test_rounds_interleave_the_points() -> None:
@@ -56,6 +56,89 @@ def test_point_time_is_the_median_and_half_the_interquartile_range() -> None:
     assert point_time([2.0, 4.0]).spread_s == 1.0
     with pytest.raises(ValueError, match="at least one"):
         point_time([])
+
+
+class _Spin:
+    """A GPU behind ``Timer._held``: its spin runs ``rate`` cycles a second, the call's
+    launches take the host ``launch_s`` and its kernels ``kernels_s``; events that start
+    before the last launch is queued time the host's wait too."""
+
+    def __init__(self, rate: float, launch_s: float, kernels_s: float) -> None:
+        self.rate, self.launch_s, self.kernels_s = rate, launch_s, kernels_s
+        self.holds: list[float] = []
+
+    def __call__(self, fn: object, cycles: int) -> HeldCall:
+        held = cycles / self.rate
+        self.holds.append(held)
+        waited = max(0.0, self.launch_s - held)
+        return HeldCall(self.launch_s, held, self.kernels_s + waited, cycles)
+
+
+def _timer_behind(spin: _Spin, rate_read: float, launch_read: float) -> tuple[Timer, object]:
+    timer = Timer(torch.device("cpu"), SMALL_GRID)
+    timer._held = spin  # type: ignore[method-assign]
+    timer._cycles_per_s = rate_read
+
+    def fn() -> None:
+        pass
+
+    timer._launch_s[id(fn)] = launch_read
+    return timer, fn
+
+
+def test_a_hold_the_launches_outran_is_timed_again_longer() -> None:
+    # As on the H200 (2026-11-28): the spin's rate was read five times slow, so every hold
+    # lasted a fifth of what it should have, and the events timed the host's launches.
+    spin = _Spin(rate=5e9, launch_s=1e-3, kernels_s=10e-6)
+    timer, fn = _timer_behind(spin, rate_read=1e9, launch_read=1e-3)
+    assert timer._device_s(fn) == 10e-6  # (the first hold, 0.4 ms, came back with 1 ms)
+    assert len(spin.holds) == 2 and spin.holds[1] >= 1e-3
+    assert (timer.calls, timer.retimed, timer.late) == (1, 1, 0)
+    assert timer._cycles_per_s == 5e9  # read again from the hold
+    # The next call of it is held long enough at once.
+    assert timer._device_s(fn) == 10e-6 and len(spin.holds) == 3
+    assert (timer.calls, timer.retimed, timer.late) == (2, 1, 0)
+
+
+def test_a_hold_long_enough_is_timed_once_and_its_rate_never_lowered() -> None:
+    spin = _Spin(rate=1e9, launch_s=1e-4, kernels_s=10e-6)
+    timer, fn = _timer_behind(spin, rate_read=2e9, launch_read=1e-4)
+    assert timer._device_s(fn) == 10e-6 and len(spin.holds) == 1
+    assert timer._cycles_per_s == 2e9  # a slower spin only made the hold longer
+    assert (timer.calls, timer.retimed, timer.late) == (1, 0, 0)
+
+
+def test_a_call_still_late_after_every_hold_is_counted() -> None:
+    class Busy(_Spin):  # a host whose launches slow down as the holds grow
+        def __call__(self, fn: object, cycles: int) -> HeldCall:
+            self.launch_s = 3 * cycles / self.rate
+            return super().__call__(fn, cycles)
+
+    spin = Busy(rate=1e9, launch_s=1e-3, kernels_s=10e-6)
+    timer, fn = _timer_behind(spin, rate_read=1e9, launch_read=1e-3)
+    assert timer._device_s(fn) > 10e-6  # the host's time stays in it
+    assert (timer.calls, timer.retimed, timer.late) == (1, 1, 1)
+    assert len(spin.holds) == 4 and spin.holds == sorted(spin.holds)
+
+
+@pytest.mark.gpu
+def test_a_rate_read_low_still_times_the_kernels_alone() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    device = torch.device("cuda")
+    x = torch.ones(16, device=device)
+
+    def many_small_kernels() -> None:
+        for _ in range(200):
+            x.add_(1)
+
+    grid = replace(SMALL_GRID, warmup=2, repeats=5, min_repeats=5)
+    honest = Timer(device, grid).rounds({0: many_small_kernels})[0].median_s
+    misread = Timer(device, grid)
+    misread._cycles_per_s = 1e6  # (an H200 spins about 2e9 a second)
+    timed = misread.rounds({0: many_small_kernels})[0].median_s
+    assert misread.retimed >= 1 and misread.late <= 1  # (the rate is read again by the 3rd hold)
+    assert timed < 1.5 * honest
 
 
 @pytest.mark.gpu

@@ -309,3 +309,16 @@ def test_validate_frees_its_engine_before_calibrating(
         assert sim_main(argv) == 0
     # Two engines, the replay's then the calibration's, each built with no other alive.
     assert built.alive_at_build == [0, 0]
+
+
+def test_a_profile_with_late_timed_calls_is_warned_of(tmp_path: Path) -> None:
+    from fidelity.cli.calibrate import late_timer_warning
+
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"engine": {"timer_calls": "1260", "timer_late": "3"}}))
+    warning = late_timer_warning(path)
+    assert warning is not None and str(path) in warning and "3 of 1260" in warning
+    path.write_text(json.dumps({"engine": {"timer_calls": "1260", "timer_late": "0"}}))
+    assert late_timer_warning(path) is None
+    path.write_text(json.dumps({"engine": {"kind": "servesim-eager"}}))  # (a CPU profile)
+    assert late_timer_warning(path) is None

@@ -118,6 +118,13 @@ def test_tables_apart_by_more_than_their_spread_are_found(tmp_path: Path) -> Non
     assert "by more than their spread" in found["text"] and "shifted +20.0%" in found["text"]
     assert found["tables"]["linear"]["n"] == len(TOKENS)  # only the points both measured
     assert found["tables_all"]["beyond_spread_share"] == 1.0
+    # The whole steps agree, so the device did not run slower: the tables timed something else.
+    assert "while the whole steps agree" in found["text"]
+    assert "device ran at another speed" not in found["text"]
+    # With the whole steps slower too, it did.
+    c = _profile(tmp_path, "c", table_scale=1.2, spread=0.01, decode_scale=1.2, prefill_scale=1.2)
+    slower = profile_differences(a, c)
+    assert slower["verdict"] == "tables" and "device ran at another speed" in slower["text"]
 
 
 def test_tables_apart_within_their_spread_are_called_noisy(tmp_path: Path) -> None:
