@@ -1,6 +1,7 @@
 """The simulator against servesim's engine on a ``python -m engine gpu-check`` folder, offline:
-for the engine with CUDA graphs and the eager engine, ``python -m sim validate --replay run1
---replay run2`` (the check's two runs of example.csv) with each of the check's two calibrations
+for the engine with CUDA graphs, the eager engine and the engine with piecewise graphs,
+``python -m sim validate --replay run1 --replay run2`` (the check's two runs of example.csv)
+with each of the check's two calibrations
 of that engine (``profile.json`` and ``profile-repeat2.json``), and the roofline beside them.
 Prints the median per-request |error| of TTFT, TPOT and E2E, the cost model's median |error| on
 the engine's own steps by kind, and the engine against itself.
@@ -38,7 +39,9 @@ from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes  # noqa: E402
 ENGINES = (
     ("graphs", "engine-self", "calibrate"),
     ("eager", "engine-self-eager", "calibrate-eager"),
+    ("piecewise", "engine-self-piecewise", "calibrate-piecewise"),
 )
+KIND = {"graphs": "servesim-graphs", "eager": "servesim-eager", "piecewise": "servesim-piecewise"}
 PROFILES = ("profile.json", "profile-repeat2.json")
 METRICS = ("ttft", "tpot", "e2e")
 KINDS = ("prefill-heavy", "decode-only")
@@ -114,7 +117,7 @@ def _print_agreement(run_dir: Path, profiles: list[Path], engine: str) -> None:
         hardware=hardware_of(str(summary.get("device_name", ""))),
     )
     steps = load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE))
-    kind = "servesim-graphs" if engine == "graphs" else "servesim-eager"
+    kind = KIND[engine]
     predicted = []
     for profile in profiles:
         run = sim_config(run_dir, settings, str(profile))

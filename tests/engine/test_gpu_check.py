@@ -220,6 +220,19 @@ def test_piecewise_graphs_add_their_engine_run(tmp_path: Path) -> None:
     assert part.after == ("engine-self",) and part.read is not None
     # This source's engine has the option, so the check finds it.
     assert command.detect(tmp_path, "llama-3-8b", "bfloat16", None).piecewise
+    # And that engine as the default one: calibrated, run twice, validated on both runs.
+    for name in ("calibrate-piecewise", "engine-self-piecewise"):
+        for c in parts[name].commands:
+            assert c.args[c.args.index("--mixed-graphs") + 1] == "piecewise"
+    assert len(parts["engine-self-piecewise"].commands) == 2
+    validate = parts["validate-example-chunked-piecewise"]
+    assert validate.after == ("calibrate-piecewise", "engine-self-piecewise")
+    args = validate.commands[0].args
+    assert args[args.index("--profile") + 1] == str(
+        tmp_path / "calibrate-piecewise" / "profile.json"
+    )
+    assert str(tmp_path / "engine-self-piecewise" / "run2") in args
+    assert "calibrate-piecewise" not in without
 
 
 def test_flags_are_checked_against_help() -> None:
