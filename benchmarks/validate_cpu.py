@@ -201,7 +201,9 @@ def own_host_table(args: argparse.Namespace, out: Path, profile: str, command: s
     """Each run of ``out`` validated again from its saved engine run on its own host
     (``--host-slowdown measured``: its input preparation against the calibration's, on the
     clock the steps are on, ``fidelity/host_speed.py``): the host's slowdown and the
-    calibrated model's TPOT and E2E error as is and on its own host, then their medians."""
+    calibrated model's TPOT and E2E error as is and on its own host, then their medians. With
+    ``--own-host-only`` the saved runs are priced as is again too, by the same sources as on
+    their own host (the saved ``validation.json`` may be older)."""
     lines = [
         "on the run's own host (its input preparation against the calibration's; calibrated "
         "model, median |error| %)",
@@ -233,11 +235,21 @@ def own_host_table(args: argparse.Namespace, out: Path, profile: str, command: s
                 replay_dir=result["engine_run"],
                 command=command,
             )
+            as_is = result
+            if args.own_host_only:
+                as_is = validate(
+                    trace,
+                    build(ValidateConfig, policy=policy, max_requests=args.requests),
+                    out / name / policy / "as-is",
+                    profile,
+                    replay_dir=result["engine_run"],
+                    command=command,
+                )
             cells = ""
             for metric in ("tpot", "e2e"):
                 before, after = (
                     r["models"]["calibrated"]["requests"]["metrics"][metric]["median_abs_pct"]
-                    for r in (result, own)
+                    for r in (as_is, own)
                 )
                 pairs[metric].append((before, after))
                 cells += f"   {before:6.1f} {after:6.1f}  "
