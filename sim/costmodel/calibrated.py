@@ -3,6 +3,7 @@ analytic roofline for any op the profile did not time."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from collections.abc import Callable
@@ -296,7 +297,8 @@ class CalibratedCostModel:
             terms[1], terms[2] = self._attention_terms(shape, terms[1], terms[2])
         if num_decode and fallback.decode_chain is not None:
             # The tables time each batch under the plan an eager step of uniform contexts
-            # runs; a graph's plan, or one long context among short ones, walks further.
+            # runs; a graph's plan, or one long context among short ones, may walk further (a
+            # graph step's table is re-planned and read at its mean: ``_decode_attention_s``).
             contexts = shape.decode_context_tokens
             walk = fallback.decode_walk_s(num_decode, max(contexts), bool(shape.prefill_chunks))
             terms[2] = max(terms[2], walk)
@@ -363,8 +365,11 @@ class CalibratedCostModel:
                 else:
                     chunk_s = self._prefill_attention_s(grid, new, context)
                 prefill_s += layers * chunk_s
-        if shape.decode_context_tokens and (grid := self._table2("decode_attention")) is not None:
-            decode_s = layers * self._decode_attention_s(grid, shape.decode_context_tokens)
+        contexts = shape.decode_context_tokens
+        if contexts and (grid := self._table2("decode_attention")) is not None:
+            chain, mixed = self.fallback.decode_chain, bool(shape.prefill_chunks)
+            replayed = chain is not None and chain.replays(len(contexts), mixed)
+            decode_s = layers * self._decode_attention_s(grid, contexts, replayed)
         return prefill_s, decode_s
 
     def _at(self, table: Table1D, x: float, roof: Callable[[int], float]) -> float:
@@ -404,19 +409,55 @@ class CalibratedCostModel:
         past_edge = new / grid.xs[-1] if new > grid.xs[-1] else 1.0
         return new * self._prefill_per_token(new, context) / past_edge
 
-    def _decode_attention_s(self, grid: Table2D, contexts: tuple[int, ...]) -> float:
+    def _decode_attention_s(
+        self, grid: Table2D, contexts: tuple[int, ...], replayed: bool = False
+    ) -> float:
         """One layer's decode attention for a batch of these contexts, by the profile's rule:
         at the mean context, at the longest, or per sequence (the mean over the batch of its
         cost at each sequence's own context: the same as the mean where the cost is linear in
-        context, more where it grows faster, as when a long context leaves the CPU's caches)."""
+        context, more where it grows faster, as when a long context leaves the CPU's caches).
+
+        ``replayed``: the step replays a decode graph (``DecodeChain.replays``), whose split
+        plan is not the one the table and the rule's checks were timed under (each launched
+        eagerly, its splits sized for its own longest context). There the table is read at the
+        mean context, re-planned (``_graph_decode_at``): it prices the batch's reads, and the
+        longest context's walk is the chain's (``_table_terms`` floors the term by it); read at
+        the longest, as the rule ``max`` chosen by eager checks would, it prices every
+        sequence's reads at the longest context's (the H200's per-sequence split of
+        2026-11-28: decode-only steps of 17-32 decodes, longest 1,278 tokens and mean 478 at
+        the median, priced 11.6% slow against 3.1% at the mean)."""
         num_decode, rule = len(contexts), self.profile.decode_attention_context
         at = self._decode_at if self._roofline_edges else grid
+        if replayed:
+            return self._graph_decode_at(at, grid, num_decode, sum(contexts) / num_decode)
         if rule == "max":
             return at(num_decode, float(max(contexts)))
         if rule == "per_sequence":
             counts = Counter(contexts)
             return sum(n * at(num_decode, float(c)) for c, n in counts.items()) / num_decode
         return at(num_decode, sum(contexts) / num_decode)
+
+    def _graph_decode_at(
+        self, at: Callable[[float, float], float], grid: Table2D, num_seqs: int, context: float
+    ) -> float:
+        """The table at (num_seqs, context) on a decode graph's split plan. The table timed a
+        uniform batch launched eagerly, its splits sized for ``context`` itself: at least
+        ``MIN_TILES_PER_SPLIT`` tiles each, so its busiest program walks ``DecodeChain.tiles(...,
+        mixed=True)`` tiles. A graph's plan is sized for the whole ``graph_len``; under the
+        per-sequence split each sequence shares its own context among those splits and walks
+        fewer tiles (one context of 2,048 tokens on the H200: 8 splits of 4 tiles eager, 32 of
+        one in the graph). Each tile the graph does not walk is ``tile_s`` off the table's
+        time, never below its shortest context's (a walk of one tile, no split). Where the
+        graph walks further (the fixed split), the table is kept and the chain's walk floors
+        the term (``_table_terms``)."""
+        chain = self.fallback.decode_chain
+        assert chain is not None
+        time_s = at(num_seqs, context)
+        tokens = math.ceil(context)
+        unwalked = chain.tiles(num_seqs, tokens, mixed=True) - chain.tiles(num_seqs, tokens)
+        if unwalked <= 0:
+            return time_s
+        return max(at(num_seqs, grid.ys[0]), time_s - unwalked * chain.tile_s)
 
     def _decode_at(self, num_seqs: float, context: float) -> float:
         """The decode table at (num_seqs, context); past its grid, the edge's time scaled by

@@ -69,6 +69,12 @@ class DecodeChain:
         tile = gpu_tile_tokens(head_dim)
         return cls(kv_heads, tile, 2 * num_sms, tile_s, sizes, max_model_len, split_mode)
 
+    def replays(self, num_decodes: int, mixed: bool = False) -> bool:
+        """Whether a step of ``num_decodes`` decodes replays a captured graph, whose plan is
+        sized for ``graph_len``; otherwise (``mixed``, no graphs, or a batch above the largest
+        captured) it launches eagerly, its plan sized for its own longest context."""
+        return not mixed and padded_batch_size(self.graph_sizes, num_decodes) is not None
+
     def tiles(self, num_decodes: int, max_context: int, mixed: bool = False) -> int:
         """Tiles the busiest program walks in a step of ``num_decodes`` decodes, the longest of
         ``max_context`` tokens; ``mixed``: the step also prefills (it runs eagerly)."""

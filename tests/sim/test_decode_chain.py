@@ -22,6 +22,7 @@ from core.model.presets import load_model_spec
 from sim.costmodel.base import make_cost_model
 from sim.costmodel.config import CostModelConfig
 from sim.costmodel.decode_chain import DecodeChain
+from sim.costmodel.profile import Table2D
 from sim.costmodel.roofline import RooflineCostModel
 from sim.costmodel.step_shape import StepShape
 from sim.specs.hardware import get_hardware_preset
@@ -244,3 +245,64 @@ def test_a_profiles_own_steps_are_priced_under_the_split_they_ran(tmp_path: Path
     # vLLM walks no chain: nothing to re-price.
     vllm = RooflineCostModel(llama2, a100, 1, CostModelConfig(), block_size=16)
     assert own_split_fallback(load_profile(tmp_path / "profile-None.json"), vllm) is vllm
+
+
+H200_PROFILE = (
+    Path(__file__).resolve().parents[2]
+    / "benchmarks/results/gpu-h200-2026-11-28/call1/calibrate/profile-repeat2.json"
+)
+
+
+def test_a_graph_step_reads_the_decode_table_on_the_graphs_plan() -> None:
+    """The H200 calibration of 2026-11-28 (per-sequence split, CUDA graphs, rule ``max``)
+    timed its decode table eagerly: each point's splits sized for its own context. A decode
+    graph's plan is sized for the model's 8,192 tokens: the tiles it does not walk come off
+    the table, and a skewed batch is read at its mean context, its longest context's walk
+    the chain's. Eager (mixed) steps keep the table as timed and the profile's rule."""
+    from sim.costmodel.calibrated import CalibratedCostModel
+
+    def model(split: str) -> CalibratedCostModel:
+        config = CostModelConfig(engine="servesim-graphs", decode_split=split)
+        built = make_cost_model(LLAMA, H200, 1, H200_PROFILE, config, block_size=16)
+        assert isinstance(built, CalibratedCostModel)
+        return built
+
+    per_seq, fixed = model("per_sequence"), model("fixed")
+    assert per_seq.profile.decode_attention_context == "max"
+    table = per_seq.profile.ops["decode_attention"]
+    assert isinstance(table, Table2D)
+    assert per_seq.host is not None
+    scale, layers, tile_s = per_seq.host.device_scale, LLAMA.num_layers, H200.decode_tile_s
+
+    def decode_s(m: CalibratedCostModel, contexts: tuple[int, ...], chunk: bool = False) -> float:
+        chunks = ((64, 0),) if chunk else ()
+        shape = StepShape(prefill_chunks=chunks, decode_context_tokens=contexts)
+        return m.step_breakdown(shape)["decode_attention"]
+
+    # One 2,048-token context: eager, 8 splits of 4 tiles; the graph's 32 splits, 1 tile each.
+    chain = per_seq.fallback.decode_chain
+    assert chain is not None
+    assert (chain.tiles(1, 2048, mixed=True), chain.tiles(1, 2048)) == (4, 1)
+    graph_s = layers * (table(1, 2048) - 3 * tile_s)
+    assert decode_s(per_seq, (2048,)) == pytest.approx(scale * graph_s)
+    # A step that prefills too runs eagerly: the table as timed.
+    assert decode_s(per_seq, (2048,), chunk=True) == pytest.approx(scale * layers * table(1, 2048))
+    # Under the fixed split the graph walks the eager plan's 4 tiles: the table as timed.
+    assert decode_s(fixed, (2048,)) == pytest.approx(scale * layers * table(1, 2048))
+    # 200 tokens: one split of 4 tiles eager, 1 tile in the graph; never below the shortest
+    # context's time (one tile, no split).
+    assert decode_s(per_seq, (200,)) == pytest.approx(scale * layers * table(1, 16))
+    # One 2,000-token context among 23 of 100: the graph reads the table at the mean context
+    # (the batch's reads), not at the longest for every sequence; the walk floors it.
+    skewed = (2000,) + (100,) * 23
+    mean = sum(skewed) / len(skewed)
+    # At the mean's 180 tokens (3 tiles) eager, one split; the graph's 24 rows, two: 2 tiles.
+    assert (chain.tiles(24, 180, mixed=True), chain.tiles(24, 180)) == (3, 2)
+    walk = per_seq.fallback.decode_walk_s(24, 2000)
+    expected = max(layers * (table(24, mean) - tile_s), walk)
+    assert decode_s(per_seq, skewed) == pytest.approx(scale * expected)
+    assert decode_s(per_seq, skewed) < 0.6 * scale * layers * table(24, 2000)
+    # The same batch beside a prompt chunk is eager: the profile's rule, at the longest.
+    eager_walk = per_seq.fallback.decode_walk_s(24, 2000, mixed=True)
+    expected_eager = max(layers * table(24, 2000), eager_walk)
+    assert decode_s(per_seq, skewed, chunk=True) == pytest.approx(scale * expected_eager)
