@@ -163,9 +163,10 @@ def _gpu_tests(settings: CheckSettings) -> Part:
         "the tests marked gpu (kernels against their references, engine on CUDA), then those "
         "that size a cache from the GPU's memory, alone",
         (Command(("-m", "pytest"), tuple(args)), Command(("-m", "pytest"), alone)),
-        # 89 tests took 65 s on 8 workers on the H200 (2026-11-27); one worker compiles them in
-        # turn. The few that size a cache from memory run after, alone.
-        estimate_s=100 if settings.pytest_workers else 200,
+        # 89 tests took 65 s on 8 workers on the H200 (2026-11-27), 91 took 79 s and the 4 that
+        # size a cache from memory 55 s after them, alone (139 s in all, 2026-11-28); one
+        # worker compiles them in turn.
+        estimate_s=150 if settings.pytest_workers else 200,
         limit_s=240,
         modules=(*ENGINE, "pytest", "hypothesis"),
         read=figures.pytest_counts,
@@ -231,7 +232,7 @@ def _profile_decode(settings: CheckSettings) -> Part:
         "profile-decode",
         "torch.profiler over 20 decode steps at batch 1 and 32: kernels per step, host time",
         commands,
-        estimate_s=45 * len(commands),
+        estimate_s=30 * len(commands),  # (48 s for both on the H200, 2026-11-28)
         limit_s=150 * len(commands),
         modules=ENGINE,
         read=figures.decode_profiles,
@@ -250,7 +251,7 @@ def _calibrate(settings: CheckSettings, mode: str = "") -> Part:
         f"python -m sim calibrate --repeat 2: {MODE_ABOUT[mode]}'s parts and whole steps as a "
         "cost-model profile, twice, and how far the two profiles' predictions differ",
         (Command(("-m", "sim", "calibrate"), args),),
-        estimate_s=150,
+        estimate_s=100,  # (76 s with graphs, 82 s eager, on the H200 of 2026-11-28)
         limit_s=360,
         modules=(*ENGINE, *SIM),
         read=figures.calibration,
@@ -273,7 +274,7 @@ def _validate_self(settings: CheckSettings, mode: str = "") -> Part:
         f"python -m sim validate --replay run1 --replay run2 (engine-self{tail}'s example.csv "
         "runs): the simulator against the engine, beside the engine against itself",
         (Command(("-m", "sim", "validate"), args),),
-        estimate_s=25,
+        estimate_s=15,  # (6-10 s on the H200, 2026-11-28)
         limit_s=120,
         modules=(*ENGINE, *SIM),
         after=(calibration, f"engine-self{tail}"),
@@ -347,7 +348,7 @@ def _split_fixed(settings: CheckSettings) -> Part:
         ("--decode-split", "fixed"),
         "python -m engine run example.csv with the fixed decode split (--decode-split fixed), "
         "beside engine-self's two runs of the per-sequence split",
-        (45, 120),
+        (40, 120),  # (30 s on the H200, 2026-11-28)
         figures.split_ab,
     )
 
@@ -361,7 +362,7 @@ def _piecewise(settings: CheckSettings) -> Part:
         ("--mixed-graphs", "piecewise"),
         "python -m engine run example.csv with its steps with a prompt chunk on piecewise "
         "CUDA graphs (--mixed-graphs piecewise), beside engine-self's two runs with them eager",
-        (75, 180),
+        (45, 180),  # (30 s on the H200, 2026-11-28)
         figures.piecewise_ab,
     )
 
@@ -431,7 +432,7 @@ def _engine_self(settings: CheckSettings, mode: str = "") -> Part:
         tuple(
             Command(("-m", "engine", "run"), (*common, "--out", f"{folder}/run{i}")) for i in (1, 2)
         ),
-        estimate_s=90,
+        estimate_s=80,  # (61 s with graphs, 73 s eager, on the H200 of 2026-11-28)
         limit_s=200,
         modules=(*ENGINE, "tqdm", "pandas"),
         inputs=(path,),
@@ -453,7 +454,7 @@ def _kernels_bench(settings: CheckSettings) -> Part:
         "kernels-bench",
         f"python -m kernels.bench --quick {graphs}",
         (Command(("-m", "kernels.bench"), args),),
-        estimate_s=60,
+        estimate_s=40,  # (24 s on the H200, 2026-11-28)
         limit_s=150,
         modules=("torch", "triton"),
         read=figures.kernels_bench,
