@@ -4,6 +4,7 @@ profiles whose difference is known, and on the two recorded H200 calibrations (`
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,13 @@ def test_a_slower_device_part_under_the_same_host_names_the_device(tmp_path: Pat
     # The same steps with the host's part slower instead: the host.
     c = _profile(tmp_path, "c", decode_scale=1.0, host_scale=1.5)
     assert profile_differences(a, c)["verdict"] == "host"
+    # An eager engine on a GPU launches its kernels outside its measured host part: with the
+    # tables (the kernels alone) agreeing, that part moving is the host's launches.
+    eager = replace(a, engine={"kind": "servesim-eager"}, timer="cuda_events")
+    found = profile_differences(eager, b)
+    assert found["verdict"] == "host" and "its kernels and their launches" in found["text"]
+    graphs = replace(a, engine={"kind": "servesim-graphs"}, timer="cuda_events")
+    assert profile_differences(graphs, b)["verdict"] == "device"
 
 
 def test_tables_apart_by_more_than_their_spread_are_found(tmp_path: Path) -> None:
