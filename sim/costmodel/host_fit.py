@@ -1,7 +1,8 @@
 """Fitting the host clock (`HostParams`) to an engine's measured whole steps, given each step's
 GPU time: a least-squares fit on relative error that trusts the fast side of the data (load on a
 shared machine only ever adds time), removes sustained slow episodes, and counts isolated slow
-steps as the engine's own stalls (`fit_host`)."""
+steps as the engine's own stalls (`fit_host`). Steps launched eagerly and steps replayed as
+graphs are told slow, and score a candidate fit, each against their own kind (`regimes`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ SCALE_ROUNDS = 8
 """At most this many turns of measuring the GPU time's scale and refitting the host at it."""
 MIN_DEVICE_BOUND_STEPS = 4
 """The GPU's steps it takes to measure the scale on its time; with fewer it stays 1."""
+EAGER, GRAPH, PIECES = 0, 1, 2
+"""A step's host regime (``regimes``): its kernels launched one by one, its forward one CUDA
+graph replay, or a graph a layer (piecewise)."""
 LOWER_WEIGHT = 0.1
 """The first pass's weight of steps measured slower than the fit (0.9 for faster ones): an
 expectile fit that sits near the fast steps, so that a slow majority cannot pull it up."""
@@ -200,6 +204,44 @@ def _fit_once(
     return model, scale
 
 
+def regimes(model: HostTimeModel, samples: list[StepSample]) -> np.ndarray:
+    """Each step's host regime under ``model``'s flags: ``EAGER`` (each kernel launched),
+    ``GRAPH`` (the forward one graph replay) or ``PIECES`` (a graph a layer). Their host times
+    differ by a hundredfold, and each has its own launch terms: a step is slow against the
+    steps of its own kind, and a fit is scored on each kind alike."""
+    return np.array(
+        [
+            GRAPH
+            if s.host_time(model).graphs
+            else PIECES
+            if model.on_pieces(s.num_tokens)
+            else EAGER
+            for s in samples
+        ],
+        dtype=int,
+    )
+
+
+def _slow_by_regime(relative: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """``_slow`` over the steps of each regime apart: each its own fast mode and width (a
+    regime that the fit prices badly must not make the other's steps look fast, nor its own
+    steps all look slow against the other's mode)."""
+    slow = np.zeros(len(relative), dtype=bool)
+    for kind in np.unique(kinds):
+        own = kinds == kind
+        slow[own] = _slow(relative[own])
+    return slow
+
+
+def _score(fit: HostFit, clean: np.ndarray, kinds: np.ndarray) -> float:
+    """A candidate fit's score: the mean over regimes of the median |relative residual| of
+    their steps in ``clean``. The eager launch terms and the overlap loss move only the eager
+    steps, which a calibration may hold few of beside the graph replays."""
+    residuals = np.abs(np.array(fit.residuals))
+    medians = [float(np.median(residuals[clean & (kinds == k)])) for k in np.unique(kinds[clean])]
+    return float(np.mean(medians)) if medians else float("inf")
+
+
 def _slow(relative: np.ndarray) -> np.ndarray:
     """Steps well above the fast mode of the residuals: its centre is the middle of the
     densest half of the residuals below their median (load on a shared machine only adds
@@ -246,14 +288,16 @@ def fit_host(
 ) -> HostFit:
     """Fit ``start``'s per-step, per-sequence, per-block-entry, per-layer and per-launch
     seconds (and its graph replay when it has graphs) to the measured ``samples``, for each
-    of ``overlap_losses`` in turn, keeping the one that fits best; the GPU time's scale too
-    when ``fit_scale``.
+    of ``overlap_losses`` in turn, keeping the one that fits best (``_score``: each regime's
+    steps alike); the GPU time's scale too when ``fit_scale``, else at 1 or at the scale the
+    GPU's own steps measure, whichever fits better (one scale serves every regime, and the
+    eager prefills that measure it need not speak for the graph replays).
 
     Each pass: an expectile fit near the fast steps; steps more than ``SLOW_FLOOR`` (or four
     noise widths) above it are slow; slow runs of ``EPISODE_MIN_STEPS`` or more are outside
     load and dropped, lone slow steps are the engine's stalls; then least squares on relative
-    error over the rest. The stall share is what the lone slow steps added, over the kept
-    steps' host time."""
+    error over the rest. A step is slow against its own regime's steps. The stall share is what
+    the lone slow steps added, over the host time of the steps counted."""
     if len(samples) < MIN_FIT_STEPS:
         raise ValueError(
             f"fitting the host clock needs at least {MIN_FIT_STEPS} measured steps, "
@@ -263,22 +307,27 @@ def fit_host(
     measured_before = _fit_before(samples)
     if measured_before is not None:
         base = replace(base, **measured_before)
-    fits = {
-        theta: _fit_theta(
+    fits = [
+        (theta, fit)
+        for theta in overlap_losses
+        for fit in _fit_theta(
             samples, replace(base, overlap_loss=theta), num_layers, kv_heads, fit_scale
         )
-        for theta in overlap_losses
-    }
+    ]
     # Every candidate is scored on the same steps: those outside the episodes of the one that
     # left out the fewest (a fit that calls most steps an episode cannot win by it).
-    lenient = min(fits.values(), key=lambda f: sum(b - a + 1 for a, b in f.episodes))
+    lenient = min((f for _, f in fits), key=lambda f: sum(b - a + 1 for a, b in f.episodes))
     clean = ~_inside(lenient.episodes, len(samples))
-    candidates = {
-        theta: float(np.median(np.abs(np.array(fit.residuals))[clean]))
-        for theta, fit in fits.items()
-    }
-    best = min(candidates, key=lambda theta: candidates[theta])
-    return replace(fits[best], candidates=candidates)
+    kinds = regimes(HostTimeModel(base, num_layers, kv_heads), samples)
+    scores = [_score(fit, clean, kinds) for _, fit in fits]
+    candidates: dict[float, float] = {}
+    for (theta, _), score in zip(fits, scores, strict=True):
+        candidates[theta] = min(score, candidates.get(theta, float("inf")))
+    # Fits that tie to rounding (noise-free steps) go to the first: the lower overlap loss, and
+    # the scale the GPU's own steps measured (a median need not see the few steps that do).
+    floor = min(scores) + 1e-12
+    best = next(fit for (_, fit), score in zip(fits, scores, strict=True) if score <= floor)
+    return replace(best, candidates=candidates)
 
 
 def _inside(episodes: tuple[tuple[int, int], ...], size: int) -> np.ndarray:
@@ -324,12 +373,13 @@ def _device_scale(model: HostTimeModel, samples: list[StepSample]) -> float | No
 
 def _fit_theta(
     samples: list[StepSample], params: HostParams, layers: int, heads: int, fit_scale: bool
-) -> HostFit:
-    """The fit at one overlap loss: the host's terms with the GPU time as it is, then (unless
-    ``fit_scale`` frees it) once more with the GPU time at the scale its own steps measure."""
-    fit = _fit_theta_at(samples, params, layers, heads, fit_scale, 1.0)
+) -> tuple[HostFit, ...]:
+    """The fits at one overlap loss: with the GPU time at the scale its own steps measure, when
+    they measure one and ``fit_scale`` does not free it, and with the GPU time as it is
+    (``fit_host`` keeps the better)."""
+    fit = first = _fit_theta_at(samples, params, layers, heads, fit_scale, 1.0)
     if fit_scale:
-        return fit
+        return (fit,)
     # Every step counts, those the host's fit calls slow too: the GPU's steps sit above a fit
     # at the GPU time as given, and a slow host hardly moves a step four times its time. The
     # host's terms, refitted at the new scale, move the host's part of those steps, so the two
@@ -347,7 +397,7 @@ def _fit_theta(
         fit = _fit_theta_at(samples, params, layers, heads, fit_scale, scale)
         if change < 1e-4 * scale:
             break
-    return fit
+    return (fit,) if fit is first else (fit, first)
 
 
 def _fit_theta_at(
@@ -363,13 +413,14 @@ def _fit_theta_at(
     # With the host's part measured, only the launch terms (and the scale) are left to fit.
     measured_before = all(s.host_s is not None and s.host_s > 0 for s in samples)
     keep = np.ones(len(samples), dtype=bool)
+    kinds = regimes(model, samples)
     model, scale = _fit_once(model, samples, keep, scale, fit_scale, True, measured_before)
     episodes: list[tuple[int, int]] = []
     lone = np.zeros(len(samples), dtype=bool)
     for _ in range(3):
         predicted = predict(model, samples, scale)
         relative = (measured - predicted) / predicted
-        slow = _slow(relative)
+        slow = _slow_by_regime(relative, kinds)
         episodes = _episodes(slow)
         in_episode = np.zeros(len(samples), dtype=bool)
         for first, last in episodes:

@@ -1,5 +1,6 @@
 """Fitting the host clock to measured whole steps: known parameters come back, a sustained slow
-episode (outside load) is left out, lone slow steps become the stall share."""
+episode (outside load) is left out, lone slow steps become the stall share, graph replays and
+eager launches are each fitted on their own terms."""
 
 from __future__ import annotations
 
@@ -133,3 +134,58 @@ def test_the_gpu_time_scale_comes_from_the_steps_the_gpu_sets_the_pace_of() -> N
     times = predict(model, decodes, scale=1.25)
     replays = [replace(d, measured_s=float(t)) for d, t in zip(decodes, times, strict=True)]
     assert _device_scale(model, replays) is None
+
+
+def _two_regimes() -> tuple[HostParams, list[StepSample], list[int]]:
+    """An engine with CUDA graphs: many decode-only steps replayed as one graph (a few tenths of
+    a millisecond of host), and fewer steps with a prompt chunk launched eagerly (~25 ms of
+    launches, far above their GPU time up to a thousand tokens, far below it for the long
+    prefills). A few steps of each kind stall (+40%): the indices returned."""
+    truth = HostParams(
+        seq_s=1e-5, layer_s=6e-4, attention_launch_s=3e-5, graph_replay_s=5e-5,
+        cuda_graphs=True, split_programs=264,
+    )  # fmt: skip
+    rng = np.random.default_rng(1)
+    shapes = []
+    for _ in range(6):
+        for seqs in (1, 2, 4, 8, 16, 32, 48, 64):
+            for context in (64, 2000):
+                device = 5e-3 + 2e-5 * seqs
+                shapes.append(StepSample(0, seqs, context, seqs * context // 16, device, 0.0))
+        for tokens, decodes in ((64, 0), (256, 0), (128, 8), (512, 16), (1024, 4), (8192, 0)):
+            device = 5e-3 + 2.1e-5 * tokens
+            entries = tokens // 16 + decodes * 64
+            shapes.append(StepSample(1, decodes, 1000 if decodes else 0, entries, device, 0.0))
+    times = predict(HostTimeModel(truth, 32, 8), shapes)
+    # The long prefills ran 6% slower than their GPU time says (a GPU that clocks down under
+    # sustained load): the only steps that measure a scale on the GPU time.
+    times = np.array([t * (1.06 if s.num_chunks and s.device_s > 0.1 else 1.0)
+                      for s, t in zip(shapes, times, strict=True)])  # fmt: skip
+    times = times * (1 + 0.01 * rng.standard_normal(len(times)))
+    stalls = [7, 30, 50, 95, 115, 17, 63]  # five replays, two eager steps
+    assert [shapes[i].num_chunks for i in stalls] == [0, 0, 0, 0, 0, 1, 1]
+    for i in stalls:
+        times[i] *= 1.4
+    samples = [replace(s, measured_s=float(t)) for s, t in zip(shapes, times, strict=True)]
+    return truth, samples, stalls
+
+
+def test_eager_steps_beside_graph_replays_keep_their_launch_cost() -> None:
+    """The eager steps' launches come back and are not taken for stalls: a step is slow
+    against the steps of its own regime, and a fit (its overlap loss, its GPU time's scale) is
+    chosen on each regime alike (the graph replays outnumber the eager steps)."""
+    truth, samples, stalls = _two_regimes()
+    start = replace(truth, layer_s=3.8e-4, attention_launch_s=3.5e-5, graph_replay_s=1e-4)
+    fit = fit_host(samples, start, 32, 8)
+    assert fit.params.overlap_loss == 0.0
+    assert fit.params.layer_s == pytest.approx(truth.layer_s, rel=0.05)
+    assert fit.num_stalls == len(stalls)
+    # The scale the long prefills measure is not put on the replays, which it would leave
+    # slower than their GPU time alone.
+    assert fit.device_scale == 1.0
+    # The stall share is what the seven stalls add over every step's host time: a few percent.
+    assert 0 < fit.params.stall_share < 0.05
+    residuals = np.array(fit.residuals)  # (without the stall share)
+    eager = np.array([s.num_chunks > 0 for s in samples])
+    assert np.median(np.abs(residuals[eager])) < 0.02
+    assert np.median(np.abs(residuals[~eager])) < 0.02
