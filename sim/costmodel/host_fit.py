@@ -337,14 +337,23 @@ def _inside(episodes: tuple[tuple[int, int], ...], size: int) -> np.ndarray:
     return inside
 
 
+def _host_timed(samples: list[StepSample]) -> list[StepSample]:
+    """The steps that measured their host part, when at least ``MIN_FIT_STEPS`` did (a
+    calibration's check steps, timed before the grid, do not), else none."""
+    timed = [s for s in samples if s.host_s is not None and s.host_s > 0]
+    return timed if len(timed) >= MIN_FIT_STEPS else []
+
+
 def _fit_before(samples: list[StepSample]) -> dict[str, Any] | None:
     """``step_s``, ``seq_s`` and ``block_entry_s`` fitted to the steps' measured host time
-    (least squares on relative error, each non-negative), when every step has one."""
-    if any(s.host_s is None or s.host_s <= 0 for s in samples):
+    (least squares on relative error, each non-negative), where enough steps measured it
+    (``_host_timed``)."""
+    timed = _host_timed(samples)
+    if not timed:
         return None
-    host = np.array([float(s.host_s or 0.0) for s in samples])
+    host = np.array([float(s.host_s or 0.0) for s in timed])
     data = np.array(
-        [[1.0, s.num_chunks + s.num_decodes, s.num_block_entries] for s in samples], dtype=float
+        [[1.0, s.num_chunks + s.num_decodes, s.num_block_entries] for s in timed], dtype=float
     )
     coef = _solve(data, host, 1.0 / host, [0, 1, 2])
     return dict(zip(("step_s", "seq_s", "block_entry_s"), map(float, coef), strict=True))
@@ -411,7 +420,7 @@ def _fit_theta_at(
     measured = np.array([s.measured_s for s in samples])
     model = HostTimeModel(params, layers, heads)
     # With the host's part measured, only the launch terms (and the scale) are left to fit.
-    measured_before = all(s.host_s is not None and s.host_s > 0 for s in samples)
+    measured_before = bool(_host_timed(samples))
     keep = np.ones(len(samples), dtype=bool)
     kinds = regimes(model, samples)
     model, scale = _fit_once(model, samples, keep, scale, fit_scale, True, measured_before)

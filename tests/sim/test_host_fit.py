@@ -189,3 +189,39 @@ def test_eager_steps_beside_graph_replays_keep_their_launch_cost() -> None:
     eager = np.array([s.num_chunks > 0 for s in samples])
     assert np.median(np.abs(residuals[eager])) < 0.02
     assert np.median(np.abs(residuals[~eager])) < 0.02
+
+
+def test_the_host_part_measured_on_most_steps_sets_the_terms_before_the_forward() -> None:
+    """As on the H200 (2026-11-28): the grid's steps store their host part, the few check
+    steps timed before it do not. Whole steps alone cannot tell the per-step host time from a
+    graph replay (both once a step); the measured host part can."""
+    truth = HostParams(
+        step_s=2.5e-4, seq_s=8e-6, layer_s=6e-4, attention_launch_s=1.3e-5,
+        graph_replay_s=5e-5, cuda_graphs=True, split_programs=264,
+    )  # fmt: skip
+    start = replace(truth, step_s=0.0, seq_s=1e-5, graph_replay_s=1e-4, layer_s=3e-4)
+    model = HostTimeModel(truth, 32, 8)
+    shapes = []
+    for _ in range(4):
+        for seqs in (1, 2, 4, 8, 16, 32, 48, 64):
+            for context in (100, 2000):
+                device = 4.5e-3 + 2e-5 * seqs
+                shapes.append(StepSample(0, seqs, context, seqs * context // 16, device, 0.0))
+        for tokens in (64, 256, 1024, 4096):  # eager: a prefill alone, and beside decodes
+            shapes.append(StepSample(1, 0, 0, tokens // 16, 3e-3 + 1e-5 * tokens, 0.0))
+            shapes.append(StepSample(1, 4, 2000, 500, 3e-3 + 1e-5 * tokens, 0.0))
+    # The eager steps' launches move with the host (+-10%), the replays hardly (+-0.5%); the
+    # host part before the forward is measured as it ran.
+    rng = np.random.default_rng(0)
+    noise = [0.1 if s.num_chunks else 0.005 for s in shapes]
+    times = predict(model, shapes) * (1 + np.array(noise) * rng.standard_normal(len(shapes)))
+    measured = [
+        replace(s, measured_s=float(t), host_s=s.host_time(model).before_s)
+        for s, t in zip(shapes, times, strict=True)
+    ]
+    checks = [replace(s, host_s=None) for s in measured[:10]]  # timed before the grid
+    fit = fit_host(checks + measured[10:], start, 32, 8)
+    assert fit.params.step_s == pytest.approx(truth.step_s, rel=1e-3)
+    assert fit.params.seq_s == pytest.approx(truth.seq_s, rel=1e-3)
+    # What is left of a replayed step is the replay (and the GPU's own noise).
+    assert fit.params.graph_replay_s == pytest.approx(truth.graph_replay_s, abs=2e-5)
