@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -121,8 +122,9 @@ def test_a_call_still_late_after_every_hold_is_counted() -> None:
     assert len(spin.holds) == 4 and spin.holds == sorted(spin.holds)
 
 
-@pytest.mark.gpu
-def test_a_rate_read_low_still_times_the_kernels_alone() -> None:
+def _many_small_kernels() -> tuple[torch.device, Callable[[], None], CalibrationGrid]:
+    """On CUDA: a call of 200 tiny kernels (its launches take longer than its kernels) and a
+    grid that times it five times; skipped without CUDA."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     device = torch.device("cuda")
@@ -132,7 +134,12 @@ def test_a_rate_read_low_still_times_the_kernels_alone() -> None:
         for _ in range(200):
             x.add_(1)
 
-    grid = replace(SMALL_GRID, warmup=2, repeats=5, min_repeats=5)
+    return device, many_small_kernels, replace(SMALL_GRID, warmup=2, repeats=5, min_repeats=5)
+
+
+@pytest.mark.gpu
+def test_a_rate_read_low_still_times_the_kernels_alone() -> None:
+    device, many_small_kernels, grid = _many_small_kernels()
     honest = Timer(device, grid).rounds({0: many_small_kernels})[0].median_s
     misread = Timer(device, grid)
     misread._cycles_per_s = 1e6  # (an H200 spins about 2e9 a second)
@@ -143,16 +150,7 @@ def test_a_rate_read_low_still_times_the_kernels_alone() -> None:
 
 @pytest.mark.gpu
 def test_device_timing_leaves_the_launches_out() -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    device = torch.device("cuda")
-    x = torch.ones(16, device=device)
-
-    def many_small_kernels() -> None:
-        for _ in range(200):
-            x.add_(1)
-
-    grid = replace(SMALL_GRID, warmup=2, repeats=5, min_repeats=5)
+    device, many_small_kernels, grid = _many_small_kernels()
     device_s = Timer(device, grid).rounds({0: many_small_kernels})[0].median_s
     t0 = torch.cuda.Event(enable_timing=True)
     t1 = torch.cuda.Event(enable_timing=True)
