@@ -420,7 +420,7 @@ class CalibratedCostModel:
         ``replayed``: the step replays a decode graph (``DecodeChain.replays``), whose split
         plan is not the one the table and the rule's checks were timed under (each launched
         eagerly, its splits sized for its own longest context). There the table is read at the
-        mean context, re-planned (``_graph_decode_at``): it prices the batch's reads, and the
+        mean context, re-planned (``DecodeChain.on_graph``): it prices the batch's reads, and the
         longest context's walk is the chain's (``_table_terms`` floors the term by it); read at
         the longest, as the rule ``max`` chosen by eager checks would, it prices every
         sequence's reads at the longest context's (the H200's per-sequence split of
@@ -429,35 +429,16 @@ class CalibratedCostModel:
         num_decode, rule = len(contexts), self.profile.decode_attention_context
         at = self._decode_at if self._roofline_edges else grid
         if replayed:
-            return self._graph_decode_at(at, grid, num_decode, sum(contexts) / num_decode)
+            chain, mean = self.fallback.decode_chain, sum(contexts) / num_decode
+            assert chain is not None
+            eager_s, floor_s = at(num_decode, mean), at(num_decode, grid.ys[0])
+            return chain.on_graph(eager_s, floor_s, num_decode, math.ceil(mean))
         if rule == "max":
             return at(num_decode, float(max(contexts)))
         if rule == "per_sequence":
             counts = Counter(contexts)
             return sum(n * at(num_decode, float(c)) for c, n in counts.items()) / num_decode
         return at(num_decode, sum(contexts) / num_decode)
-
-    def _graph_decode_at(
-        self, at: Callable[[float, float], float], grid: Table2D, num_seqs: int, context: float
-    ) -> float:
-        """The table at (num_seqs, context) on a decode graph's split plan. The table timed a
-        uniform batch launched eagerly, its splits sized for ``context`` itself: at least
-        ``MIN_TILES_PER_SPLIT`` tiles each, so its busiest program walks ``DecodeChain.tiles(...,
-        mixed=True)`` tiles. A graph's plan is sized for the whole ``graph_len``; under the
-        per-sequence split each sequence shares its own context among those splits and walks
-        fewer tiles (one context of 2,048 tokens on the H200: 8 splits of 4 tiles eager, 32 of
-        one in the graph). Each tile the graph does not walk is ``tile_s`` off the table's
-        time, never below its shortest context's (a walk of one tile, no split). Where the
-        graph walks further (the fixed split), the table is kept and the chain's walk floors
-        the term (``_table_terms``)."""
-        chain = self.fallback.decode_chain
-        assert chain is not None
-        time_s = at(num_seqs, context)
-        tokens = math.ceil(context)
-        unwalked = chain.tiles(num_seqs, tokens, mixed=True) - chain.tiles(num_seqs, tokens)
-        if unwalked <= 0:
-            return time_s
-        return max(at(num_seqs, grid.ys[0]), time_s - unwalked * chain.tile_s)
 
     def _decode_at(self, num_seqs: float, context: float) -> float:
         """The decode table at (num_seqs, context); past its grid, the edge's time scaled by

@@ -75,6 +75,20 @@ class DecodeChain:
         captured) it launches eagerly, its plan sized for its own longest context."""
         return not mixed and padded_batch_size(self.graph_sizes, num_decodes) is not None
 
+    def on_graph(self, eager_s: float, floor_s: float, num_decodes: int, context: int) -> float:
+        """``eager_s``, a uniform batch's decode attention timed eagerly (its splits sized for
+        ``context`` itself, so its busiest program walks ``tiles(..., mixed=True)``), on a
+        decode graph's plan. That plan is sized for ``graph_len``; under the per-sequence split
+        each sequence shares its own context among its splits and walks fewer tiles (one
+        context of 2,048 tokens on the H200: 8 splits of 4 tiles eager, 32 of one in the
+        graph). Each tile the graph does not walk is ``tile_s`` off, never below ``floor_s``
+        (the shortest context's time: one tile, no split). Where the graph walks as far or
+        further (the fixed split), ``eager_s`` as it is: the walk floors the term elsewhere."""
+        unwalked = self.tiles(num_decodes, context, mixed=True) - self.tiles(num_decodes, context)
+        if unwalked <= 0:
+            return eager_s
+        return max(floor_s, eager_s - unwalked * self.tile_s)
+
     def tiles(self, num_decodes: int, max_context: int, mixed: bool = False) -> int:
         """Tiles the busiest program walks in a step of ``num_decodes`` decodes, the longest of
         ``max_context`` tokens; ``mixed``: the step also prefills (it runs eagerly)."""
