@@ -90,13 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch) / check.name
         shutil.copytree(check, copy)
-        print("\n".join(refit(copy)))
+        lines = refit(copy)
+        if not lines:
+            print(f"refit_gpu.py: {check}: no calibrate*/profile*.json in it", file=sys.stderr)
+            return 2
+        print("\n".join(lines))
         import validate_gpu_check
 
         print(f"\n# validate_gpu_check.py on the refitted copy of {check}")
-        validate_gpu_check.main([str(copy)])
+        found = validate_gpu_check.main([str(copy)])
     print(f"\n# wall time {time.time() - started:.0f} s")
-    return 0
+    return found
 
 
 if __name__ == "__main__":
