@@ -11,7 +11,9 @@
 - H200: the linear tables of our own four calibrations of Llama-3-8B on an H200
   (``--servesim-profiles``, by default those of benchmarks/results/gpu-h200-2026-11-27/call2:
   the engine with CUDA graphs and the eager engine, twice each). Only the GEMM efficiencies:
-  the attention tables time servesim's Triton kernels, not vLLM's.
+  the attention tables time servesim's Triton kernels, not vLLM's. From their decode tables,
+  the fixed cost of that kernel alone (``decode_latency_s``, servesim's engines only), pooled
+  and per table.
 
 Each fit starts from HardwareSpec's defaults, so what it derives does not depend on what the
 preset says today; the preset's values are printed beside, and a mismatch is flagged for the
@@ -41,7 +43,9 @@ from sim.costmodel.efficiency_fit import (
     EfficiencyFit,
     OpTable,
     bundle_tables,
+    fit_decode_latency,
     fit_efficiencies,
+    servesim_decode_table,
     servesim_table,
     vidur_tables,
 )
@@ -78,6 +82,43 @@ def _bundles(root: Path, gpu: str) -> list[OpTable]:
         for meta in sorted((root / gpu).glob("*/*/bf16/meta.yaml"))
         for t in bundle_tables(meta.parent)
     ]
+
+
+def _report_decode_latency(name: str, profiles: list[Path], out: dict | None = None) -> None:
+    """Fit ``decode_latency_s`` to the decode tables of ``profiles`` (timed on preset
+    ``name``), pooled and one by one, and print it beside the preset's; "before" is the
+    roofline at ``attention_latency_s``, the fixed cost it gave this kernel before."""
+    preset = get_hardware_preset(name)
+    old = dataclasses.replace(preset, decode_latency_s=preset.attention_latency_s)
+    tables = [servesim_decode_table(p) for p in profiles]
+    pooled = fit_decode_latency(tables, old)
+    if out is not None:
+        out.setdefault(name, {})["decode_latency_s"] = {
+            **dataclasses.asdict(pooled),
+            "preset": preset.decode_latency_s,
+        }
+    stated = round(pooled.value, 7)
+    flag = "" if preset.decode_latency_s == stated else "   <- the preset differs"
+    print(f"\n  servesim's decode kernel, decode tables (per layer; before: at attention_latency_s "
+          f"{1e6 * preset.attention_latency_s:g} us)")  # fmt: skip
+    print(f"  {'field':<22} {'table':<46} {'fit us':>7} {'stated':>7} {'preset':>7} {'points':>7} "
+          f"{'err before':>11} {'after':>7}")  # fmt: skip
+    rows = [("pooled", pooled)] + [
+        (_short(p), fit_decode_latency([t], old)) for p, t in zip(profiles, tables, strict=True)
+    ]
+    for label, fit in rows:
+        cells = " " * 15
+        if label == "pooled":
+            cells = f"{1e6 * stated:7.1f} {1e6 * preset.decode_latency_s:7.1f}"
+        print(
+            f"  {'decode_latency_s':<22} {label:<46} {1e6 * fit.value:7.2f} {cells} "
+            f"{fit.num_points:7d} {fit.before_pct:+10.1f}% {fit.after_pct:+6.1f}%"
+            + (flag if label == "pooled" else "")
+        )
+
+
+def _short(path: Path) -> str:
+    return str(path.relative_to(H200_CHECK)) if path.is_relative_to(H200_CHECK) else str(path)
 
 
 def _report(
@@ -181,6 +222,7 @@ def main() -> int:
                 print(f"derive_efficiencies: {error}", file=sys.stderr)
                 return 2
             _report(gpu, where, tables, out=fits)
+            _report_decode_latency(gpu, present, out=fits)
         else:
             print(f"\nskipped {gpu}: no servesim profile found (--servesim-profiles)")
     if args.json is not None:

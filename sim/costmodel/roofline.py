@@ -73,6 +73,12 @@ class RooflineCostModel:
             config.host_params(), model.num_layers, model.kv_heads_per_shard(tp)
         )
         self.decode_chain = self._decode_chain(model, hardware, tp, config)
+        # servesim's own decode kernel (priced with its walk) has a fixed cost of its own.
+        self._decode_latency_s = (
+            self._attention_latency_s
+            if self.decode_chain is None
+            else model.num_layers * hardware.decode_latency_s
+        )
         # Steps priced from aggregates (fast-forward) need a host clock of sequence counts
         # alone and no decode walk (which reads the longest context).
         self._aggregates_ok = self.host.simple and self.decode_chain is None
@@ -176,7 +182,7 @@ class RooflineCostModel:
         )
         rate = self._mixed_attention_bytes_per_s if mixed else self._attention_bytes_per_s
         walk = self.decode_walk_s(num_seqs, max_context, mixed) if max_context else 0.0
-        return self._attention_latency_s + max(compute, bytes_moved / rate, walk)
+        return self._decode_latency_s + max(compute, bytes_moved / rate, walk)
 
     def decode_walk_s(self, num_seqs: int, max_context: int, mixed: bool = False) -> float:
         """The decode kernel's longest walk over every layer (``DecodeChain``; 0 without one)."""
@@ -377,8 +383,7 @@ class RooflineCostModel:
         )
         linear, *after, overhead = self._size_terms(num_tokens, num_seqs)
         total: np.ndarray = (linear + 0.0) + (
-            self._attention_latency_s
-            + np.maximum(compute, bytes_moved / self._attention_bytes_per_s)
+            self._decode_latency_s + np.maximum(compute, bytes_moved / self._attention_bytes_per_s)
         )
         for term in after:
             total += term
@@ -500,7 +505,7 @@ class RepeatStepper:
         self.q_bytes: int = num_decode_seqs * model._attention_q_bytes_per_token
         self.kv_bytes_per_token: int = model._kv_bytes_per_token
         self.bytes_per_s: float = model._attention_bytes_per_s
-        self.latency: float = model._attention_latency_s
+        self.latency: float = model._decode_latency_s
 
     def step(self, chunks: tuple[tuple[int, int], ...], sum_context: int, sum_blocks: int) -> float:
         """One step's time: ``chunks`` its prompt chunks (new tokens, context after them),

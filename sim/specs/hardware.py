@@ -78,6 +78,12 @@ class HardwareSpec:
     # in its two runs; benchmarks/decode_walk.py); no other GPU measured it. Priced for
     # servesim's engines only (vLLM runs other kernels); 0 turns it off.
     decode_tile_s: float = 2.1e-6
+    # The same kernel's fixed cost a layer (its programs' start and the split reduce), in place
+    # of `attention_latency_s` (vLLM's kernels on Vidur's A100) wherever the decode walk is
+    # priced. Fit to the decode tables of servesim's calibrations on an H200 at short contexts,
+    # where it governs (`efficiency_fit.fit_decode_latency`, benchmarks/derive_efficiencies.py
+    # --gpu H200: 4.9-5.0 us in each of four tables); no other GPU measured it.
+    decode_latency_s: float = 4.7e-6
     # Row kernels (norm, rotary, activation) run one thread block per token: each thread walks
     # its row `row_block_threads` elements at a time, one dependent HBM round trip per step.
     row_block_threads: int = 1024
@@ -140,6 +146,7 @@ class HardwareSpec:
             "dram_latency_s",
             "attention_latency_s",
             "decode_tile_s",
+            "decode_latency_s",
             "allreduce_call_latency_s",
             "scale_out_latency_s",
             "small_index_row_s",

@@ -5,6 +5,7 @@ faster than that walk."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -137,6 +138,23 @@ def test_only_servesims_engines_walk() -> None:
     assert RooflineCostModel(LLAMA, cpu, 1, config, block_size=16).decode_chain is None
 
 
+def test_servesims_decode_kernel_pays_its_own_fixed_cost() -> None:
+    """Where the walk is priced, a decode's fixed cost is ``decode_latency_s`` a layer, not
+    the ``attention_latency_s`` of vLLM's kernels, which a vLLM engine keeps."""
+
+    def decode_s(engine: str, latency: float) -> float:
+        hw = dataclasses.replace(H200, decode_latency_s=latency)
+        config = CostModelConfig(engine=engine)
+        roof = RooflineCostModel(LLAMA, hw, 1, config, block_size=16)
+        return roof.decode_attention_s(1, 16, 16, max_context=16)
+
+    for engine in ("servesim-eager", "servesim-graphs"):
+        assert decode_s(engine, 9e-6) - decode_s(engine, 4e-6) == pytest.approx(32 * 5e-6)
+    assert decode_s("vllm", 9e-6) == decode_s("vllm", 4e-6)
+    vllm = RooflineCostModel(LLAMA, H200, 1, CostModelConfig(engine="vllm"), block_size=16)
+    assert vllm.decode_attention_s(1, 16, 16) > 32 * H200.attention_latency_s
+
+
 def test_the_walk_floors_a_skewed_graph_decode() -> None:
     graphs = _roofline("servesim-graphs")
     # One 2,000-token context among five short ones: the KV read is small, the walk long.
@@ -144,7 +162,7 @@ def test_the_walk_floors_a_skewed_graph_decode() -> None:
     walk = graphs.decode_walk_s(6, 2000)
     assert walk == pytest.approx(LLAMA.num_layers * 26 * H200.decode_tile_s)
     attention = graphs.step_breakdown(skewed)["decode_attention"]
-    assert attention == pytest.approx(graphs._attention_latency_s + walk)
+    assert attention == pytest.approx(graphs._decode_latency_s + walk)
     # The same batch without the longest context given prices its reads alone.
     reads = graphs.decode_attention_s(6, 2320, 2320)
     assert reads < attention

@@ -11,14 +11,17 @@ from pathlib import Path
 import pytest
 
 from core.model.presets import load_model_spec
+from sim.costmodel.config import CostModelConfig
 from sim.costmodel.efficiency_fit import (
     FIELDS,
     ROW_OPS,
     EfficiencyFitError,
     OpTable,
     bundle_tables,
+    fit_decode_latency,
     fit_efficiencies,
     fit_efficiency,
+    servesim_decode_table,
     servesim_table,
     vidur_tables,
 )
@@ -154,6 +157,59 @@ def test_the_h200_preset_states_what_our_calibrations_linear_tables_give() -> No
         assert getattr(preset, field) == round(fit.value, 2), field
 
 
+def _decode_table(hw: HardwareSpec) -> OpTable:
+    """servesim's decode attention as the roofline prices it on an eager engine on ``hw``,
+    per layer: short contexts (the latency governs) and long ones (the reads do)."""
+    config = CostModelConfig(engine="servesim-eager")
+    roof = RooflineCostModel(MODEL, hw, 1, config, block_size=16)
+    points = []
+    for n in (1, 4, 16, 64):
+        for c in (16, 64, 256, 4096, 16384):
+            reads = n * -(-c // 16) * 16
+            points.append((n, c, roof.decode_attention_s(n, n * c, reads, False, c) / 32))
+    return OpTable("synthetic decode", MODEL, 1, 16, decode=tuple(points))
+
+
+def test_the_decode_latency_fit_recovers_the_latency_that_made_the_table() -> None:
+    h200 = get_hardware_preset("H200")
+    table = _decode_table(dataclasses.replace(h200, decode_latency_s=6.5e-6))
+    fit = fit_decode_latency([table], dataclasses.replace(h200, decode_latency_s=15e-6))
+    assert fit.value == pytest.approx(6.5e-6, rel=1e-9)
+    assert fit.after_pct == pytest.approx(0.0, abs=1e-9)
+    assert fit.before_pct > 0  # 15 us prices those points slow
+    # Only the points whose reads take under a tenth of their time stand in the fit: the
+    # long contexts at 64 decodes do not.
+    assert 0 < fit.num_points < len(table.decode)
+
+
+def test_the_decode_latency_needs_a_decode_walk_and_points_it_governs() -> None:
+    h200 = get_hardware_preset("H200")
+    table = _decode_table(h200)
+    with pytest.raises(EfficiencyFitError, match="decode_tile_s is 0"):
+        fit_decode_latency([table], dataclasses.replace(h200, decode_tile_s=0.0))
+    long_only = dataclasses.replace(table, decode=((64, 16384, 1e-4),))
+    with pytest.raises(EfficiencyFitError, match="no measured point governs"):
+        fit_decode_latency([long_only], h200)
+
+
+def test_the_h200_preset_states_the_decode_latency_of_our_calibrations_decode_tables() -> None:
+    """The four calibrations of the 2026-11-27 GPU check (benchmarks/derive_efficiencies.py
+    --gpu H200), pooled, to the tenth of a microsecond; each alone within 0.3 us of it."""
+    check = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    check = check / "gpu-h200-2026-11-27" / "call2"
+    paths = [
+        check / calibration / name
+        for calibration in ("calibrate", "calibrate-eager")
+        for name in ("profile.json", "profile-repeat2.json")
+    ]
+    tables = [servesim_decode_table(p) for p in paths]
+    preset = get_hardware_preset("H200")
+    pooled = fit_decode_latency(tables, preset)
+    assert preset.decode_latency_s == round(pooled.value, 7)
+    for table in tables:
+        assert fit_decode_latency([table], preset).value == pytest.approx(pooled.value, abs=3e-7)
+
+
 def test_a_cpu_profile_is_no_source_of_gpu_efficiencies(tmp_path: Path) -> None:
     data = json.loads((Path(__file__).parent / "data" / "llama2_7b_a100_tp1.json").read_text())
     data["device"]["name"] = "cpu (x86_64)"
@@ -161,6 +217,8 @@ def test_a_cpu_profile_is_no_source_of_gpu_efficiencies(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(EfficiencyFitError, match="timed on a CPU"):
         servesim_table(path)
+    with pytest.raises(EfficiencyFitError, match="timed on a CPU"):
+        servesim_decode_table(path)
 
 
 @pytest.mark.shared
