@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from core.decode_split import split_mode_of
-from sim.costmodel.calibrated_host import calibrated_host, is_cpu_profile
+from sim.costmodel.calibrated_host import calibrated_host, is_cpu_profile, measured_prepare
 from sim.costmodel.profile import Profile, StepTiming, Table1D, Table2D
 from sim.costmodel.roofline import TERMS, RooflineCostModel
 from sim.costmodel.step_attention import step_attention_s
@@ -22,7 +22,7 @@ from sim.costmodel.step_fit import (
     hat,
     least_absolute,
     prepare_at,
-    prepare_table,
+    theil_sen,
 )
 from sim.costmodel.step_shape import StepShape
 
@@ -106,7 +106,7 @@ class CalibratedCostModel:
         self._joint = profile.step_fit == "joint" and bool(profile.steps)
         self._fitting = False
         # The joint fit's measured input preparation by batch size, where the profile's whole
-        # steps store it on their own clock (``_measured_prepare``); None: fitted with the glue.
+        # steps store it on their own clock (``measured_prepare``); None: fitted with the glue.
         self._prepare: tuple[tuple[int, float], ...] | None = None
         self._prefill_per_token: Table2D | None = None
         if (prefill := self._table2("prefill_attention")) is not None:
@@ -122,7 +122,7 @@ class CalibratedCostModel:
         if self.host is not None:
             self._joint = False
         elif self._joint:
-            self._prepare = _measured_prepare(profile)
+            self._prepare = measured_prepare(profile)
             self._fit_joint()
         elif profile.steps:
             self._fixed_overhead_s, self._per_seq_overhead_s = self._fit_overhead()
@@ -156,7 +156,7 @@ class CalibratedCostModel:
         that depends on the step's size; and the step's Python glue (module calls, views,
         residual adds, input preparation, sampling bookkeeping) is timed by no table: a fixed
         and a per-sequence cost, beside the input preparation where the profile's steps
-        measured it (``_measured_prepare``, then part of ``rest``). A least-absolute fit of
+        measured it (``measured_prepare``, then part of ``rest``). A least-absolute fit of
         relative error (each residual weighs 1 / measured), decode-only and prefill steps
         weighted equally as groups: a step slowed by load moves it no more than another. A
         negative coefficient is pinned (scales at 1, overheads at 0)."""
@@ -246,14 +246,7 @@ class CalibratedCostModel:
         decode = [(n, r) for n, r, only in points if only]
         if len({n for n, _ in decode}) < 2:
             return max(0.0, statistics.median(r for _, r, _ in points)), 0.0
-        slopes = [
-            (r2 - r1) / (n2 - n1)
-            for i, (n1, r1) in enumerate(decode)
-            for n2, r2 in decode[i + 1 :]
-            if n2 != n1
-        ]
-        per_seq = max(0.0, statistics.median(slopes))
-        fixed = statistics.median(r - per_seq * n for n, r in decode)
+        fixed, per_seq = theil_sen(decode)
         return max(0.0, fixed), per_seq
 
     def step_terms(self, shape: StepShape) -> tuple[float, ...]:
@@ -454,7 +447,7 @@ class CalibratedCostModel:
 
     def _overhead_s(self, num_seqs: int) -> float:
         """The fitted overhead, plus the input preparation: under the joint fit the steps'
-        measured one where they store it (``_measured_prepare``), else the ``prepare`` table
+        measured one where they store it (``measured_prepare``), else the ``prepare`` table
         where the profile has one (without steps to fit to and without ``prepare``: the
         roofline's per-sequence overhead)."""
         fitted = self._fixed_overhead_s + self._per_seq_overhead_s * num_seqs
@@ -491,25 +484,3 @@ class CalibratedCostModel:
         return self.fallback.kv_transfer_time_s(
             num_tokens, link_bandwidth_bytes_per_s, link_latency_s
         )
-
-
-def _measured_prepare(profile: Profile) -> tuple[tuple[int, float], ...] | None:
-    """The input preparation of the profile's decode-only whole steps by batch size
-    (``step_fit.prepare_table``), where each step stores it on the steps' own clock (profiles
-    since 2026-11-28); None otherwise.
-
-    Why measured and not fitted: the preparation is not linear in the batch. On the CPU engine
-    it jumps from 224 to 654 us between 8 and 9 decodes (past
-    ``kernels.torch_attention.ROW_PATH_MAX_SEQS`` the attention's gather plan is built in it),
-    and a fixed and a per-sequence cost fitted over batches of 1-64 priced the CPU runs' decode
-    steps of 9 or more 8-12% fast (sets 8 and 9 of
-    ``benchmarks/results/cpu-calibrations-2026-11-28``)."""
-    engine = profile.engine or {}
-    if engine.get("prepare_clock", "wall") != engine.get("clock", "wall"):
-        return None
-    decode = [s for s in profile.steps if s.num_decode_seqs and not s.prefill_chunks]
-    if not decode or any(not s.prepare_s for s in decode):
-        return None
-    return prepare_table(
-        [s.num_decode_seqs for s in decode], [float(s.prepare_s or 0.0) for s in decode]
-    )

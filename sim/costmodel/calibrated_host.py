@@ -21,6 +21,7 @@ from sim.costmodel.host_time import (
 from sim.costmodel.profile import Profile, StepTiming
 from sim.costmodel.profile_v5 import GPU_CLOCKS
 from sim.costmodel.roofline import RooflineCostModel
+from sim.costmodel.step_fit import prepare_table
 from sim.costmodel.step_shape import StepShape
 
 
@@ -142,3 +143,25 @@ def calibrated_host(
     fit = fit_host(samples, start_params(profile, fallback), layers, heads)
     model = HostTimeModel(fit.params.at_speed(slowdown), layers, heads)
     return CalibratedHost(clock, model, fit.device_scale, fit)
+
+
+def measured_prepare(profile: Profile) -> tuple[tuple[int, float], ...] | None:
+    """The input preparation of the profile's decode-only whole steps by batch size
+    (``step_fit.prepare_table``), where each step stores it on the steps' own clock (profiles
+    since 2026-11-28); None otherwise.
+
+    Why measured and not fitted: the preparation is not linear in the batch. On the CPU engine
+    it jumps from 224 to 654 us between 8 and 9 decodes (past
+    ``kernels.torch_attention.ROW_PATH_MAX_SEQS`` the attention's gather plan is built in it),
+    and a fixed and a per-sequence cost fitted over batches of 1-64 priced the CPU runs' decode
+    steps of 9 or more 8-12% fast (sets 8 and 9 of
+    ``benchmarks/results/cpu-calibrations-2026-11-28``)."""
+    engine = profile.engine or {}
+    if engine.get("prepare_clock", "wall") != engine.get("clock", "wall"):
+        return None
+    decode = [s for s in profile.steps if s.num_decode_seqs and not s.prefill_chunks]
+    if not decode or any(not s.prepare_s for s in decode):
+        return None
+    return prepare_table(
+        [s.num_decode_seqs for s in decode], [float(s.prepare_s or 0.0) for s in decode]
+    )

@@ -13,6 +13,7 @@ same machine predict the same steps 2-3% apart instead of 2-8% (docs/validation.
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Final
 
 import numpy as np
@@ -117,3 +118,17 @@ def prepare_at(knots: tuple[tuple[int, float], ...], num_seqs: int) -> float:
     knot's beyond them."""
     sizes = [size for size, _ in knots]
     return float(np.interp(num_seqs, sizes, [time_s for _, time_s in knots]))
+
+
+def theil_sen(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """``(intercept, slope)`` of a line through ``(x, y)`` points with two or more distinct
+    ``x``: the median pairwise slope, floored at zero, then the median intercept under it
+    (robust to a few points slowed by load)."""
+    slopes = [
+        (y2 - y1) / (x2 - x1)
+        for i, (x1, y1) in enumerate(points)
+        for x2, y2 in points[i + 1 :]
+        if x2 != x1
+    ]
+    slope = max(0.0, statistics.median(slopes))
+    return statistics.median(y - slope * x for x, y in points), slope
