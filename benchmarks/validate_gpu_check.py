@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+from replay_loop_gap import loop_gap  # noqa: E402
 
 from fidelity import validation  # noqa: E402
 from fidelity.recorded import validate_run  # noqa: E402
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = validate_run(run1, profile, out, floor_dir=run2)
                 if name == PROFILES[0]:
                     _print_floor(result)
+                    _print_loop(run1)
                     _print_model("roofline", result["models"]["roofline"])
                 _print_model(f"{calibration}/{name}", result["models"]["calibrated"])
             profiles = [check / calibration / name for name in PROFILES]
@@ -90,6 +92,15 @@ def _print_floor(result: dict[str, Any]) -> None:
         if isinstance(metrics.get(m), dict)
     ]
     print(f"- engine against itself (run2 against run1), per request: {', '.join(cells)}")
+
+
+def _print_loop(run_dir: Path) -> None:
+    gap = loop_gap(run_dir)
+    print(
+        f"- the engine's loop between steps (run1), which no step holds and the simulator does "
+        f"not price: {1e6 * gap['gap_s']:.0f} us a step, {gap['share_pct']:.2f}% of its median "
+        f"step (benchmarks/replay_loop_gap.py)"
+    )
 
 
 def _print_model(name: str, model: dict[str, Any]) -> None:

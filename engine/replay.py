@@ -209,29 +209,38 @@ def replay(
 
 @dataclass(slots=True)
 class _Collected:
-    """What a replay records as it runs: its requests (rejected ones too), its steps, their
-    shapes and the engine's input-preparation seconds."""
+    """What a replay keeps as it runs: its requests (rejected ones too) and each executed
+    step's batch and measured record. The rows of ``steps.csv`` and ``step_shapes.jsonl``
+    are made from them once the run is over (``finish``): made between steps, they were the
+    wall-clock engine's loop, 27 of its 33 us between steps on the CPU, about 1% of a step
+    that the simulator does not price (benchmarks/results/replay_loop_gap.txt). A batch keeps
+    what it scheduled (positions, context, its memory snapshot), so it reads the same later."""
 
     requests: list[Request] = field(default_factory=list)
-    steps: StepRecorder = field(default_factory=StepRecorder)
-    shapes: list[StepShapeRecord] = field(default_factory=list)
-    prepare_s: float = 0.0
+    executed: list[tuple[ScheduledBatch, StepRecord]] = field(default_factory=list)
 
     def add_step(self, batch: ScheduledBatch, record: StepRecord) -> None:
-        times = (record.wall_s, record.cpu_s)
-        self.steps.record(batch, record.start_s, record.duration_s, wall_cpu_s=times)
-        self.prepare_s += record.prepare_s
-        self.shapes.append(
-            record_of(
-                len(self.shapes),
-                batch,
-                record.start_s,
-                record.duration_s,
-                record.prepare_s,
-                record.update_s,
-                *times,
+        self.executed.append((batch, record))
+
+    def finish(self) -> tuple[StepRecorder, list[StepShapeRecord], float]:
+        """The run's step rows, its step shapes and its input preparation in seconds."""
+        steps, shapes, prepare_s = StepRecorder(), [], 0.0
+        for idx, (batch, record) in enumerate(self.executed):
+            times = (record.wall_s, record.cpu_s)
+            steps.record(batch, record.start_s, record.duration_s, wall_cpu_s=times)
+            prepare_s += record.prepare_s
+            shapes.append(
+                record_of(
+                    idx,
+                    batch,
+                    record.start_s,
+                    record.duration_s,
+                    record.prepare_s,
+                    record.update_s,
+                    *times,
+                )
             )
-        )
+        return steps, shapes, prepare_s
 
 
 def _add_arrivals(
@@ -272,6 +281,8 @@ def _replay_result(
     the wall time and load average since ``origin`` and ``load_at_start``."""
     requests = collected.requests
     end_s = engine.clock()
+    wall_s = time.monotonic() - origin
+    steps, shapes, prepare_s = collected.finish()
     summary = summarize(requests, end_s, config.slo_ttft_s, config.slo_tpot_s)
     device = engine.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -280,14 +291,14 @@ def _replay_result(
         config=config,
         num_blocks=engine.cache_config.resolved_num_blocks,
         requests=requests,
-        steps=collected.steps,
+        steps=steps,
         summary=summary,
         trace_stats=trace.length_stats(),
         notes=list(trace.notes) + ([CPU_CLOCK_NOTE] if cpu_clock else []),
         device_name=name,
-        wall_s=time.monotonic() - origin,
-        prepare_s=collected.prepare_s,
-        step_shapes=collected.shapes,
+        wall_s=wall_s,
+        prepare_s=prepare_s,
+        step_shapes=shapes,
         load_average=(load_at_start, _load_average()),
         dtype=str(engine.dtype).removeprefix("torch."),
     )

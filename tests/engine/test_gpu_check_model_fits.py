@@ -56,3 +56,7 @@ def test_the_fits_give_back_the_h200_preset(tmp_path: Path) -> None:
     # Fitted on two of the four calibrations the preset was derived from: within 0.02.
     for fitted, stated in fits.values():
         assert fitted == pytest.approx(stated, abs=0.02)
+    # The decode kernel's fixed cost from the same two tables' decode points: within 0.2 us.
+    fitted_us, stated_us = figures["H200_decode_latency_us"]
+    assert stated_us == 4.7
+    assert fitted_us == pytest.approx(stated_us, abs=0.2)

@@ -109,3 +109,51 @@ def test_engine_cli_refuses_cpu_clock_with_threads(
     argv = ["run", str(_trace(tmp_path / "t.csv")), "--clock", "cpu", "--cpu-threads", "0"]
     assert engine_main([*argv, "--weights", "random", "--quiet"]) == 2
     assert capsys.readouterr().err.startswith("error: clock 'cpu' needs cpu_threads=1")
+
+
+def test_step_rows_are_made_after_the_run_and_read_as_if_made_live(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replay's loop between steps records nothing (that was the wall-clock engine's own
+    time, 27 of its 33 us between steps on the CPU); the rows made from the kept batches after
+    the run are those the live batches gave."""
+    import engine.replay as replay_module
+    from records.schema import StepRecorder
+    from records.step_shapes import record_of
+
+    live: list[tuple[object, ...]] = []
+    made_during_steps: list[int] = []
+    steps_run = 0
+    original_step = LLMEngine.step
+
+    def counted_step(self: LLMEngine, now_s: float | None = None) -> object:
+        nonlocal steps_run
+        output = original_step(self, now_s)
+        steps_run += 1
+        shape = None if output.record is None else record_of(0, output.batch, 0, 0, 0, 0)
+        if shape is not None and not shape.request_ids[0].startswith("__warm_up"):
+            rows = StepRecorder()  # as the loop used to make them, at once
+            rows.record(output.batch, output.record.start_s, output.record.duration_s)
+            row = rows.to_frame().drop(columns="start_s").iloc[0].to_dict()
+            live.append((row, shape.request_ids, shape.prefill_chunks, shape.decode_context_tokens))
+        return output
+
+    def spying_record_of(*args: object) -> object:
+        made_during_steps.append(steps_run)
+        return record_of(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LLMEngine, "step", counted_step)
+    monkeypatch.setattr(replay_module, "record_of", spying_record_of)
+    trace = load_trace(_trace(tmp_path / "t.csv"))
+    short = replace(trace, requests=trace.requests[:4])
+    result = replay(short, ReplayConfig(engine=_engine_config(policy="chunked")))
+    assert made_during_steps and set(made_during_steps) == {steps_run}  # all after the last
+    frame = result.steps.to_frame().drop(columns=["start_s", "wall_s", "cpu_s"])
+    assert len(frame) == len(live) == len(result.step_shapes) > 1
+    for (row, ids, chunks, contexts), (_, kept), shape in zip(
+        live, frame.iterrows(), result.step_shapes, strict=True
+    ):
+        assert kept.to_dict() == pytest.approx(row)
+        assert (shape.request_ids, shape.prefill_chunks, shape.decode_context_tokens) == (
+            ids, chunks, contexts,
+        )  # fmt: skip
