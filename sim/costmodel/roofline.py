@@ -174,7 +174,9 @@ class RooflineCostModel:
         context rounded up to whole blocks (what a paged kernel actually reads). ``mixed``: the
         step also prefills (its decodes read at `mixed_attention_bandwidth_efficiency`).
         ``max_context``, the longest context, given: no faster than the kernel's longest walk
-        (``decode_walk_s``)."""
+        (``decode_walk_s``). Plus the kernel's fixed cost: servesim's own
+        (``HardwareSpec.decode_latency_s``) where its walk is priced, else
+        ``attention_latency_s``."""
         if num_seqs <= 0:
             return 0.0
         compute = sum_context_tokens * self._attention_flops_per_pair / self._attention_flops_per_s

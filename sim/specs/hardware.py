@@ -82,7 +82,7 @@ class HardwareSpec:
     # of `attention_latency_s` (vLLM's kernels on Vidur's A100) wherever the decode walk is
     # priced. Fit to the decode tables of servesim's calibrations on an H200 at short contexts,
     # where it governs (`efficiency_fit.fit_decode_latency`, benchmarks/derive_efficiencies.py
-    # --gpu H200: 4.9-5.0 us in each of four tables); no other GPU measured it.
+    # --gpu H200: 4.65 us pooled, 4.6-4.8 us in each of four tables); no other GPU measured it.
     decode_latency_s: float = 4.7e-6
     # Row kernels (norm, rotary, activation) run one thread block per token: each thread walks
     # its row `row_block_threads` elements at a time, one dependent HBM round trip per step.
