@@ -137,7 +137,9 @@ SERVESIM_EAGER_HOST: Final = HostParams(
 )
 
 # servesim's engine with a persistent batch and CUDA graphs for decode-only steps: the same
-# host for prefills, one graph replay for decodes (estimates until a GPU check fits them).
+# host for prefills, one graph replay for decodes. Estimates: two GPU checks measured about
+# 150-250 us more a decode step, kept while the roofline's row-kernel floors offset it
+# (docs/host_time.md).
 SERVESIM_GRAPHS_HOST: Final = replace(
     SERVESIM_EAGER_HOST, seq_s=5e-6, graph_replay_s=1e-4, cuda_graphs=True
 )
