@@ -17,40 +17,22 @@ step, and the gap as a share of it.
 from __future__ import annotations
 
 import argparse
-import itertools
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fidelity.loop_gap import loop_gap  # noqa: E402
 from records.run_dir import run_file  # noqa: E402
 from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes  # noqa: E402
 
-BACK_TO_BACK_S = 2e-3
 
-
-def loop_gap(run_dir: Path) -> dict[str, float]:
-    """The run's figures (seconds, and the gap's share of the median busy step)."""
-    shapes = load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE))
-    gaps = []
-    for step, after in itertools.pairwise(shapes):
-        gap = after.start_s - (step.start_s + step.busy_s)
-        if gap < BACK_TO_BACK_S:
-            gaps.append(gap)
-    busy = statistics.median(s.busy_s for s in shapes)
-    gap = statistics.median(gaps) if gaps else float("nan")
-    return {
-        "steps": float(len(shapes)),
-        "back_to_back": float(len(gaps)),
-        "gap_s": gap,
-        "update_s": statistics.median(s.update_s for s in shapes),
-        "busy_s": busy,
-        "share_pct": 100 * gap / busy,
-    }
+def _figures(run_dir: Path) -> dict[str, Any]:
+    return loop_gap(load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,12 +57,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{'busy ms':>8} {'gap %':>6}")  # fmt: skip
     for run in runs:
         try:
-            f = loop_gap(run)
+            f = _figures(run)
         except (OSError, ValueError) as error:
             print(f"replay_loop_gap: {run}: {error}", file=sys.stderr)
             return 2
+        if f["gap_s"] is None:
+            print(f"{str(run)[-64:]:<64} {f['num_steps']:6d}      0   no two steps back to back")
+            continue
         print(
-            f"{str(run)[-64:]:<64} {f['steps']:6.0f} {f['back_to_back']:6.0f} "
+            f"{str(run)[-64:]:<64} {f['num_steps']:6d} {f['back_to_back']:6d} "
             f"{1e6 * f['gap_s']:7.1f} {1e6 * f['update_s']:9.1f} {1e3 * f['busy_s']:8.2f} "
             f"{f['share_pct']:6.2f}"
         )

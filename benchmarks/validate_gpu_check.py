@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
-from replay_loop_gap import loop_gap  # noqa: E402
 
 from fidelity import validation  # noqa: E402
+from fidelity.loop_gap import loop_gap  # noqa: E402
 from fidelity.recorded import validate_run  # noqa: E402
 from fidelity.replay_inputs import decode_split_of_run, hardware_of, run_summary  # noqa: E402
 from fidelity.validate import cost_models, sim_config  # noqa: E402
@@ -95,7 +95,7 @@ def _print_floor(result: dict[str, Any]) -> None:
 
 
 def _print_loop(run_dir: Path) -> None:
-    gap = loop_gap(run_dir)
+    gap = loop_gap(load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE)))
     print(
         f"- the engine's loop between steps (run1), which no step holds and the simulator does "
         f"not price: {1e6 * gap['gap_s']:.0f} us a step, {gap['share_pct']:.2f}% of its median "

@@ -18,6 +18,7 @@ from engine.replay import ReplayConfig, replay
 from fidelity import host_speed, ttft_floor, validation
 from fidelity.calibrate import calibrate
 from fidelity.divergence import explain
+from fidelity.loop_gap import loop_gap
 from fidelity.replay_inputs import decode_split_of_run, engine_kind_of_run, run_summary
 from fidelity.validate_config import VALIDATION_FILE, ValidateConfig
 from records.run_dir import load_run, run_file
@@ -296,6 +297,7 @@ def compare(
         "decode_split": decode_split,
         "models": {},
         "ttft_phase_floor": ttft_floor.phase_floor(measured.requests, engine_steps),
+        "engine_loop_gap": loop_gap(engine_steps),
     }
     arrivals = dict(
         zip(

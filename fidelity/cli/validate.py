@@ -109,6 +109,14 @@ def print_context(result: dict[str, Any], file: Any = sys.stdout) -> None:
             )
         elif speed:
             print(f"  host speed not measured: {speed}", file=file)
+    gap = result.get("engine_loop_gap") or {}
+    if gap.get("gap_s") is not None:
+        print(
+            f"  the engine's loop between steps, which no step holds and the simulator does not "
+            f"price: median {1e6 * gap['gap_s']:.0f} us a step, {gap['share_pct']:.2f}% of its "
+            f"median step ({gap['back_to_back']} of {gap['num_steps']} steps back to back)",
+            file=file,
+        )
     phase = result.get("ttft_phase_floor") or {}
     if phase.get("median_pct") is not None:
         print(
