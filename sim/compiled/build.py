@@ -43,7 +43,6 @@ HOT_MODULES = (
     "records/step_shapes.py",
     # The roofline's settings: a step reads them (`price_padding`), so they stay native.
     "sim/costmodel/config.py",
-    "sim/costmodel/repeat_stepper.py",
     "sim/costmodel/roofline.py",
     "sim/deployment.py",
     "sim/executor.py",

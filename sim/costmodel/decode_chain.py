@@ -14,6 +14,7 @@ KV heads, 8,192 tokens) a 2,000-token context walks 1,664 tokens in its first sp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from core.decode_split import (
     DEFAULT_SPLIT,
@@ -24,6 +25,11 @@ from core.decode_split import (
     padded_batch_size,
     plan_splits,
 )
+
+if TYPE_CHECKING:
+    from core.model.spec import ModelSpec
+    from sim.costmodel.config import CostModelConfig
+    from sim.specs.hardware import HardwareSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,25 @@ class DecodeChain:
         sizes = graph_batch_sizes(max_num_seqs) if cuda_graphs else ()
         tile = gpu_tile_tokens(head_dim)
         return cls(kv_heads, tile, 2 * num_sms, tile_s, sizes, max_model_len, split_mode)
+
+    @classmethod
+    def for_cost_model(
+        cls, model: ModelSpec, hardware: HardwareSpec, tp: int, config: CostModelConfig
+    ) -> DecodeChain | None:
+        """servesim's decode plan where the engine priced is servesim's own and the hardware
+        states a tile time; None otherwise (vLLM runs other kernels)."""
+        if config.engine == "vllm" or not hardware.decode_tile_s:
+            return None
+        return cls.for_engine(
+            kv_heads=model.kv_heads_per_shard(tp),
+            head_dim=model.head_dim,
+            num_sms=hardware.num_sms,
+            tile_s=hardware.decode_tile_s,
+            cuda_graphs=config.host_params().cuda_graphs,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len or model.full_attention_len,
+            split_mode=config.decode_split,
+        )
 
     def replays(self, num_decodes: int, mixed: bool = False) -> bool:
         """Whether a step of ``num_decodes`` decodes replays a captured graph, whose plan is

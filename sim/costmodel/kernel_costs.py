@@ -138,3 +138,15 @@ def allreduce_s(
     steps = 2 * (num_workers - 1)
     latency = hw.allreduce_call_latency_s + steps * hop
     return latency + steps / num_workers * num_bytes / (link * bus)
+
+
+def link_s(num_bytes: float, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    """``num_bytes`` over one link: its latency plus the bytes at its bandwidth; nothing to
+    send costs nothing."""
+    if bandwidth_bytes_per_s <= 0:
+        raise ValueError(
+            f"link_bandwidth_bytes_per_s must be positive, got {bandwidth_bytes_per_s!r}"
+        )
+    if num_bytes <= 0:
+        return 0.0
+    return latency_s + num_bytes / bandwidth_bytes_per_s

@@ -13,9 +13,8 @@ from core.model.spec import ModelSpec, check_tp
 from sim.costmodel.config import CostModelConfig
 from sim.costmodel.decode_chain import DecodeChain
 from sim.costmodel.host_time import HostTimeModel
-from sim.costmodel.kernel_costs import allreduce_s, gemm_s, streaming_s
+from sim.costmodel.kernel_costs import allreduce_s, gemm_s, link_s, streaming_s
 from sim.costmodel.layer_ops import LayerOps
-from sim.costmodel.repeat_stepper import RepeatStepper
 from sim.costmodel.step_shape import StepShape
 from sim.specs.hardware import HardwareSpec
 
@@ -73,13 +72,10 @@ class RooflineCostModel:
         self.host = HostTimeModel(
             config.host_params(), model.num_layers, model.kv_heads_per_shard(tp)
         )
-        self.decode_chain = self._decode_chain(model, hardware, tp, config)
+        self.decode_chain = DecodeChain.for_cost_model(model, hardware, tp, config)
         # servesim's own decode kernel (priced with its walk) has a fixed cost of its own.
-        self._decode_latency_s = (
-            self._attention_latency_s
-            if self.decode_chain is None
-            else model.num_layers * hardware.decode_latency_s
-        )
+        own_latency_s = model.num_layers * hardware.decode_latency_s
+        self._decode_latency_s = own_latency_s if self.decode_chain else self._attention_latency_s
         # Steps priced from aggregates (fast-forward) need a host clock of sequence counts
         # alone and no decode walk (which reads the longest context).
         self._aggregates_ok = self.host.simple and self.decode_chain is None
@@ -87,25 +83,6 @@ class RooflineCostModel:
         # Terms that depend only on (tokens, sequences) in a step, computed once per pair.
         self._by_size: dict[tuple[int, int], tuple[float, ...]] = {}
         self._steppers: dict[tuple[int, int, int], RepeatStepper] = {}
-
-    @staticmethod
-    def _decode_chain(
-        model: ModelSpec, hardware: HardwareSpec, tp: int, config: CostModelConfig
-    ) -> DecodeChain | None:
-        """servesim's decode plan (``DecodeChain``) where the engine priced is servesim's own
-        and the hardware states a tile time; None otherwise (vLLM runs other kernels)."""
-        if config.engine == "vllm" or not hardware.decode_tile_s:
-            return None
-        return DecodeChain.for_engine(
-            kv_heads=model.kv_heads_per_shard(tp),
-            head_dim=model.head_dim,
-            num_sms=hardware.num_sms,
-            tile_s=hardware.decode_tile_s,
-            cuda_graphs=config.host_params().cuda_graphs,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=config.max_model_len or model.full_attention_len,
-            split_mode=config.decode_split,
-        )
 
     def _precompute_shapes(self, model: ModelSpec, tp: int) -> None:
         """Per-model constants, so a step costs a few multiplications."""
@@ -174,9 +151,8 @@ class RooflineCostModel:
         context rounded up to whole blocks (what a paged kernel actually reads). ``mixed``: the
         step also prefills (its decodes read at `mixed_attention_bandwidth_efficiency`).
         ``max_context``, the longest context, given: no faster than the kernel's longest walk
-        (``decode_walk_s``). Plus the kernel's fixed cost: servesim's own
-        (``HardwareSpec.decode_latency_s``) where its walk is priced, else
-        ``attention_latency_s``."""
+        (``decode_walk_s``). Plus the fixed cost: ``decode_latency_s`` where the walk is priced
+        (servesim's kernel), else ``attention_latency_s``."""
         if num_seqs <= 0:
             return 0.0
         compute = sum_context_tokens * self._attention_flops_per_pair / self._attention_flops_per_s
@@ -456,14 +432,67 @@ class RooflineCostModel:
         self, num_tokens: int, link_bandwidth_bytes_per_s: float, link_latency_s: float
     ) -> float:
         """Ship `num_tokens` tokens of KV (all layers, all TP ranks) over one link, as a
-        disaggregated prefill replica does to its decode replica. Zero tokens cost nothing."""
-        if link_bandwidth_bytes_per_s <= 0:
-            raise ValueError(
-                f"link_bandwidth_bytes_per_s must be positive, got {link_bandwidth_bytes_per_s!r}"
+        disaggregated prefill replica does to its decode replica (`kernel_costs.link_s`)."""
+        num_bytes = max(0, num_tokens) * self.model.kv_bytes_per_token()
+        return link_s(num_bytes, link_bandwidth_bytes_per_s, link_latency_s)
+
+
+class RepeatStepper:
+    """The price of each step of a run of one shape (the same chunk sizes and decode count):
+    ``step`` gives what ``aggregate_step_time_s`` gives, to the last bit, with the terms that
+    do not change computed once. A class rather than a closure, so that a compiled executor
+    (docs/compiled_core.md) calls ``step`` directly instead of through the interpreter's call
+    protocol; fast-forward prices most short runs here, step by step."""
+
+    def __init__(
+        self,
+        model: RooflineCostModel,
+        prefill_chunks: tuple[tuple[int, int], ...],
+        num_decode_seqs: int,
+    ) -> None:
+        self.model = model
+        self.num_decode_seqs = num_decode_seqs
+        self.block_size: int = model.block_size
+        model._check_aggregates()
+        self.overlap = model.host.params.async_scheduling
+        # Decode-only steps write ``decode_attention_s`` and the sums after it out, the same
+        # operations in the same order (so the same bits), with no call per step.
+        self.decode_only = not prefill_chunks and num_decode_seqs > 0
+        num_tokens = num_decode_seqs + sum(n for n, _ in prefill_chunks)
+        num_seqs = num_decode_seqs + len(prefill_chunks)
+        # The rest, in the order `_terms` lists them (copies and swaps are 0.0 here; adding
+        # 0.0 changes nothing, so they are left out), added one by one in that order.
+        terms = model._size_terms(num_tokens, num_seqs)
+        linear, store_kv, elementwise, lm_head, allreduce, overhead = terms
+        self.linear: float = linear
+        self.start: float = linear + 0.0  # (what `_terms` adds for no prefill chunk)
+        self.store_kv: float = store_kv
+        self.elementwise: float = elementwise
+        self.lm_head: float = lm_head
+        self.allreduce: float = allreduce
+        self.overhead: float = overhead
+        self.flops_per_pair: int = model._attention_flops_per_pair
+        self.flops_per_s: float = model._attention_flops_per_s
+        self.q_bytes: int = num_decode_seqs * model._attention_q_bytes_per_token
+        self.kv_bytes_per_token: int = model._kv_bytes_per_token
+        self.bytes_per_s: float = model._attention_bytes_per_s
+        self.latency: float = model._decode_latency_s
+
+    def step(self, chunks: tuple[tuple[int, int], ...], sum_context: int, sum_blocks: int) -> float:
+        """One step's time: ``chunks`` its prompt chunks (new tokens, context after them),
+        its decodes' summed context tokens and summed context blocks."""
+        if self.decode_only:
+            compute = sum_context * self.flops_per_pair / self.flops_per_s
+            bytes_moved = self.q_bytes + (sum_blocks * self.block_size) * self.kv_bytes_per_token
+            total = self.start + (self.latency + max(compute, bytes_moved / self.bytes_per_s))
+        else:
+            model = self.model
+            total = self.linear + (model.prefill_attention_s(chunks) if chunks else 0.0)
+            total += model.decode_attention_s(
+                self.num_decode_seqs, sum_context, sum_blocks * self.block_size, bool(chunks)
             )
-        if num_tokens <= 0:
-            return 0.0
-        return (
-            link_latency_s
-            + num_tokens * self.model.kv_bytes_per_token() / link_bandwidth_bytes_per_s
-        )
+        total = (((total + self.store_kv) + self.elementwise) + self.lm_head) + self.allreduce
+        if self.overlap:
+            wait = self.overhead - total  # `host_wait_s`, inlined: one call less per step
+            return total + (wait if wait > 0.0 else 0.0)
+        return total + self.overhead
