@@ -84,13 +84,14 @@ def _bundles(root: Path, gpu: str) -> list[OpTable]:
     ]
 
 
-def _report_decode_latency(name: str, profiles: list[Path], out: dict | None = None) -> None:
-    """Fit ``decode_latency_s`` to the decode tables of ``profiles`` (timed on preset
+def _report_decode_latency(
+    name: str, profiles: list[Path], tables: list[OpTable], out: dict | None = None
+) -> None:
+    """Fit ``decode_latency_s`` to the decode ``tables`` of ``profiles`` (timed on preset
     ``name``), pooled and one by one, and print it beside the preset's; "before" is the
     roofline at ``attention_latency_s``, the fixed cost it gave this kernel before."""
     preset = get_hardware_preset(name)
     old = dataclasses.replace(preset, decode_latency_s=preset.attention_latency_s)
-    tables = [servesim_decode_table(p) for p in profiles]
     pooled = fit_decode_latency(tables, old)
     if out is not None:
         out.setdefault(name, {})["decode_latency_s"] = {
@@ -213,16 +214,16 @@ def main() -> int:
         present = [p for p in args.servesim_profiles if p.is_file()]
         if present:
             where = "servesim's calibrations, linear tables only: " + ", ".join(
-                str(p.relative_to(H200_CHECK)) if p.is_relative_to(H200_CHECK) else str(p)
-                for p in present
+                _short(p) for p in present
             )
             try:
                 tables = [servesim_table(p) for p in present]
+                decode = [servesim_decode_table(p) for p in present]
+                _report(gpu, where, tables, out=fits)
+                _report_decode_latency(gpu, present, decode, out=fits)
             except (OSError, ValueError) as error:  # EfficiencyFitError, a malformed profile
                 print(f"derive_efficiencies: {error}", file=sys.stderr)
                 return 2
-            _report(gpu, where, tables, out=fits)
-            _report_decode_latency(gpu, present, out=fits)
         else:
             print(f"\nskipped {gpu}: no servesim profile found (--servesim-profiles)")
     if args.json is not None:

@@ -320,21 +320,35 @@ def servesim_table(path: str | Path) -> OpTable:
     monotone in tokens as the cost model reads a GPU profile (``calibrated.monotone``). Its
     attention tables time servesim's own Triton kernels, not the ones the roofline's
     attention efficiencies describe, so they are left out."""
-    from core.model.presets import load_model_spec
     from sim.costmodel.calibrated import monotone
+    from sim.costmodel.profile import Table1D
+
+    profile, table = _gpu_profile_op(path, "linear", Table1D)
+    assert isinstance(table, Table1D)
+    linear = monotone(table)
+    points = tuple((round(x), t) for x, t in zip(linear.xs, linear.times_s, strict=True))
+    spec = _model_of(profile)
+    return OpTable(str(path), spec, profile.tp, profile.block_size, linear=points)
+
+
+def _gpu_profile_op(path: str | Path, op: str, kind: type) -> tuple[Any, Any]:
+    """A servesim profile timed on a GPU and its ``op`` table, which must be a ``kind``."""
     from sim.costmodel.calibrated_host import is_cpu_profile
-    from sim.costmodel.profile import Table1D, load_profile
+    from sim.costmodel.profile import load_profile
 
     profile = load_profile(path)
     if is_cpu_profile(profile):
         raise EfficiencyFitError(f"{path}: field 'device': timed on a CPU, not a GPU")
-    table = profile.ops.get("linear")
-    if not isinstance(table, Table1D):
-        raise EfficiencyFitError(f"{path}: field 'ops.linear': missing")
-    linear = monotone(table)
-    points = tuple((round(x), t) for x, t in zip(linear.xs, linear.times_s, strict=True))
-    spec = load_model_spec(profile.model)
-    return OpTable(str(path), spec, profile.tp, profile.block_size, linear=points)
+    table = profile.ops.get(op)
+    if not isinstance(table, kind):
+        raise EfficiencyFitError(f"{path}: field 'ops.{op}': missing")
+    return profile, table
+
+
+def _model_of(profile: Any) -> ModelSpec:
+    from core.model.presets import load_model_spec
+
+    return load_model_spec(profile.model)
 
 
 def servesim_decode_table(path: str | Path) -> OpTable:
@@ -342,23 +356,16 @@ def servesim_decode_table(path: str | Path) -> OpTable:
     kernel, timed eagerly (each point's splits planned for its own context), per layer. Only
     ``fit_decode_latency`` reads it: the roofline's attention efficiencies describe vLLM's
     kernels."""
-    from core.model.presets import load_model_spec
-    from sim.costmodel.calibrated_host import is_cpu_profile
-    from sim.costmodel.profile import Table2D, load_profile
+    from sim.costmodel.profile import Table2D
 
-    profile = load_profile(path)
-    if is_cpu_profile(profile):
-        raise EfficiencyFitError(f"{path}: field 'device': timed on a CPU, not a GPU")
-    table = profile.ops.get("decode_attention")
-    if not isinstance(table, Table2D):
-        raise EfficiencyFitError(f"{path}: field 'ops.decode_attention': missing")
+    profile, table = _gpu_profile_op(path, "decode_attention", Table2D)
+    assert isinstance(table, Table2D)
     points = tuple(
         (round(n), round(c), t)
         for n, row in zip(table.xs, table.times_s, strict=True)
         for c, t in zip(table.ys, row, strict=True)
     )
-    spec = load_model_spec(profile.model)
-    return OpTable(str(path), spec, profile.tp, profile.block_size, decode=points)
+    return OpTable(str(path), _model_of(profile), profile.tp, profile.block_size, decode=points)
 
 
 def fit_decode_latency(tables: Iterable[OpTable], hw: HardwareSpec) -> EfficiencyFit:
