@@ -220,6 +220,10 @@ class _Collected:
     executed: list[tuple[ScheduledBatch, StepRecord]] = field(default_factory=list)
 
     def add_step(self, batch: ScheduledBatch, record: StepRecord) -> None:
+        # The runner has read the batch's changed block tables, and no row reads them. Kept,
+        # each sequence's table would stay once for every block it grew by (a sequence of L
+        # blocks, about L^2 / 2 entries): gigabytes over a long replay of long contexts.
+        batch.block_tables = None
         self.executed.append((batch, record))
 
     def finish(self) -> tuple[StepRecorder, list[StepShapeRecord], float]:

@@ -142,12 +142,22 @@ def test_step_rows_are_made_after_the_run_and_read_as_if_made_live(
         made_during_steps.append(steps_run)
         return record_of(*args)  # type: ignore[arg-type]
 
+    kept_batches: list[tuple[object, object]] = []
+    original_add = replay_module._Collected.add_step
+
+    def keeping_add(self: object, batch: object, record: object) -> None:
+        original_add(self, batch, record)  # type: ignore[arg-type]
+        kept_batches.append((batch, record))
+
+    monkeypatch.setattr(replay_module._Collected, "add_step", keeping_add)
     monkeypatch.setattr(LLMEngine, "step", counted_step)
     monkeypatch.setattr(replay_module, "record_of", spying_record_of)
     trace = load_trace(_trace(tmp_path / "t.csv"))
     short = replace(trace, requests=trace.requests[:4])
     result = replay(short, ReplayConfig(engine=_engine_config(policy="chunked")))
     assert made_during_steps and set(made_during_steps) == {steps_run}  # all after the last
+    # The kept batches hold no block tables (the runner has read them; no row does).
+    assert all(batch.block_tables is None for batch, _ in kept_batches)
     frame = result.steps.to_frame().drop(columns=["start_s", "wall_s", "cpu_s"])
     assert len(frame) == len(live) == len(result.step_shapes) > 1
     for (row, ids, chunks, contexts), (_, kept), shape in zip(
