@@ -29,7 +29,6 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from fidelity import validation  # noqa: E402
-from fidelity.loop_gap import loop_gap  # noqa: E402
 from fidelity.recorded import validate_run  # noqa: E402
 from fidelity.replay_inputs import decode_split_of_run, hardware_of, run_summary  # noqa: E402
 from fidelity.validate import cost_models, sim_config  # noqa: E402
@@ -73,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = validate_run(run1, profile, out, floor_dir=run2)
                 if name == PROFILES[0]:
                     _print_floor(result)
-                    _print_loop(run1)
+                    _print_loop(result)
                     _print_model("roofline", result["models"]["roofline"])
                 _print_model(f"{calibration}/{name}", result["models"]["calibrated"])
             profiles = [check / calibration / name for name in PROFILES]
@@ -94,8 +93,11 @@ def _print_floor(result: dict[str, Any]) -> None:
     print(f"- engine against itself (run2 against run1), per request: {', '.join(cells)}")
 
 
-def _print_loop(run_dir: Path) -> None:
-    gap = loop_gap(load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE)))
+def _print_loop(result: dict[str, Any]) -> None:
+    gap = result.get("engine_loop_gap") or {}
+    if gap.get("gap_s") is None:
+        print("- the engine's loop between steps (run1): no two steps back to back")
+        return
     print(
         f"- the engine's loop between steps (run1), which no step holds and the simulator does "
         f"not price: {1e6 * gap['gap_s']:.0f} us a step, {gap['share_pct']:.2f}% of its median "
