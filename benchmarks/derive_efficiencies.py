@@ -11,9 +11,10 @@
 - H200: the linear tables of our own four calibrations of Llama-3-8B on an H200
   (``--servesim-profiles``, by default those of benchmarks/results/gpu-h200-2026-11-27/call2:
   the engine with CUDA graphs and the eager engine, twice each). Only the GEMM efficiencies:
-  the attention tables time servesim's Triton kernels, not vLLM's. From their decode tables,
-  the fixed cost of that kernel alone (``decode_latency_s``, servesim's engines only), pooled
-  and per table.
+  the attention tables time servesim's Triton kernels, not vLLM's. From their decode,
+  elementwise and LM head tables, servesim's own kernels (``sim.costmodel.own_kernel_fit``,
+  priced for servesim's engines only): the decode kernel's fixed cost, the fused row kernels'
+  fixed cost and bandwidth, the LM head's fixed cost, pooled and per table.
 
 Each fit starts from HardwareSpec's defaults, so what it derives does not depend on what the
 preset says today; the preset's values are printed beside, and a mismatch is flagged for the
@@ -43,11 +44,17 @@ from sim.costmodel.efficiency_fit import (
     EfficiencyFit,
     OpTable,
     bundle_tables,
-    fit_decode_latency,
     fit_efficiencies,
-    servesim_decode_table,
     servesim_table,
     vidur_tables,
+)
+from sim.costmodel.own_kernel_fit import (
+    KernelTable,
+    fit_decode_latency,
+    fit_fused_rows,
+    fit_lm_head_latency,
+    servesim_decode_table,
+    servesim_kernel_table,
 )
 from sim.specs.hardware import HardwareSpec, get_hardware_preset
 
@@ -84,38 +91,61 @@ def _bundles(root: Path, gpu: str) -> list[OpTable]:
     ]
 
 
-def _report_decode_latency(
-    name: str, profiles: list[Path], tables: list[OpTable], out: dict | None = None
-) -> None:
-    """Fit ``decode_latency_s`` to the decode ``tables`` of ``profiles`` (timed on preset
-    ``name``), pooled and one by one, and print it beside the preset's; "before" is the
-    roofline at ``attention_latency_s``, the fixed cost it gave this kernel before."""
+def _own_fits(
+    old: HardwareSpec, decode: OpTable, rows: KernelTable, lm_head: KernelTable
+) -> list[EfficiencyFit]:
+    return [
+        fit_decode_latency([decode], old),
+        *fit_fused_rows([rows], old),
+        fit_lm_head_latency([lm_head], old),
+    ]
+
+
+def _report_own_kernels(name: str, profiles: list[Path], out: dict | None = None) -> None:
+    """Fit servesim's own kernels (``sim.costmodel.own_kernel_fit``) to ``profiles`` (timed on
+    preset ``name``), pooled and one by one, and print each beside the preset's. "Before": the
+    roofline as it priced these kernels before they had fields of their own (the decode
+    kernel at ``attention_latency_s``, vLLM's row kernels, no LM head fixed cost)."""
     preset = get_hardware_preset(name)
     old = dataclasses.replace(preset, decode_latency_s=preset.attention_latency_s)
-    pooled = fit_decode_latency(tables, old)
-    if out is not None:
-        out.setdefault(name, {})["decode_latency_s"] = {
-            **dataclasses.asdict(pooled),
-            "preset": preset.decode_latency_s,
-        }
-    stated = round(pooled.value, 7)
-    flag = "" if preset.decode_latency_s == stated else "   <- the preset differs"
-    print(f"\n  servesim's decode kernel, decode tables (per layer; before: at attention_latency_s "
-          f"{1e6 * preset.attention_latency_s:g} us)")  # fmt: skip
-    print(f"  {'field':<22} {'table':<46} {'fit us':>7} {'stated':>7} {'preset':>7} {'points':>7} "
-          f"{'err before':>11} {'after':>7}")  # fmt: skip
-    rows = [("pooled", pooled)] + [
-        (_short(p), fit_decode_latency([t], old)) for p, t in zip(profiles, tables, strict=True)
+    decode = [servesim_decode_table(p) for p in profiles]
+    rows = [servesim_kernel_table(p, "elementwise") for p in profiles]
+    lm_head = [servesim_kernel_table(p, "lm_head") for p in profiles]
+    pooled = [
+        fit_decode_latency(decode, old),
+        *fit_fused_rows(rows, old),
+        fit_lm_head_latency(lm_head, old),
     ]
-    for label, fit in rows:
-        cells = " " * 15
-        if label == "pooled":
-            cells = f"{1e6 * stated:7.1f} {1e6 * preset.decode_latency_s:7.1f}"
-        print(
-            f"  {'decode_latency_s':<22} {label:<46} {1e6 * fit.value:7.2f} {cells} "
-            f"{fit.num_points:7d} {fit.before_pct:+10.1f}% {fit.after_pct:+6.1f}%"
-            + (flag if label == "pooled" else "")
-        )
+    if out is not None:
+        for fit in pooled:
+            out.setdefault(name, {})[fit.field] = {
+                **dataclasses.asdict(fit),
+                "preset": getattr(preset, fit.field),
+            }
+    print(f"\n  servesim's own kernels (decode: per layer, before at attention_latency_s "
+          f"{1e6 * preset.attention_latency_s:g} us; rows: per layer, before as vLLM's row "
+          "kernels; LM head: per step, before without it)")  # fmt: skip
+    print(f"  {'field':<31} {'table':<46} {'fit':>7} {'stated':>7} {'preset':>7} {'points':>7} "
+          f"{'err before':>11} {'after':>7}")  # fmt: skip
+    by_table = [
+        (_short(p), _own_fits(old, *tables))
+        for p, *tables in zip(profiles, decode, rows, lm_head, strict=True)
+    ]
+    for i, fit in enumerate(pooled):
+        scale, digits = (1.0, DIGITS) if fit.field.endswith("efficiency") else (1e6, 1)
+        stated = round(fit.value * scale, digits)
+        have = getattr(preset, fit.field) * scale
+        flag = "" if round(have, digits) == stated else "   <- the preset differs"
+        unit = "" if scale == 1.0 else " us"
+        for label, each in [("pooled", fit)] + [(lab, fits[i]) for lab, fits in by_table]:
+            cells = " " * 15
+            if label == "pooled":
+                cells = f"{stated:7.{digits if scale == 1.0 else 1}f} {have:7.{DIGITS}f}"
+            print(
+                f"  {fit.field + unit:<31} {label:<46} {each.value * scale:7.3f} {cells} "
+                f"{each.num_points:7d} {each.before_pct:+10.1f}% {each.after_pct:+6.1f}%"
+                + (flag if label == "pooled" else "")
+            )
 
 
 def _short(path: Path) -> str:
@@ -218,9 +248,8 @@ def main() -> int:
             )
             try:
                 tables = [servesim_table(p) for p in present]
-                decode = [servesim_decode_table(p) for p in present]
                 _report(gpu, where, tables, out=fits)
-                _report_decode_latency(gpu, present, decode, out=fits)
+                _report_own_kernels(gpu, present, out=fits)
             except (OSError, ValueError) as error:  # EfficiencyFitError, a malformed profile
                 print(f"derive_efficiencies: {error}", file=sys.stderr)
                 return 2

@@ -323,15 +323,15 @@ def servesim_table(path: str | Path) -> OpTable:
     from sim.costmodel.calibrated import monotone
     from sim.costmodel.profile import Table1D
 
-    profile, table = _gpu_profile_op(path, "linear", Table1D)
+    profile, table = gpu_profile_op(path, "linear", Table1D)
     assert isinstance(table, Table1D)
     linear = monotone(table)
     points = tuple((round(x), t) for x, t in zip(linear.xs, linear.times_s, strict=True))
-    spec = _model_of(profile)
+    spec = model_of(profile)
     return OpTable(str(path), spec, profile.tp, profile.block_size, linear=points)
 
 
-def _gpu_profile_op(path: str | Path, op: str, kind: type) -> tuple[Any, Any]:
+def gpu_profile_op(path: str | Path, op: str, kind: type) -> tuple[Any, Any]:
     """A servesim profile timed on a GPU and its ``op`` table, which must be a ``kind``."""
     from sim.costmodel.calibrated_host import is_cpu_profile
     from sim.costmodel.profile import load_profile
@@ -345,64 +345,10 @@ def _gpu_profile_op(path: str | Path, op: str, kind: type) -> tuple[Any, Any]:
     return profile, table
 
 
-def _model_of(profile: Any) -> ModelSpec:
+def model_of(profile: Any) -> ModelSpec:
     from core.model.presets import load_model_spec
 
     return load_model_spec(profile.model)
-
-
-def servesim_decode_table(path: str | Path) -> OpTable:
-    """The decode-attention table of a servesim profile timed on a GPU: servesim's own split-KV
-    kernel, timed eagerly (each point's splits planned for its own context), per layer. Only
-    ``fit_decode_latency`` reads it: the roofline's attention efficiencies describe vLLM's
-    kernels."""
-    from sim.costmodel.profile import Table2D
-
-    profile, table = _gpu_profile_op(path, "decode_attention", Table2D)
-    assert isinstance(table, Table2D)
-    points = tuple(
-        (round(n), round(c), t)
-        for n, row in zip(table.xs, table.times_s, strict=True)
-        for c, t in zip(table.ys, row, strict=True)
-    )
-    return OpTable(str(path), _model_of(profile), profile.tp, profile.block_size, decode=points)
-
-
-def fit_decode_latency(tables: Iterable[OpTable], hw: HardwareSpec) -> EfficiencyFit:
-    """``HardwareSpec.decode_latency_s``, servesim's decode kernel's fixed cost a layer, from
-    its eagerly timed decode tables (``servesim_decode_table``): the median over the points it
-    governs (their KV reads at the datasheet's peak take at most 1/LATENCY_SHARE of the point)
-    of the point less the rest of the roofline's price of it on an eager engine (its longest
-    walk, reads and FLOPs). ``before_pct`` and ``after_pct``: the roofline's median signed
-    error over those points at ``hw``'s value and at the fit."""
-    from sim.costmodel.config import CostModelConfig
-
-    config = CostModelConfig(engine="servesim-eager")
-    rows: list[tuple[float, float, float]] = []  # (measured, rest of the price, at hw's value)
-    for table in tables:
-        model, bs, layers = table.model, table.block_size, table.model.num_layers
-        roof = RooflineCostModel(model, replace(hw, decode_latency_s=0.0), table.tp, config,
-                                 block_size=bs)  # fmt: skip
-        if roof.decode_chain is None:
-            raise EfficiencyFitError(f"{hw.name}: no decode walk to price (decode_tile_s is 0)")
-        for n, c, t in table.decode:
-            reads = n * c * table.kv_bytes_per_token / hw.hbm_bandwidth_bytes_per_s
-            if t <= 0 or LATENCY_SHARE * reads > t:
-                continue
-            kv_read = n * -(-c // bs) * bs
-            rest = roof.decode_attention_s(n, n * c, kv_read, False, c) / layers
-            rows.append((t, rest, rest + hw.decode_latency_s))
-    if not rows:
-        raise EfficiencyFitError("no measured point governs HardwareSpec.decode_latency_s")
-    value = max(0.0, statistics.median(t - rest for t, rest, _ in rows))
-
-    def error(prices: Iterable[float]) -> float:
-        logs = [math.log(p / t) for p, (t, _, _) in zip(prices, rows, strict=True)]
-        return 100 * math.expm1(statistics.median(logs))
-
-    before = error(at for _, _, at in rows)
-    after = error(rest + value for _, rest, _ in rows)
-    return EfficiencyFit("decode_latency_s", value, len(rows), before, after, False)
 
 
 def vidur_tables(vidur_dir: str | Path, model: ModelSpec, gpu: str) -> list[OpTable]:

@@ -137,11 +137,12 @@ SERVESIM_EAGER_HOST: Final = HostParams(
 )
 
 # servesim's engine with a persistent batch and CUDA graphs for decode-only steps: the same
-# host for prefills, one graph replay for decodes. Estimates: two GPU checks measured about
-# 150-250 us more a decode step, kept while the roofline's row-kernel floors offset it
-# (docs/host_time.md).
+# host for prefills, one graph replay for decodes. A decode step's host time as the two GPU
+# checks' calibrations fitted it from their whole steps (254 us + 7.1 us a sequence on
+# 2026-11-28, 262 + 9.1 on 2026-11-27; benchmarks/refit_gpu.py), priced since the roofline
+# prices servesim's fused kernels and LM head as measured (docs/host_time.md).
 SERVESIM_GRAPHS_HOST: Final = replace(
-    SERVESIM_EAGER_HOST, seq_s=5e-6, graph_replay_s=1e-4, cuda_graphs=True
+    SERVESIM_EAGER_HOST, seq_s=7e-6, graph_replay_s=2.5e-4, cuda_graphs=True
 )
 
 # The same engine with ``--mixed-graphs piecewise``: its other steps of up to 512 tokens

@@ -32,9 +32,14 @@ ELEMENTWISE_CALLS: dict[str, int] = {op: 2 if op == "add" else 1 for op in ELEME
 class LayerOps:
     """Seconds per op for `num_tokens` tokens, per layer and rank (`emb`: once per step)."""
 
-    def __init__(self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1) -> None:
+    def __init__(
+        self, model: ModelSpec, hardware: HardwareSpec, tp: int = 1, *, fused: bool = False
+    ) -> None:
+        """``fused``: a layer's elementwise work is servesim's fused kernels
+        (`fused_elementwise_s`), not vLLM's row kernels and adds after Vidur's tables."""
         check_tp(model, tp)
         self.model, self.hardware, self.tp = model, hardware, tp
+        self.fused = fused
         hidden, dtype = model.hidden_size, model.dtype_bytes
         q_size = model.q_size // tp
         kv_size = model.kv_heads_per_shard(tp) * model.head_dim
@@ -81,6 +86,13 @@ class LayerOps:
         self._embedding = (6 * hidden * dtype, hidden)
         # A vectorised PyTorch kernel: the residual add reads two rows and writes one.
         self._streaming_bytes_per_token = {"add": 3 * hidden * dtype}
+        # servesim's fused kernels, HBM bytes per token each: two add+RMSNorms (read the
+        # output and the residual, write both), rotary in place (read and write Q and K), the
+        # QK norm in place where the model has one, SiLU-and-mul (read gate and up, write one).
+        kernels = [4 * hidden * dtype, 4 * hidden * dtype, (act_up_out + act_inter) * dtype]
+        kernels += [rope] if rope else []
+        kernels += [2 * (q_size + kv_size) * dtype] if model.qk_norm else []
+        self._fused_bytes_per_token = tuple(kernels)
 
     def op_s(self, op: str, num_tokens: int) -> float:
         """One call of `op` (a name from LINEAR_OPS, ELEMENTWISE_OPS or `emb`)."""
@@ -142,8 +154,33 @@ class LayerOps:
         return sum(self.op_s(op, num_tokens) for op in ops)
 
     def elementwise_s(self, num_tokens: int) -> float:
-        """The streaming ops of one layer (norms, rotary, activation, two residual adds)."""
+        """The streaming ops of one layer (norms, rotary, activation, two residual adds):
+        vLLM's kernels, or servesim's fused ones (``fused``)."""
         if num_tokens <= 0:
             return 0.0
+        if self.fused:
+            return self.fused_elementwise_s(num_tokens)
         op_s: Callable[[str, int], float] = self.op_s
         return sum(calls * op_s(op, num_tokens) for op, calls in ELEMENTWISE_CALLS.items())
+
+    def fused_elementwise_s(self, num_tokens: int) -> float:
+        """servesim's fused kernels of one layer, one Triton program a row held whole: each
+        its fixed cost (`fused_row_latency_s`) plus its bytes at `fused_row_bandwidth_efficiency`.
+        A fixed cost added, not a floor: the kernels' tables grow with their bytes from the first
+        tokens on (H200: 13.3 us a layer at 2-16 tokens, 98 us at 2,048)."""
+        if num_tokens <= 0:
+            return 0.0
+        hw = self.hardware
+        rate = hw.hbm_bandwidth_bytes_per_s * hw.fused_row_bandwidth_efficiency
+        num_bytes = num_tokens * self.fused_bytes_per_token
+        return self.num_fused_kernels * hw.fused_row_latency_s + num_bytes / rate
+
+    @property
+    def num_fused_kernels(self) -> int:
+        """servesim's fused row kernels a layer runs."""
+        return len(self._fused_bytes_per_token)
+
+    @property
+    def fused_bytes_per_token(self) -> int:
+        """HBM bytes a token of them moves, all together."""
+        return sum(self._fused_bytes_per_token)

@@ -64,18 +64,19 @@ class RooflineCostModel:
         self._attention_bytes_per_s = bandwidth * hardware.attention_bandwidth_efficiency
         mixed = hardware.mixed_attention_bandwidth_efficiency
         self._mixed_attention_bytes_per_s = (
-            self._attention_bytes_per_s if mixed is None else bandwidth * mixed
+            bandwidth * mixed if mixed else self._attention_bytes_per_s
         )
-        # Every layer pays the attention kernel's fixed cost once per step.
         self._attention_latency_s = model.num_layers * hardware.attention_latency_s
-        self.layer_ops = LayerOps(model, hardware, tp)
-        self.host = HostTimeModel(
-            config.host_params(), model.num_layers, model.kv_heads_per_shard(tp)
-        )
+        kv_heads = model.kv_heads_per_shard(tp)
+        self.host = HostTimeModel(config.host_params(), model.num_layers, kv_heads)
         self.decode_chain = DecodeChain.for_cost_model(model, hardware, tp, config)
-        # servesim's own decode kernel (priced with its walk) has a fixed cost of its own.
-        own_latency_s = model.num_layers * hardware.decode_latency_s
-        self._decode_latency_s = own_latency_s if self.decode_chain else self._attention_latency_s
+        # Where servesim's decode kernel is priced (with its walk), so are its other kernels:
+        # the decode's fixed cost, the fused row kernels and the LM head's fixed cost.
+        own = self.decode_chain is not None
+        per_layer = hardware.decode_latency_s if own else hardware.attention_latency_s
+        self._decode_latency_s = model.num_layers * per_layer
+        self._lm_head_latency_s = hardware.lm_head_latency_s if own else 0.0
+        self.layer_ops = LayerOps(model, hardware, tp, fused=own)
         # Steps priced from aggregates (fast-forward) need a host clock of sequence counts
         # alone and no decode walk (which reads the longest context).
         self._aggregates_ok = self.host.simple and self.decode_chain is None
@@ -197,12 +198,13 @@ class RooflineCostModel:
 
     def lm_head_s(self, num_seqs: int) -> float:
         """Logits for the last token of each sequence (vLLM computes them for partial prefill
-        chunks too, then drops them), and sampling over the full vocabulary."""
+        chunks too, then drops them), sampling over the vocabulary (servesim's: + fixed cost)."""
         if num_seqs <= 0:
             return 0.0
         hw, model = self.hardware, self.model
         logits = gemm_s(hw, num_seqs, self._vocab_shard, model.hidden_size, model.dtype_bytes)
-        return logits + streaming_s(hw, num_seqs * self._sampler_bytes_per_row)
+        sampler = streaming_s(hw, num_seqs * self._sampler_bytes_per_row)
+        return self._lm_head_latency_s + logits + sampler
 
     def allreduce_call_s(self, num_bytes: float) -> float:
         """One all-reduce over the tp ranks (alpha-beta ring, `kernel_costs.allreduce_s`)."""

@@ -84,6 +84,19 @@ class HardwareSpec:
     # where it governs (`efficiency_fit.fit_decode_latency`, benchmarks/derive_efficiencies.py
     # --gpu H200: 4.65 us pooled, 4.6-4.8 us in each of four tables); no other GPU measured it.
     decode_latency_s: float = 4.7e-6
+    # servesim's fused row kernels (add+RMSNorm, rotary, SiLU-and-mul: one Triton program a
+    # row, held whole): each kernel's fixed cost, and the share of HBM bandwidth their bytes
+    # stream at. Fit to the elementwise tables of ten calibrations on an H200
+    # (`efficiency_fit.fit_fused_rows`, benchmarks/derive_efficiencies.py --gpu H200); no other
+    # GPU measured them. Priced in place of the unfused row kernels above (vLLM's, after
+    # Vidur's tables) wherever the decode walk is, for servesim's engines only.
+    fused_row_latency_s: float = 3.3e-6
+    fused_row_bandwidth_efficiency: float = 0.91
+    # servesim's LM head: what a step's logits and sampling take beyond the logits GEMM and the
+    # sampler's bytes (the final norm, the fp32 cast, the argmax, the sampled ids' copy to the
+    # host). Fit to the same calibrations' lm_head tables (`efficiency_fit.fit_lm_head_latency`);
+    # priced with the fused rows, for servesim's engines only.
+    lm_head_latency_s: float = 9.82e-5
     # Row kernels (norm, rotary, activation) run one thread block per token: each thread walks
     # its row `row_block_threads` elements at a time, one dependent HBM round trip per step.
     row_block_threads: int = 1024
@@ -134,6 +147,7 @@ class HardwareSpec:
             "embedding_bandwidth_efficiency",
             "attention_flops_efficiency",
             "attention_bandwidth_efficiency",
+            "fused_row_bandwidth_efficiency",
             "interconnect_bus_efficiency",
             "scale_out_bus_efficiency",
         ):
@@ -147,6 +161,8 @@ class HardwareSpec:
             "attention_latency_s",
             "decode_tile_s",
             "decode_latency_s",
+            "fused_row_latency_s",
+            "lm_head_latency_s",
             "allreduce_call_latency_s",
             "scale_out_latency_s",
             "small_index_row_s",

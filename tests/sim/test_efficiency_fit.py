@@ -18,14 +18,13 @@ from sim.costmodel.efficiency_fit import (
     EfficiencyFitError,
     OpTable,
     bundle_tables,
-    fit_decode_latency,
     fit_efficiencies,
     fit_efficiency,
-    servesim_decode_table,
     servesim_table,
     vidur_tables,
 )
 from sim.costmodel.layer_ops import LINEAR_OPS, LayerOps
+from sim.costmodel.own_kernel_fit import fit_decode_latency, servesim_decode_table
 from sim.costmodel.roofline import RooflineCostModel
 from sim.costmodel.step_shape import StepShape
 from sim.specs.hardware import HardwareSpec, get_hardware_preset
