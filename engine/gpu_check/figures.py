@@ -212,24 +212,37 @@ def engine_against_itself(folder: Path) -> dict[str, Any]:
     return out
 
 
+OWN_KERNEL_FIELDS = (
+    "decode_latency_s",
+    "fused_row_latency_s",
+    "fused_row_bandwidth_efficiency",
+    "lm_head_latency_s",
+)
+"""servesim's own kernels (``sim.costmodel.own_kernel_fit``), reported apart from the GEMMs."""
+
+
 def model_fits(folder: Path) -> dict[str, Any]:
     """The decode walk's tile time fitted to each engine run's graph replays (in us a layer,
     with the fit's median |error|) beside the preset's, each GEMM efficiency fitted to the
-    calibrations' linear tables beside the preset's, and the decode kernel's fixed cost fitted
-    to their decode tables (in us a layer) beside the preset's."""
+    calibrations' linear tables beside the preset's, and servesim's own kernels fitted to their
+    decode, elementwise and LM head tables (fixed costs in us: a layer, a kernel, a step)
+    beside the preset's."""
     walk = _json(folder / "decode_walk.json")
     out: dict[str, Any] = {"stated_tile_us": _round(1e6 * float(walk["stated_tile_s"]))}
     for run, fit in walk["runs"].items():
         out[f"{run}_tile_us"] = _round(1e6 * float(fit["tile_s"]))
         out[f"{run}_fit_median_abs_pct"] = _round(fit["fit_median_abs_pct"])
     for gpu, fields in _json(folder / "efficiencies.json").items():
-        latency = fields.pop("decode_latency_s", None)
+        own = {field: fields.pop(field) for field in OWN_KERNEL_FIELDS if field in fields}
         out[f"{gpu}_efficiencies"] = {
             field: [_round(fit["value"]), fit["preset"]] for field, fit in fields.items()
         }
-        if latency is not None:
-            fitted, stated = 1e6 * float(latency["value"]), 1e6 * float(latency["preset"])
-            out[f"{gpu}_decode_latency_us"] = [_round(fitted), _round(stated)]
+        for field, fit in own.items():
+            if field.endswith("_s"):  # a fixed cost, in us
+                fitted, stated = 1e6 * float(fit["value"]), 1e6 * float(fit["preset"])
+                out[f"{gpu}_{field[:-2]}_us"] = [_round(fitted), _round(stated)]
+            else:
+                out[f"{gpu}_{field}"] = [_round(fit["value"]), fit["preset"]]
     return out
 
 

@@ -285,8 +285,8 @@ def _validate_self(settings: CheckSettings, mode: str = "") -> Part:
 def _model_fits(settings: CheckSettings) -> Part:
     """``benchmarks/decode_walk.py`` on engine-self's graph replays and
     ``benchmarks/derive_efficiencies.py`` on calibrate's two profiles: the values this GPU's
-    preset would state (``HardwareSpec.decode_tile_s``, the GEMM efficiencies, the decode
-    kernel's ``decode_latency_s``)."""
+    preset would state (``HardwareSpec.decode_tile_s``, the GEMM efficiencies, servesim's own
+    kernels: ``decode_latency_s``, the fused row kernels', ``lm_head_latency_s``)."""
     folder, out = settings.out / "model-fits", settings.out
     calibration = out / "calibrate"
     walk = (str(out), "--hardware", settings.hardware, "--model", settings.model)
@@ -300,8 +300,9 @@ def _model_fits(settings: CheckSettings) -> Part:
         "model-fits",
         "the decode kernel's tile time from the graph replays of engine-self (fit of "
         "benchmarks/decode_walk.py), the GEMM efficiencies from calibrate's linear tables and "
-        "the decode kernel's fixed cost from its decode tables (benchmarks/derive_efficiencies"
-        ".py), beside what the preset states",
+        "servesim's own kernels (the decode's and LM head's fixed costs, the fused row kernels) "
+        "from its other tables (benchmarks/derive_efficiencies.py), beside what the preset "
+        "states",
         (
             Command(("benchmarks/decode_walk.py",), (*walk, "--json", str(folder / WALK_JSON))),
             Command(("benchmarks/derive_efficiencies.py",), efficiencies),

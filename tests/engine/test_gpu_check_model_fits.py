@@ -1,7 +1,7 @@
 """The GPU check's ``model-fits`` part on CPU, on the H200 check committed in
 ``benchmarks/results/gpu-h200-2026-11-27/call2``: its two commands (the decode walk's fit to the
-graph replays, the GEMM efficiencies from the calibrations' linear tables) run as the check runs
-them, and its figures give back what the H200 preset states."""
+graph replays, the GEMM efficiencies and servesim's own kernels from the calibrations' tables) run
+as the check runs them, and its figures give back what the H200 preset states."""
 
 from __future__ import annotations
 
@@ -60,3 +60,14 @@ def test_the_fits_give_back_the_h200_preset(tmp_path: Path) -> None:
     fitted_us, stated_us = figures["H200_decode_latency_us"]
     assert stated_us == 4.7
     assert fitted_us == pytest.approx(stated_us, abs=0.2)
+    # servesim's fused row kernels and LM head, from the same two tables.
+    fitted_us, stated_us = figures["H200_fused_row_latency_us"]
+    assert stated_us == 3.3
+    assert fitted_us == pytest.approx(stated_us, abs=0.1)
+    fitted, stated = figures["H200_fused_row_bandwidth_efficiency"]
+    assert stated == 0.91
+    assert fitted == pytest.approx(stated, abs=0.02)
+    # The LM head's tables spread most: 90-136 us table by table (these two: 98 and 136).
+    fitted_us, stated_us = figures["H200_lm_head_latency_us"]
+    assert stated_us == 98.2
+    assert fitted_us == pytest.approx(stated_us, abs=40)
