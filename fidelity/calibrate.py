@@ -40,6 +40,7 @@ def profile_payload(measured: Any, model: str, block_size: int, command: str) ->
             ops[name]["spread_s"] = spreads[name]
     axes_2d = {
         "decode_attention": ("num_seqs", "context_tokens"),
+        "decode_attention_graph": ("num_seqs", "context_tokens"),
         "prefill_attention": ("num_query_tokens", "num_context_tokens"),
     }
     for name, (xs, ys, rows) in measured.tables_2d.items():

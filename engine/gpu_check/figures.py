@@ -121,6 +121,9 @@ def calibration(folder: Path) -> dict[str, Any]:
             )
             for k, v in profile["host"].items()
         }
+    ops = profile.get("ops") or {}
+    if "decode_attention_graph" in ops and "decode_attention" in ops:
+        out["decode_graph_over_eager"] = _graph_over_eager(ops)
     repeats = folder / "profile-repeats.json"
     if repeats.exists():
         pairs = _json(repeats)["pairs"]
@@ -135,6 +138,20 @@ def calibration(folder: Path) -> dict[str, Any]:
         if hosts and all("median_pct" in h for h in hosts):
             out["profiles_differ_one_host_median_pct"] = [_round(h["median_pct"]) for h in hosts]
             out["host_slowdown_between"] = [_round(h["host_slowdown"]) for h in hosts]
+    return out
+
+
+def _graph_over_eager(ops: dict[str, Any]) -> dict[str, float]:
+    """By batch size, the median over contexts of the decode table timed on the graphs' plan
+    over the one timed eagerly (each point's splits sized for its own context)."""
+    graph, eager = ops["decode_attention_graph"], ops["decode_attention"]
+    eager_rows = dict(zip(eager["num_seqs"], eager["time_s"], strict=True))
+    out: dict[str, float] = {}
+    for b, row in zip(graph["num_seqs"], graph["time_s"], strict=True):
+        if b in eager_rows and graph["context_tokens"] == eager["context_tokens"]:
+            ratios = sorted(g / e for g, e in zip(row, eager_rows[b], strict=True) if e > 0)
+            if ratios:
+                out[str(round(b))] = _round(statistics.median(ratios))
     return out
 
 

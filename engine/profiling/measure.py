@@ -70,10 +70,11 @@ def point_count(grid: CalibrationGrid) -> int:
 
 
 def _table_points(
-    parts: StepParts, grid: CalibrationGrid, max_len: int
+    parts: StepParts, grid: CalibrationGrid, max_len: int, graphs: bool = False
 ) -> tuple[dict[Hashable, Callable[[], Any]], dict[str, Any]]:
     """Every table point of ``grid`` as a closure, keyed by (op, sizes...), and the axes each
-    table is laid out on."""
+    table is laid out on. ``graphs``: the engine replays decode graphs, whose decode attention
+    is timed on their own plan too (``decode_attention_graph``, the batches a graph holds)."""
     grid_ctx = tuple(c for c in grid.decode_context if c <= max_len) or (min(16, max_len),)
     queries = [q for q in grid.prefill_query if q <= max_len] or [grid.prefill_query[0]]
     contexts = [c for c in grid.prefill_context if c + queries[0] <= max_len]
@@ -82,10 +83,19 @@ def _table_points(
         points["linear", n] = parts.linear(n)
         points["elementwise", n] = parts.elementwise(n)
         points["store_kv", n] = parts.store_kv(n)
+    graph_seqs = []
     for b in grid.decode_seqs:
         for c in grid_ctx:
             points["decode_attention", b, c] = parts.decode_attention(b, c)
         points["prepare", b] = parts.prepare(b)
+        if graphs:  # (a batch past the largest graph runs eagerly: no point)
+            on_graph = [(c, parts.decode_attention_graph(b, c)) for c in grid_ctx]
+            runs: dict[Hashable, Callable[[], Any]] = {
+                ("decode_attention_graph", b, c): f for c, f in on_graph if f is not None
+            }
+            if len(runs) == len(grid_ctx):
+                graph_seqs.append(b)
+                points.update(runs)
     for i, (b, short, long) in enumerate(grid.decode_skew):
         for case, contexts_of in _skew_cases(b, min(short, max_len), long, max_len).items():
             points["skew", i, case] = parts.decode_attention_at(contexts_of)
@@ -99,7 +109,12 @@ def _table_points(
         points["copy_blocks", n] = parts.copy_blocks(n)
         points["swap_out", n] = parts.swap_out(n)
         points["swap_in", n] = parts.swap_in(n)
-    layout = {"decode_context": grid_ctx, "queries": queries, "contexts": contexts}
+    layout = {
+        "decode_context": grid_ctx,
+        "queries": queries,
+        "contexts": contexts,
+        "graph_seqs": graph_seqs,
+    }
     return points, layout
 
 
@@ -137,7 +152,8 @@ def measure(
     }
     out.grid = {name: getattr(grid, name) for name in grid.__dataclass_fields__}
     parts = StepParts(engine, backend)
-    points, layout = _table_points(parts, grid, max_len)
+    graphs = out.engine["kind"] != "servesim-eager"
+    points, layout = _table_points(parts, grid, max_len, graphs)
     timed = timer.rounds(points, on_round=lambda done: tick(f"table round {done}"))
     del points
     if timer.calls:  # on CUDA: how often a call's launches outran the GPU's hold
@@ -194,6 +210,14 @@ def _fill_tables(
         [[timed[k].median_s for k in row] for row in keys],
     )
     out.spreads["decode_attention"] = [[timed[k].spread_s for k in row] for row in keys]
+    if graph_seqs := layout.get("graph_seqs"):
+        keys = [[("decode_attention_graph", b, c) for c in ctx] for b in graph_seqs]
+        out.tables_2d["decode_attention_graph"] = (
+            [float(b) for b in graph_seqs],
+            [float(c) for c in ctx],
+            [[timed[k].median_s for k in row] for row in keys],
+        )
+        out.spreads["decode_attention_graph"] = [[timed[k].spread_s for k in row] for row in keys]
     max_len = parts.max_model_len
     rows, spreads = [], []
     for q in layout["queries"]:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from core.batch import ScheduledBatch, ScheduledRequest
+from core.decode_split import graph_batch_sizes, padded_batch_size
 from core.request import Request
 from engine.input_batch import BlockTables
 from engine.llm_engine import LLMEngine
@@ -121,6 +122,31 @@ class StepParts:
         return lambda: paged_decode_attention(
             q, self.k_cache, self.v_cache, tables, lens, scale,
             backend=self.backend, max_seq_len=longest,
+        )  # fmt: skip
+
+    def decode_attention_graph(self, b: int, context: int) -> Callable[[], Any] | None:
+        """``b`` decodes of ``context`` tokens each as a decode graph runs them: padded to its
+        batch bucket (``core.decode_split.graph_batch_sizes``: padding rows of length 0, which
+        read nothing), the split plan sized for the model's whole length, the engine's split
+        mode. Launched eagerly: the tables time the kernels alone, so the launch is not what
+        they measure, the plan is. None past the largest bucket (such a step runs eagerly)."""
+        config = self.engine.config
+        sizes = graph_batch_sizes(config.scheduler.max_num_seqs)
+        padded = padded_batch_size(sizes, b)
+        if padded is None:
+            return None
+        cfg = self.cfg
+        q = self._rand(padded, cfg.num_heads, cfg.head_dim)
+        tables = torch.zeros((padded, -(-context // self.block_size)), dtype=torch.int32)
+        tables[:b] = self._tables(b, context).cpu()
+        lens = torch.tensor([context] * b + [0] * (padded - b), dtype=torch.int32)
+        tables, lens = tables.to(self.device), lens.to(self.device)
+        from kernels.paged_attention import paged_decode_attention  # imports triton
+
+        return lambda: paged_decode_attention(
+            q, self.k_cache, self.v_cache, tables, lens, cfg.head_dim**-0.5,
+            backend=self.backend, max_seq_len=self.max_model_len,
+            split_mode=config.decode_split,
         )  # fmt: skip
 
     def prefill_attention(self, query: int, context: int) -> Callable[[], Any]:

@@ -362,7 +362,12 @@ class CalibratedCostModel:
         if contexts and (grid := self._table2("decode_attention")) is not None:
             chain, mixed = self.fallback.decode_chain, bool(shape.prefill_chunks)
             replayed = chain is not None and chain.replays(len(contexts), mixed)
-            decode_s = layers * self._decode_attention_s(grid, contexts, replayed)
+            if replayed and (graph := self._table2("decode_attention_graph")) is not None:
+                # Timed on the graphs' own plan: read at the mean context, as it is.
+                mean = sum(contexts) / len(contexts)
+                decode_s = layers * self._decode_at(len(contexts), mean, graph)
+            else:
+                decode_s = layers * self._decode_attention_s(grid, contexts, replayed)
         return prefill_s, decode_s
 
     def _at(self, table: Table1D, x: float, roof: Callable[[int], float]) -> float:
@@ -433,11 +438,13 @@ class CalibratedCostModel:
             return sum(n * at(num_decode, float(c)) for c, n in counts.items()) / num_decode
         return at(num_decode, sum(contexts) / num_decode)
 
-    def _decode_at(self, num_seqs: float, context: float) -> float:
-        """The decode table at (num_seqs, context); past its grid, the edge's time scaled by
-        the roofline's ratio (``extrapolation: roofline``)."""
-        grid = self._table2("decode_attention")
+    def _decode_at(self, num_seqs: float, context: float, grid: Table2D | None = None) -> float:
+        """The decode table (``grid``, or ``decode_attention``) at (num_seqs, context); past its
+        grid, by ``extrapolation``: the edge's time scaled by the roofline's ratio."""
+        grid = grid or self._table2("decode_attention")
         assert grid is not None
+        if not self._roofline_edges:
+            return grid(num_seqs, context)
         n = min(max(num_seqs, grid.xs[0]), grid.xs[-1])
         c = min(max(context, grid.ys[0]), grid.ys[-1])
         time_s = grid.within(n, c)

@@ -50,6 +50,8 @@ OP_AXES: dict[str, tuple[str, ...]] = {
     "swap_out": ("num_bytes",),
     "swap_in": ("num_bytes",),
     "prepare": ("num_seqs",),
+    # Version 5, optional: a decode graph's own plan (engine with CUDA graphs).
+    "decode_attention_graph": ("num_seqs", "context_tokens"),
 }
 """Each op a profile may time, and the axes of its table, in order."""
 
@@ -350,6 +352,8 @@ def load_profile(path: str | Path) -> Profile:
     if version >= 5 and "attention" in ops:
         attention = read_step_attention(ops.pop("attention"), reader.fail)
     known_ops = OP_AXES if version >= 2 else {k: v for k, v in OP_AXES.items() if k in _V1_OPS}
+    if version < 5:
+        known_ops = {k: v for k, v in known_ops.items() if k != "decode_attention_graph"}
     unknown = sorted(set(ops) - set(known_ops))
     if unknown:
         raise reader.fail(f"ops.{unknown[0]}", f"unknown op; known ops: {', '.join(known_ops)}")

@@ -295,3 +295,25 @@ def test_the_calibration_figures_say_how_often_the_holds_were_outrun(tmp_path: P
                "31", "timer_late": "2"}, "steps": []}  # fmt: skip
     (tmp_path / "profile.json").write_text(json.dumps(profile))
     assert figures.calibration(tmp_path)["timer_holds"] == {"calls": 1260, "retimed": 31, "late": 2}
+
+
+def test_a_graph_decode_table_is_read_beside_the_eager_one(tmp_path: Path) -> None:
+    """By batch size, the median over contexts of the graphs' table over the eager one."""
+    ops = {
+        "decode_attention": {
+            "num_seqs": [1.0, 4.0, 64.0],
+            "context_tokens": [16.0, 2048.0, 4096.0],
+            "time_s": [[10e-6, 20e-6, 30e-6], [11e-6, 40e-6, 60e-6], [20e-6, 90e-6, 150e-6]],
+        },
+        "decode_attention_graph": {
+            "num_seqs": [1.0, 4.0],
+            "context_tokens": [16.0, 2048.0, 4096.0],
+            "time_s": [[10e-6, 8e-6, 9e-6], [11e-6, 36e-6, 66e-6]],
+        },
+    }
+    profile = {"engine": {"kind": "servesim-graphs"}, "steps": [], "ops": ops}
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    assert figures.calibration(tmp_path)["decode_graph_over_eager"] == {"1": 0.4, "4": 1.0}
+    del ops["decode_attention_graph"]
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    assert "decode_graph_over_eager" not in figures.calibration(tmp_path)

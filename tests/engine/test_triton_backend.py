@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None,
     reason="needs torch and triton",
 )
-@pytest.mark.parametrize("case", ["triton_case", "graph_case", "mixed_case"])
+@pytest.mark.parametrize("case", ["triton_case", "graph_case", "mixed_case", "graph_table_case"])
 def test_triton_backend_matches_torch_backend_on_mixed_batches(case: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TRITON_INTERPRET": "1"}
     proc = subprocess.run(

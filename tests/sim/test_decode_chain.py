@@ -324,3 +324,57 @@ def test_a_graph_step_reads_the_decode_table_on_the_graphs_plan() -> None:
     eager_walk = per_seq.fallback.decode_walk_s(24, 2000, mixed=True)
     expected_eager = max(layers * table(24, 2000), eager_walk)
     assert decode_s(per_seq, skewed, chunk=True) == pytest.approx(scale * expected_eager)
+
+
+def test_a_table_timed_on_the_graphs_plan_is_read_as_it_is(tmp_path: Path) -> None:
+    """A profile with ``decode_attention_graph`` (a calibration of the engine with graphs since
+    this table exists): a replayed decode step reads it at the batch's mean context, with no
+    re-plan; a step beside a prompt chunk, or past the largest graph, reads the eager table."""
+    from sim.costmodel.calibrated import CalibratedCostModel
+
+    data = json.loads(H200_PROFILE.read_text())
+    eager = data["ops"]["decode_attention"]
+    # The graph's own table: the eager one's batch sizes up to 64, each time halved.
+    data["ops"]["decode_attention_graph"] = {
+        "num_seqs": eager["num_seqs"],
+        "context_tokens": eager["context_tokens"],
+        "time_s": [[t / 2 for t in row] for row in eager["time_s"]],
+    }
+    path = tmp_path / "graphs.json"
+    path.write_text(json.dumps(data))
+    config = CostModelConfig(engine="servesim-graphs", decode_split="per_sequence")
+    graphs = make_cost_model(LLAMA, H200, 1, path, config, block_size=16)
+    plain = make_cost_model(LLAMA, H200, 1, H200_PROFILE, config, block_size=16)
+    assert isinstance(graphs, CalibratedCostModel) and isinstance(plain, CalibratedCostModel)
+    table = graphs.profile.ops["decode_attention_graph"]
+    assert isinstance(table, Table2D)
+    assert graphs.host is not None
+    scale, layers = graphs.host.device_scale, LLAMA.num_layers
+
+    def decode_s(m: CalibratedCostModel, contexts: tuple[int, ...], chunk: bool = False) -> float:
+        chunks = ((64, 0),) if chunk else ()
+        shape = StepShape(prefill_chunks=chunks, decode_context_tokens=contexts)
+        return m.step_breakdown(shape)["decode_attention"]
+
+    # Uniform: the graph table at the context, as timed (the walk is in what it timed).
+    expected = max(layers * table(4, 1024), graphs.fallback.decode_walk_s(4, 1024))
+    assert decode_s(graphs, (1024,) * 4) == pytest.approx(scale * expected)
+    # Skewed: at the mean context, floored by the longest context's walk.
+    skewed = (2000,) + (100,) * 23
+    mean = sum(skewed) / len(skewed)
+    expected = max(layers * table(24, mean), graphs.fallback.decode_walk_s(24, 2000))
+    assert decode_s(graphs, skewed) == pytest.approx(scale * expected)
+    # Eager steps keep the eager table: beside a prompt chunk, and the profile without it.
+    assert decode_s(graphs, skewed, chunk=True) == pytest.approx(decode_s(plain, skewed, True))
+    assert decode_s(plain, (1024,) * 4) != pytest.approx(decode_s(graphs, (1024,) * 4))
+
+
+def test_only_a_version_5_profile_may_carry_the_graphs_table(tmp_path: Path) -> None:
+    from sim.costmodel.profile import load_profile
+
+    data = {**json.loads(A100_PROFILE.read_text()), "format_version": 4}
+    data["ops"]["decode_attention_graph"] = data["ops"]["decode_attention"]
+    path = tmp_path / "v4.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"field 'ops\.decode_attention_graph': unknown op"):
+        load_profile(path)
