@@ -4,7 +4,8 @@ for the engine with CUDA graphs, the eager engine and the engine with piecewise 
 with each of the check's two calibrations
 of that engine (``profile.json`` and ``profile-repeat2.json``), and the roofline beside them.
 Prints the median per-request |error| of TTFT, TPOT and E2E, the cost model's median |error| on
-the engine's own steps by kind, and the engine against itself.
+the engine's own steps by kind and its decode-only steps' residual by batch size, and the engine
+against itself.
 
     python benchmarks/validate_gpu_check.py benchmarks/results/gpu-h200-2026-11-27/call2 \
         > benchmarks/results/validate_gpu_check.txt
@@ -45,6 +46,7 @@ KIND = {"graphs": "servesim-graphs", "eager": "servesim-eager", "piecewise": "se
 PROFILES = ("profile.json", "profile-repeat2.json")
 METRICS = ("ttft", "tpot", "e2e")
 KINDS = ("prefill-heavy", "decode-only")
+BATCH_BINS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 24), (25, 32), (33, 48), (49, 512))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             profiles = [check / calibration / name for name in PROFILES]
             if all(p.exists() for p in profiles):
                 _print_agreement(run1, profiles, engine)
+            _print_decode_bins(run1, [p for p in profiles if p.exists()], engine)
     print(f"\n# wall time {time.time() - started:.0f} s")
     return 0 if found else 2
 
@@ -120,9 +123,9 @@ def _print_model(name: str, model: dict[str, Any]) -> None:
     )
 
 
-def _print_agreement(run_dir: Path, profiles: list[Path], engine: str) -> None:
-    """The two calibrations' predictions of the engine's own steps: median |first - second| /
-    second, over all steps and by kind (issue 30: within 5%)."""
+def _priced(run_dir: Path, profile: Path, engine: str) -> dict[str, np.ndarray]:
+    """Each of the run's own steps priced by the roofline and by ``profile``'s calibration,
+    as validate prices them for ``engine``."""
     summary = run_summary(run_dir)
     settings = ValidateConfig(
         model=str((summary.get("config") or {}).get("model", "llama-3-8b")),
@@ -130,13 +133,46 @@ def _print_agreement(run_dir: Path, profiles: list[Path], engine: str) -> None:
         hardware=hardware_of(str(summary.get("device_name", ""))),
     )
     steps = load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE))
-    kind = KIND[engine]
-    predicted = []
+    run = sim_config(run_dir, settings, str(profile))
+    split = decode_split_of_run(summary, run_dir / "summary.json")
+    models = cost_models(run, KIND[engine], split)
+    shapes = [validation.shape_of(s) for s in steps]
+    return {
+        name: np.array([models[name].step_time_s(shape) for shape in shapes])
+        for name in ("roofline", "calibrated")
+    }
+
+
+def _print_decode_bins(run_dir: Path, profiles: list[Path], engine: str) -> None:
+    """The decode-only steps' median measured - priced (us) by decode batch (``BATCH_BINS``),
+    for the roofline and each calibration: where a model's error sits by batch, which a
+    median over all steps hides."""
+    if not profiles:
+        return
+    steps = load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE))
+    decode = np.array([not s.prefill_chunks for s in steps])
+    batch = np.array([len(s.decode_context_tokens) for s in steps])
+    measured = np.array([s.duration_s for s in steps])
+    priced = {"roofline": _priced(run_dir, profiles[0], engine)["roofline"]}
     for profile in profiles:
-        run = sim_config(run_dir, settings, str(profile))
-        split = decode_split_of_run(summary, run_dir / "summary.json")
-        model = cost_models(run, kind, split)["calibrated"]
-        predicted.append(np.array([model.step_time_s(validation.shape_of(s)) for s in steps]))
+        priced[profile.name] = _priced(run_dir, profile, engine)["calibrated"]
+    print("- decode-only steps by batch, measured - priced, median us (n):")
+    for name, prices in priced.items():
+        cells = []
+        for low, high in BATCH_BINS:
+            chosen = decode & (batch >= low) & (batch <= high)
+            if chosen.any():
+                label = f"{low}" if low == high else f"{low}-{high}"
+                residual = 1e6 * np.median(measured[chosen] - prices[chosen])
+                cells.append(f"{label}: {residual:+.0f} ({chosen.sum()})")
+        print(f"  {name}: {', '.join(cells)}")
+
+
+def _print_agreement(run_dir: Path, profiles: list[Path], engine: str) -> None:
+    """The two calibrations' predictions of the engine's own steps: median |first - second| /
+    second, over all steps and by kind (issue 30: within 5%)."""
+    steps = load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE))
+    predicted = [_priced(run_dir, profile, engine)["calibrated"] for profile in profiles]
     apart = 100 * np.abs(predicted[0] / predicted[1] - 1)
     prefill = np.array([bool(s.prefill_chunks) for s in steps])
     print(
