@@ -46,7 +46,6 @@ KIND = {"graphs": "servesim-graphs", "eager": "servesim-eager", "piecewise": "se
 PROFILES = ("profile.json", "profile-repeat2.json")
 METRICS = ("ttft", "tpot", "e2e")
 KINDS = ("prefill-heavy", "decode-only")
-BATCH_BINS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 24), (25, 32), (33, 48), (49, 512))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +79,6 @@ def main(argv: list[str] | None = None) -> int:
             profiles = [check / calibration / name for name in PROFILES]
             if all(p.exists() for p in profiles):
                 _print_agreement(run1, profiles, engine)
-            _print_decode_bins(run1, [p for p in profiles if p.exists()], engine)
     print(f"\n# wall time {time.time() - started:.0f} s")
     return 0 if found else 2
 
@@ -121,6 +119,13 @@ def _print_model(name: str, model: dict[str, Any]) -> None:
         f"- {name}: TTFT / TPOT / E2E {requests}%; engine's own steps "
         f"{steps['all']['median_abs_pct']:.1f}% (median signed: {kinds})"
     )
+    # Where the error sits by batch (sim validate's own grouping): measured - priced, in us.
+    batches = ", ".join(
+        f"{label}: {1e6 * group['median_residual_s']:+.0f} ({group['n']})"
+        for label, group in (steps.get("by_decode_batch") or {}).items()
+    )
+    if batches:
+        print(f"  decode-only steps by batch, measured - priced, median us (n): {batches}")
 
 
 def _priced(run_dir: Path, profile: Path, engine: str) -> dict[str, np.ndarray]:
@@ -141,31 +146,6 @@ def _priced(run_dir: Path, profile: Path, engine: str) -> dict[str, np.ndarray]:
         name: np.array([models[name].step_time_s(shape) for shape in shapes])
         for name in ("roofline", "calibrated")
     }
-
-
-def _print_decode_bins(run_dir: Path, profiles: list[Path], engine: str) -> None:
-    """The decode-only steps' median measured - priced (us) by decode batch (``BATCH_BINS``),
-    for the roofline and each calibration: where a model's error sits by batch, which a
-    median over all steps hides."""
-    if not profiles:
-        return
-    steps = load_step_shapes(run_file(run_dir, STEP_SHAPES_FILE))
-    decode = np.array([not s.prefill_chunks for s in steps])
-    batch = np.array([len(s.decode_context_tokens) for s in steps])
-    measured = np.array([s.duration_s for s in steps])
-    priced = {"roofline": _priced(run_dir, profiles[0], engine)["roofline"]}
-    for profile in profiles:
-        priced[profile.name] = _priced(run_dir, profile, engine)["calibrated"]
-    print("- decode-only steps by batch, measured - priced, median us (n):")
-    for name, prices in priced.items():
-        cells = []
-        for low, high in BATCH_BINS:
-            chosen = decode & (batch >= low) & (batch <= high)
-            if chosen.any():
-                label = f"{low}" if low == high else f"{low}-{high}"
-                residual = 1e6 * np.median(measured[chosen] - prices[chosen])
-                cells.append(f"{label}: {residual:+.0f} ({chosen.sum()})")
-        print(f"  {name}: {', '.join(cells)}")
 
 
 def _print_agreement(run_dir: Path, profiles: list[Path], engine: str) -> None:

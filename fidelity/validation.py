@@ -43,6 +43,10 @@ EARLY_SHARE = 0.2
 """The early part of a run in ``phase_stats``: its first fifth of steps. On the recorded H200
 runs the engine's prefill-heavy steps ran 20-25% slower there than later (a warm-up)."""
 DECODE_SKEWS = ("uniform", "skewed")
+DECODE_BATCHES: tuple[tuple[int, int | None], ...] = (
+    (1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, None),
+)  # fmt: skip
+"""The decode-only steps' batch sizes, grouped (``by_decode_batch``; None: no upper bound)."""
 SKEWED_MAX_OVER_MEAN = 1.5
 """A decode batch is ``skewed`` when its longest context is at least this times its mean: where
 a cost model that prices decode attention at the mean context (or at the longest) would show
@@ -161,8 +165,26 @@ def step_errors(
         out["by_kind"][kind] = _stats_of([r for r in rows if r["kind"] == kind])
     for skew in DECODE_SKEWS:
         out["by_decode_skew"][skew] = _stats_of([r for r in rows if r["decode_skew"] == skew])
+    out["by_decode_batch"] = decode_batch_stats(rows)
     out["by_phase"] = phase_stats(rows)
     out["rows"] = rows
+    return out
+
+
+def decode_batch_stats(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The decode-only steps' error by batch size (``DECODE_BATCHES``, labelled "1", "3-4",
+    "65+"), the groups with steps only: where a model's error sits by batch, which a median
+    over all the steps hides (a fixed cost priced wrong shows at one sequence, a per-sequence
+    one at many)."""
+    out: dict[str, dict[str, Any]] = {}
+    decodes = [r for r in rows if r["kind"] == "decode-only"]
+    for low, high in DECODE_BATCHES:
+        chosen = [
+            r for r in decodes if low <= r["num_seqs"] and (high is None or r["num_seqs"] <= high)
+        ]
+        if chosen:
+            label = f"{low}+" if high is None else str(low) if low == high else f"{low}-{high}"
+            out[label] = _stats_of(chosen)
     return out
 
 
@@ -189,6 +211,8 @@ def _stats_of(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     stats = error_stats([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
     stats["measured_mean_s"] = float(np.mean([r["measured_s"] for r in rows])) if rows else None
     stats["predicted_mean_s"] = float(np.mean([r["predicted_s"] for r in rows])) if rows else None
+    residuals = [r["measured_s"] - r["predicted_s"] for r in rows]
+    stats["median_residual_s"] = float(np.median(residuals)) if rows else None
     return stats
 
 

@@ -175,6 +175,13 @@ def validation(folder: Path) -> dict[str, Any]:
             out[name]["tail_pts"] = _round(tail["tail_pts"])
             if "tail_without_hiccups_pts" in tail:
                 out[name]["tail_calm_pts"] = _round(tail["tail_without_hiccups_pts"])
+        by_batch = model["steps"].get("by_decode_batch") or {}
+        if by_batch:  # where the step error sits by decode batch: measured - priced, in us
+            out[name]["decode_residual_us_by_batch"] = {
+                label: _round(1e6 * group["median_residual_s"])
+                for label, group in by_batch.items()
+                if group.get("median_residual_s") is not None
+            }
         why = model.get("divergence", {}).get("why")
         if why:
             out[name]["first_divergence"] = why.get("reason")

@@ -163,6 +163,19 @@ def _phase_text(by_phase: dict[str, Any]) -> str:
     return "engine's own steps, median signed error, first fifth then the rest: " + "; ".join(cells)
 
 
+def _batch_text(by_batch: dict[str, dict[str, Any]]) -> str:
+    """The decode-only steps by batch size: each group's median signed error, its median
+    measured - priced in microseconds, and its steps."""
+    cells = [
+        f"{label}: {s['median_pct']:+.1f}% {1e6 * s['median_residual_s']:+.0f} us ({s['n']})"
+        for label, s in by_batch.items()
+        if s.get("median_pct") is not None and s.get("median_residual_s") is not None
+    ]
+    if not cells:
+        return ""
+    return "decode-only steps by batch, median signed error, measured - priced: " + ", ".join(cells)
+
+
 def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
     """The error table: per cost model, per-request metrics and per-step error."""
     print_context(result, file)
@@ -182,6 +195,8 @@ def print_table(result: dict[str, Any], file: Any = sys.stdout) -> None:
                 f"(bias {steps['all']['bias_pct']:+.1f}%): {kinds}",
                 file=file,
             )
+        if batches := _batch_text(steps.get("by_decode_batch") or {}):
+            print(f"  {name:<10} {batches}", file=file)
         tail = _tail_text(model.get("tail") or {})
         if tail:
             print(f"  {name:<10} {tail}", file=file)

@@ -317,3 +317,19 @@ def test_a_graph_decode_table_is_read_beside_the_eager_one(tmp_path: Path) -> No
     del ops["decode_attention_graph"]
     (tmp_path / "profile.json").write_text(json.dumps(profile))
     assert "decode_graph_over_eager" not in figures.calibration(tmp_path)
+
+
+def test_validation_figures_carry_the_decode_residual_by_batch(tmp_path: Path) -> None:
+    metrics = {m: {"median_abs_pct": 5.0} for m in ("ttft", "tpot", "e2e")}
+    by_batch = {
+        "1": {"n": 603, "median_pct": 4.0, "median_residual_s": -203.44e-6},
+        "17-32": {"n": 1034, "median_pct": -0.5, "median_residual_s": 33.01e-6},
+    }
+    steps = {"all": {"median_abs_pct": 2.1}, "by_decode_batch": by_batch}
+    model = {"requests": {"metrics": metrics}, "steps": steps}
+    (tmp_path / "validation.json").write_text(json.dumps({"models": {"roofline": model}}))
+    found = figures.validation(tmp_path)["roofline"]
+    assert found["decode_residual_us_by_batch"] == {"1": -203.44, "17-32": 33.01}
+    del steps["by_decode_batch"]  # (a validation from before the groups)
+    (tmp_path / "validation.json").write_text(json.dumps({"models": {"roofline": model}}))
+    assert "decode_residual_us_by_batch" not in figures.validation(tmp_path)["roofline"]

@@ -52,3 +52,19 @@ def test_each_steps_preparation_is_read_against_the_runs_own_fit() -> None:
     assert ratios[7] == pytest.approx(1.5, rel=0.02)
     assert ratios[9] is None
     assert all(r == pytest.approx(1.0, rel=0.02) for i, r in enumerate(ratios) if i not in (7, 9))
+
+
+def test_the_decode_batches_line_gives_each_groups_error_and_residual() -> None:
+    from fidelity.cli.validate import _batch_text
+
+    groups = {
+        "1": {"n": 603, "median_pct": 4.04, "median_residual_s": -203.4e-6},
+        "17-32": {"n": 1034, "median_pct": -0.51, "median_residual_s": 33e-6},
+        "65+": {"n": 0, "median_pct": None, "median_residual_s": None},
+    }
+    text = _batch_text(groups)
+    assert text == (
+        "decode-only steps by batch, median signed error, measured - priced: "
+        "1: +4.0% -203 us (603), 17-32: -0.5% +33 us (1034)"
+    )
+    assert _batch_text({}) == ""

@@ -149,3 +149,26 @@ def test_aggregates_side_by_side() -> None:
     assert out["output_throughput"]["error_pct"] == pytest.approx(-10.0)
     assert out["num_preemptions"] == {"measured": 0.0, "predicted": 2.0, "error_pct": None}
     assert out["completed"]["error_pct"] == pytest.approx(0.0)
+
+
+def test_step_errors_by_decode_batch() -> None:
+    """A fixed cost priced 0.1 s too high shows at one sequence and fades by 64: the groups
+    hold only decode-only steps, labelled by their batch sizes."""
+    steps = [
+        _step(0, ("a",), contexts=[10], busy=1.0),
+        _step(1, ("a",), contexts=[11], busy=1.0),
+        _step(2, ("a", "b", "c"), contexts=[10, 10, 10], busy=3.0),
+        _step(3, tuple("abcdefgh"), contexts=[10] * 70, busy=70.0),
+        _step(4, ("a",), chunks=[(8, 0)], contexts=[12], busy=5.0),  # mixed: not a decode group
+    ]
+
+    def price(shape: StepShape) -> float:
+        return 0.1 + 1.0 * len(shape.decode_context_tokens) + 0.1 * shape.num_prefill_tokens
+
+    groups = validation.step_errors(steps, price, None)["by_decode_batch"]
+    assert list(groups) == ["1", "3-4", "65+"]
+    assert groups["1"]["n"] == 2 and groups["1"]["median_pct"] == pytest.approx(10.0)
+    assert groups["1"]["median_residual_s"] == pytest.approx(-0.1)
+    assert groups["3-4"]["median_pct"] == pytest.approx(100 * 0.1 / 3)
+    assert groups["65+"]["median_residual_s"] == pytest.approx(-0.1)
+    assert groups["65+"]["median_pct"] == pytest.approx(100 * 0.1 / 70)
