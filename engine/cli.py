@@ -151,6 +151,13 @@ def _add_replay_arguments(run: argparse.ArgumentParser) -> None:
         "steps.csv records both wall_s and cpu_s either way (default: %(default)s)",
     )
     run.add_argument("--seed", type=int, default=DEFAULTS.seed, help="weights and sampling seed")
+    run.add_argument(
+        "--cpu-cores",
+        default=None,
+        help="run the engine's process on these CPU cores only, e.g. 2,3 or 2-5 (Linux; "
+        "engine.affinity: an A/B of the host's speed, whose slow stretches an eager engine's "
+        "steps follow) (default: every core the process may use)",
+    )
 
 
 def add_gpu_check_command(commands: Any) -> None:
@@ -220,6 +227,10 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if args.cpu_cores is not None:  # first: the threads started later inherit the mask
+        from engine.affinity import parse_cores, pin_to_cores
+
+        pin_to_cores(parse_cores(args.cpu_cores))
     from tqdm import tqdm
 
     from engine.replay import ReplayConfig, replay

@@ -31,6 +31,7 @@ import torch
 from core.batch import ScheduledBatch
 from core.request import Request
 from core.settings import flat_settings
+from engine.affinity import current_cores
 from engine.llm_engine import EngineConfig, LLMEngine, StepRecord
 from engine.sampling import SamplingParams
 from records.metrics import summarize
@@ -127,6 +128,8 @@ class EngineRunResult:
             # from before 2026-11-28 timed it on the wall clock whatever the steps' clock.
             "prepare_clock": self.config.engine.clock,
             "load_average_1m": {"start": self.load_average[0], "end": self.load_average[1]},
+            # The cores the process could run on (``--cpu-cores`` pins them).
+            "cpu_cores": current_cores(),
             "wall_s": self.wall_s,
             "input_prepare_s": self.prepare_s,
         }

@@ -304,6 +304,41 @@ def split_ab(folder: Path) -> dict[str, Any]:
     return out
 
 
+def host_modes_ab(folder: Path) -> dict[str, Any]:
+    """The eager engine pinned to its cores (this part's ``run1``) beside engine-self-eager's
+    two runs unpinned: each run's decode-only steps (median and p90 in ms, and p90 over the
+    median, which the host's slow stretches raise), their input preparation (median ms) and
+    the median TPOT. Steady runs have p90 close to the median."""
+    import pandas as pd
+
+    from records.run_dir import run_file
+    from records.step_shapes import STEP_SHAPES_FILE, load_step_shapes
+
+    runs = {
+        "pinned": folder / "run1",
+        "unpinned_run1": folder.parent / "engine-self-eager" / "run1",
+        "unpinned_run2": folder.parent / "engine-self-eager" / "run2",
+    }
+    out: dict[str, Any] = {}
+    for name, run in runs.items():
+        shapes = load_step_shapes(run_file(run, STEP_SHAPES_FILE))
+        decode = [s for s in shapes if not s.prefill_chunks and s.decode_context_tokens]
+        times = sorted(1e3 * s.duration_s for s in decode)
+        prepare = [1e3 * s.prepare_s for s in decode]
+        tpot = pd.read_csv(run_file(run, "requests.csv"))["tpot_ms"].dropna()
+        median = statistics.median(times) if times else None
+        p90 = times[int(0.9 * (len(times) - 1))] if times else None
+        out[name] = {
+            "decode_only_steps": len(decode),
+            "decode_only_median_ms": _round(median) if median is not None else None,
+            "decode_only_p90_ms": _round(p90) if p90 is not None else None,
+            "p90_over_median": _round(p90 / median) if median and p90 else None,
+            "prepare_median_ms": _round(statistics.median(prepare)) if prepare else None,
+            "median_tpot_ms": _round(float(tpot.median())) if len(tpot) else None,
+        }
+    return out
+
+
 MIXED_BINS = ((1, 64), (65, 256), (257, 512), (513, 1 << 30))
 
 

@@ -149,6 +149,8 @@ def plan(settings: CheckSettings) -> list[Part]:
         # engine with piecewise graphs (dropped first by the budget).
         *(_mode_parts(settings, "eager") if settings.graphs else []),
         *(_mode_parts(settings, "piecewise") if settings.piecewise else []),
+        # The eager engine pinned to cores of its own, beside its runs unpinned.
+        *([_pinned_eager(settings)] if settings.graphs else []),
     ]
 
 
@@ -322,9 +324,10 @@ def _engine_ab(
     description: str,
     timing: tuple[int, int],
     read: Callable[[Path], dict[str, Any]],
+    beside: str = "engine-self",
 ) -> Part:
     """``python -m engine run example.csv`` as engine-self's, once, with ``flags``: one side
-    of an A/B whose other side (and its noise) is engine-self's two runs."""
+    of an A/B whose other side (and its noise) is ``beside``'s two runs."""
     path = f"{TRACES}/example.csv"
     args: tuple[str, ...] = (path, "--model", settings.model, "--device", "cuda")
     args += ("--weights", "random", "--dtype", settings.dtype, "--time-scale", "0.25", "--quiet")
@@ -336,7 +339,7 @@ def _engine_ab(
         estimate_s=timing[0],
         limit_s=timing[1],
         modules=(*ENGINE, "tqdm", "pandas"),
-        after=("engine-self",),
+        after=(beside,),
         inputs=(path,),
         read=read,
     )
@@ -367,6 +370,27 @@ def _piecewise(settings: CheckSettings) -> Part:
         "CUDA graphs (--mixed-graphs piecewise), beside engine-self's two runs with them eager",
         (45, 180),  # (30 s on the H200, 2026-11-28)
         figures.piecewise_ab,
+    )
+
+
+PINNED_CORES = "2,3"
+"""The cores ``engine-pinned-eager`` runs on: two, past core 0 (where the machine's own
+work and interrupts tend to land); the H200 machines have 16."""
+
+
+def _pinned_eager(settings: CheckSettings) -> Part:
+    """The eager engine pinned to two cores (``--cpu-cores``), beside engine-self-eager's two
+    runs: whether its host's slow stretches (steps and input preparation 1.3-1.9 times slower
+    for tens to hundreds of steps) are the process moving among cores (``engine.affinity``)."""
+    return _engine_ab(
+        settings,
+        "engine-pinned-eager",
+        ("--enforce-eager", "--cpu-cores", PINNED_CORES),
+        f"python -m engine run example.csv eager, pinned to cores {PINNED_CORES} "
+        "(--cpu-cores), beside engine-self-eager's two runs unpinned",
+        (50, 150),  # (the eager runs of engine-self-eager took about 40 s each, 2026-11-28)
+        figures.host_modes_ab,
+        beside="engine-self-eager",
     )
 
 

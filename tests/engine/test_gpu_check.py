@@ -330,3 +330,16 @@ def test_a_check_without_a_gpu_reports_every_part(
     )
     assert data["hardware"] == "H100-SXM (the device matches no preset)"
     assert "calibrate" in capsys.readouterr().out
+
+
+def test_an_engine_with_graphs_gets_the_pinned_eager_run(tmp_path: Path) -> None:
+    eager = {p.name for p in plan(CheckSettings(out=tmp_path))}
+    assert "engine-pinned-eager" not in eager
+    parts = {p.name: p for p in plan(CheckSettings(out=tmp_path, graphs=True))}
+    part = parts["engine-pinned-eager"]
+    args = part.commands[0].args
+    assert "--enforce-eager" in args and args[args.index("--cpu-cores") + 1] == "2,3"
+    assert args[args.index("--out") + 1] == str(tmp_path / "engine-pinned-eager" / "run1")
+    assert part.after == ("engine-self-eager",) and part.read is not None
+    # Last in the plan: the budget drops it first.
+    assert list(parts)[-1] == "engine-pinned-eager"

@@ -333,3 +333,20 @@ def test_validation_figures_carry_the_decode_residual_by_batch(tmp_path: Path) -
     del steps["by_decode_batch"]  # (a validation from before the groups)
     (tmp_path / "validation.json").write_text(json.dumps({"models": {"roofline": model}}))
     assert "decode_residual_us_by_batch" not in figures.validation(tmp_path)["roofline"]
+
+
+def test_the_pinned_eager_run_is_read_beside_the_unpinned_ones(tmp_path: Path) -> None:
+    """On 2026-11-28's two eager runs (run2 stands in for a pinned run): each run's decode-only
+    steps, whose p90 the host's slow stretches put far above the median."""
+    eager = ROOT / "benchmarks/results/gpu-h200-2026-11-28/call2/engine-self-eager"
+    shutil.copytree(eager, tmp_path / "engine-self-eager")
+    shutil.copytree(eager / "run2", tmp_path / "engine-pinned-eager" / "run1")
+    found = figures.host_modes_ab(tmp_path / "engine-pinned-eager")
+    assert set(found) == {"pinned", "unpinned_run1", "unpinned_run2"}
+    assert found["pinned"] == found["unpinned_run2"]
+    run1 = found["unpinned_run1"]
+    assert run1["decode_only_steps"] > 1000
+    # Two speeds (about 13 and 19-20 ms): the p90 sits in the slow one.
+    assert 12 < run1["decode_only_median_ms"] < run1["decode_only_p90_ms"] < 30
+    assert run1["p90_over_median"] > 1.1
+    assert 0 < run1["prepare_median_ms"] < 5 and run1["median_tpot_ms"] > 10
