@@ -14,6 +14,8 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
+from engine.affinity import current_cores
+
 # Modules the parts use beyond the standard library; which are missing decides what is skipped.
 MODULES = (
     "torch", "triton", "numpy", "pandas", "safetensors", "simpy", "plotly", "tqdm", "pytest",
@@ -63,6 +65,9 @@ def describe(root: Path) -> dict[str, Any]:
         "triton": _version("triton"),
         "cuda": torch.version.cuda,
         "cpu_count": os.cpu_count(),
+        # The cores this process may use (a container may allow fewer than the machine has):
+        # engine-pinned-eager pins to two of them.
+        "cpu_cores": list(current_cores() or ()),
         "triton_interpret": os.environ.get("TRITON_INTERPRET"),
         "commit": _git_commit(root),
         "modules": installed_modules(),

@@ -27,7 +27,7 @@ def _json(path: Path) -> Any:
 def environment(folder: Path) -> dict[str, Any]:
     info = _json(folder / "environment.json")
     missing = sorted(name for name, present in info.get("modules", {}).items() if not present)
-    keys = ("device", "hardware", "torch", "triton", "cuda", "commit", "cpu_count")
+    keys = ("device", "hardware", "torch", "triton", "cuda", "commit", "cpu_count", "cpu_cores")
     return {**{key: info.get(key) for key in keys}, "missing_modules": missing}
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.affinity import current_cores
 from engine.gpu_check import figures
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -378,15 +379,26 @@ PINNED_CORES = "2,3"
 work and interrupts tend to land); the H200 machines have 16."""
 
 
+def pinned_cores(usable: tuple[int, ...] | None) -> str:
+    """``PINNED_CORES`` where this process may use both (or cannot tell); otherwise the two
+    usable cores after the first (a container may allow other cores than the machine's
+    first few); the one core where only one is usable."""
+    if usable is None or {2, 3} <= set(usable):
+        return PINNED_CORES
+    chosen = usable[1:3] if len(usable) > 2 else usable[-2:]
+    return ",".join(str(core) for core in chosen)
+
+
 def _pinned_eager(settings: CheckSettings) -> Part:
     """The eager engine pinned to two cores (``--cpu-cores``), beside engine-self-eager's two
     runs: whether its host's slow stretches (steps and input preparation 1.3-1.9 times slower
     for tens to hundreds of steps) are the process moving among cores (``engine.affinity``)."""
+    cores = pinned_cores(current_cores())
     return _engine_ab(
         settings,
         "engine-pinned-eager",
-        ("--enforce-eager", "--cpu-cores", PINNED_CORES),
-        f"python -m engine run example.csv eager, pinned to cores {PINNED_CORES} "
+        ("--enforce-eager", "--cpu-cores", cores),
+        f"python -m engine run example.csv eager, pinned to cores {cores} "
         "(--cpu-cores), beside engine-self-eager's two runs unpinned",
         (50, 150),  # (the eager runs of engine-self-eager took about 40 s each, 2026-11-28)
         figures.host_modes_ab,

@@ -18,10 +18,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from engine.affinity import current_cores  # noqa: E402
 from engine.cli import main as engine_main  # noqa: E402
 from engine.gpu_check import command, summary  # noqa: E402
 from engine.gpu_check.environment import hardware_preset  # noqa: E402
-from engine.gpu_check.parts import CheckSettings, Command, Part, environment_part, plan  # noqa: E402
+from engine.gpu_check.parts import (  # noqa: E402
+    CheckSettings,
+    Command,
+    Part,
+    environment_part,
+    pinned_cores,
+    plan,
+)
 from engine.gpu_check.run import Check  # noqa: E402
 
 
@@ -265,6 +273,7 @@ def test_the_environment_part_describes_the_machine(tmp_path: Path) -> None:
     assert result.status == "passed", result.reason
     assert result.figures["device"] == "cpu" and result.figures["hardware"] is None
     assert result.figures["torch"]
+    assert result.figures["cpu_cores"] == sorted(os.sched_getaffinity(0))
 
 
 def test_a_command_with_an_unknown_flag_is_a_problem(tmp_path: Path) -> None:
@@ -338,8 +347,16 @@ def test_an_engine_with_graphs_gets_the_pinned_eager_run(tmp_path: Path) -> None
     parts = {p.name: p for p in plan(CheckSettings(out=tmp_path, graphs=True))}
     part = parts["engine-pinned-eager"]
     args = part.commands[0].args
-    assert "--enforce-eager" in args and args[args.index("--cpu-cores") + 1] == "2,3"
+    cores = args[args.index("--cpu-cores") + 1]
+    assert "--enforce-eager" in args and cores == pinned_cores(current_cores())
     assert args[args.index("--out") + 1] == str(tmp_path / "engine-pinned-eager" / "run1")
     assert part.after == ("engine-self-eager",) and part.read is not None
     # Last in the plan: the budget drops it first.
     assert list(parts)[-1] == "engine-pinned-eager"
+
+
+def test_the_pinned_run_takes_two_cores_this_process_may_use() -> None:
+    assert pinned_cores(tuple(range(16))) == pinned_cores(None) == "2,3"
+    assert pinned_cores((8, 9, 10, 11)) == "9,10"  # a container's cores, past its first
+    assert pinned_cores((0, 1)) == "0,1"
+    assert pinned_cores((5,)) == "5"
