@@ -243,14 +243,11 @@ def _run(run_dir: Path, args: argparse.Namespace, tmp: Path) -> None:
         command = f"python -m sim profile import-llmservingsim {bundle} --tp {config.tp}"
         try:
             imported = llmservingsim_profile(bundle, config.tp, command)
-        except ValueError as error:  # e.g. a mixture of experts' moe.csv: not imported
+        except ValueError as error:  # e.g. a bundle without the TP degree the run used
             print(f"  no profile row: {error}")
         else:
             profile = str(tmp / f"{run_dir.name}.profile.json")
             write_profile(imported, profile)
-    if profile is not None and config.data_parallel_size > 1:
-        print("  no profile row: a data-parallel mixture of experts is priced by the roofline")
-        profile = None
     if profile is not None:
         profiled = dataclasses.replace(config, profile=profile)
         row, presult = _replay(out, "profile", profiled, target="profile")

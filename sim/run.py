@@ -29,6 +29,7 @@ from records.overload import Overload, request_overload
 from records.run_dir import write_run_dir
 from records.schema import StepRecorder, request_frame
 from sim.costmodel.base import CostModel, CostModelConfig, make_cost_model
+from sim.costmodel.calibrated import CalibratedCostModel
 from sim.costmodel.expert_parallel import (
     ExpertParallelCost,
     check_data_parallel,
@@ -249,17 +250,20 @@ def _run_lockstep(
 ) -> DeploymentOutput:
     """A mixture of experts on ``data_parallel_size`` ranks stepping together (vLLM's
     data-parallel attention with its experts over every rank's GPUs)."""
-    if not isinstance(cost_model, RooflineCostModel):
+    if isinstance(cost_model, RooflineCostModel):
+        cost = ExpertParallelCost(cost_model, config.data_parallel_size)
+    elif isinstance(cost_model, CalibratedCostModel):  # its tables price each rank's step
+        cost = ExpertParallelCost(cost_model.fallback, config.data_parallel_size, cost_model)
+    else:
         raise ValueError(
-            "data_parallel_size > 1 with a mixture of experts is priced by the roofline: a "
-            "--profile's tables hold one rank's experts, not a share of every rank's"
+            "data_parallel_size > 1 with a mixture of experts is priced by the roofline or a "
+            f"--profile, not by {type(cost_model).__name__}"
         )
     env = simpy.Environment()
     lag = config.scheduling_lag and cost_model.async_scheduling
     schedulers = [
         Scheduler(*configs, release_finished_late=lag) for _ in range(config.data_parallel_size)
     ]
-    cost = ExpertParallelCost(cost_model, config.data_parallel_size)
     group = LockstepGroup(
         env,
         schedulers,

@@ -86,8 +86,9 @@ def import_llmservingsim_command(args: argparse.Namespace) -> int:
     write_profile(profile, args.out)
     points = len(profile["ops"]["attention"]["time_s"])
     skew = "with its skew fit" if "decode_skew" in profile else "without a skew fit"
+    moe = ", the MoE layer" if "experts" in profile["ops"] else ""
     print(
-        f"wrote {args.out}: {profile['model']} at tp={args.tp}, linear, elementwise, lm_head and "
-        f"{points} attention points, {skew}"
+        f"wrote {args.out}: {profile['model']} at tp={args.tp}, linear, elementwise, lm_head"
+        f"{moe} and {points} attention points, {skew}"
     )
     return 0

@@ -13,6 +13,7 @@ import numpy as np
 
 from core.decode_split import split_mode_of
 from sim.costmodel.calibrated_host import calibrated_host, is_cpu_profile, measured_prepare
+from sim.costmodel.moe_table import moe_layer_s
 from sim.costmodel.profile import Profile, StepTiming, Table1D, Table2D
 from sim.costmodel.roofline import TERMS, RooflineCostModel
 from sim.costmodel.step_attention import step_attention_s
@@ -275,6 +276,8 @@ class CalibratedCostModel:
         fallback = self.fallback
         if (table := self._table1("linear")) is not None:
             terms[0] = layers * self._at(table, num_tokens, fallback.linear_s)
+            if fallback.model.is_moe:  # its MoE layer, which no dense table times
+                terms[0] += layers * moe_layer_s(self.profile, fallback, num_tokens)
         if self.profile.attention is not None:
             if shape.prefill_chunks or num_decode:
                 prefill, decode = step_attention_s(

@@ -7,12 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from core.model.spec import ModelSpec
 from sim.costmodel.kernel_costs import ring_link
+from sim.costmodel.moe_table import experts_from_table
+from sim.costmodel.profile import Table2D
 from sim.costmodel.roofline import TERMS, RooflineCostModel
 from sim.costmodel.step_shape import StepShape
 from sim.specs.hardware import HardwareSpec
+
+if TYPE_CHECKING:
+    from sim.costmodel.calibrated import CalibratedCostModel
 
 
 def expert_weight_bytes_per_gpu(model: ModelSpec, num_gpus: int) -> int:
@@ -61,12 +67,31 @@ class ExpertParallelCost:
     of them, and per MoE layer an all-gather of the tokens across the ``dp`` ranks and a
     reduce-scatter of the outputs (vLLM's default ``allgather_reducescatter`` backend)."""
 
-    def __init__(self, roofline: RooflineCostModel, dp: int) -> None:
+    def __init__(
+        self, roofline: RooflineCostModel, dp: int, priced: CalibratedCostModel | None = None
+    ) -> None:
         if dp < 1:
             raise ValueError(f"dp must be >= 1, got {dp!r}")
         self.roofline, self.dp = roofline, dp
         self.model, self.hardware = roofline.model, roofline.hardware
         self.num_gpus = dp * roofline.tp
+        # ``priced``: a profile's tables price each rank's step (its ``experts`` table, where it
+        # has one, the experts: ``sim.costmodel.moe_table``); None: the roofline does.
+        self.priced = priced
+        table = priced.profile.ops.get("experts") if priced is not None else None
+        self._table = table if isinstance(table, Table2D) else None
+
+    def _own_experts_s(self, tokens: int) -> float:
+        """The routed experts a rank's own step terms hold: its own tokens over every expert."""
+        if self._table is not None:
+            return experts_from_table(self._table, self.model, tokens)
+        return self.roofline.layer_ops.experts_s(tokens)
+
+    def _share_experts_s(self, tokens_total: int) -> float:
+        """This GPU's share of the experts over every rank's tokens."""
+        if self._table is not None:
+            return experts_from_table(self._table, self.model, tokens_total, self.num_gpus)
+        return self.experts_s(tokens_total)
 
     def experts_s(self, num_tokens_total: int) -> float:
         """One MoE layer's routed experts on one GPU, for ``num_tokens_total`` tokens gathered
@@ -102,16 +127,17 @@ class ExpertParallelCost:
         run, which still takes part with a padded dummy batch), and the group's step."""
         tokens = max([1, *(s.num_batched_tokens + s.num_padding_tokens for s in shapes)])
         layers = self.model.num_layers
-        own_experts = layers * self.roofline.layer_ops.experts_s(tokens)
-        experts = layers * self.experts_s(self.dp * tokens)
+        own_experts = layers * self._own_experts_s(tokens)
+        experts = layers * self._share_experts_s(self.dp * tokens)
+        step_terms = (self.priced or self.roofline).step_terms
         comms = self.dispatch_combine_s(tokens)
         per_rank = []
         for shape in shapes:
             own = shape.num_batched_tokens + shape.num_padding_tokens
             padded = replace(shape, num_padding_tokens=shape.num_padding_tokens + tokens - own)
-            terms = dict(zip(TERMS, self.roofline.step_terms(padded), strict=True))
-            # The roofline prices the experts as this rank's TP shard of all of them over its
-            # own tokens; under data parallelism they are a 1 / (dp tp) share over all ranks'.
+            terms = dict(zip(TERMS, step_terms(padded), strict=True))
+            # A rank's own terms price the experts as its TP shard of all of them over its own
+            # tokens; under data parallelism they are a 1 / (dp tp) share over all ranks'.
             terms["linear"] += experts - own_experts
             terms["experts"] = experts
             terms["dispatch_combine"] = comms

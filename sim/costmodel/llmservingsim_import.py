@@ -145,6 +145,39 @@ def _attention(path: Path) -> dict[str, list[Any]]:
     return columns
 
 
+def _experts(path: Path, model: ModelSpec) -> dict[str, list[Any]]:
+    """``ops.experts`` from moe.csv (``tokens,activated_experts,time_us``: one MoE layer, the
+    router and the routed experts, by the tokens entering it and the distinct experts they were
+    routed to): a grid of tokens by activated experts. The profiler times only what can happen,
+    at most ``k`` experts a token; a cell past that takes its row's largest timed count, so that
+    reading between rows never meets a hole (routing never reaches those cells)."""
+    header = ("tokens", "activated_experts", "time_us")
+    points: dict[tuple[int, int], float] = {}
+    for line, row in _rows(path, header):
+        tokens, active = (_value(path, line, c, header, row[c], "count") for c in header[:2])
+        if tokens <= 0 or not 0 < active <= model.num_experts:
+            raise ProfileBundleError(
+                f"{path}:{line}: tokens {tokens}, activated_experts {active}: needs tokens >= 1 "
+                f"and 1 <= activated_experts <= {model.name}'s {model.num_experts} experts"
+            )
+        if (tokens, active) in points:
+            raise ProfileBundleError(f"{path}:{line}: point {[tokens, active]} measured twice")
+        points[tokens, active] = _value(path, line, "time_us", header, row["time_us"], "time")
+    if not points:
+        raise ProfileBundleError(f"{path}: no rows")
+    xs, ys = sorted({t for t, _ in points}), sorted({a for _, a in points})
+    grid = []
+    for t in xs:
+        timed = sorted(a for tt, a in points if tt == t)
+        if any(a not in timed for a in ys if a <= timed[-1]):
+            raise ProfileBundleError(
+                f"{path}: tokens {t} has activated_experts {timed}, a gap below {timed[-1]} in "
+                f"the grid {ys}"
+            )
+        grid.append([points[t, min(a, timed[-1])] * 1e-6 for a in ys])
+    return {"num_tokens": xs, "activated_experts": ys, "time_s": grid}
+
+
 def _meta(root: Path) -> dict[str, Any]:
     """meta.yaml as a mapping; a YAML error names its line and column."""
     import yaml  # only this importer reads YAML
@@ -269,18 +302,16 @@ def llmservingsim_profile(
         raise ProfileBundleError(
             f"{folder}: no such folder; the bundle has {meta.get('tp_degrees')} (--tp)"
         )
-    if (folder / "moe.csv").exists():
-        raise ProfileBundleError(
-            f"{folder / 'moe.csv'}: mixture-of-experts tables are not imported"
-        )
     dense_path = folder / "dense.csv"
     known = (*LINEAR_LAYERS, *ELEMENTWISE_CALLS, *PER_STEP_LAYERS)
     dense = _layer_tables(dense_path, "tokens", known)
     weights = {layer: float(n) for layer, n in ELEMENTWISE_CALLS.items() if layer in dense}
     weights |= {layer: 1 / model.num_layers for layer in PER_STEP_LAYERS}
     per_sequence = _layer_tables(folder / "per_sequence.csv", "sequences", PER_SEQUENCE_LAYERS)
+    # A mixture of experts' dense.csv has no MLP projections (shared experts' aside).
+    linear = [n for n in LINEAR_LAYERS if n in dense] if model.is_moe else LINEAR_LAYERS
     ops: dict[str, Any] = {
-        "linear": _combine(dense_path, dense, dict.fromkeys(LINEAR_LAYERS, 1.0), "num_tokens"),
+        "linear": _combine(dense_path, dense, dict.fromkeys(linear, 1.0), "num_tokens"),
         "elementwise": _combine(dense_path, dense, weights, "num_tokens"),
         "lm_head": _combine(
             folder / "per_sequence.csv", per_sequence, dict.fromkeys(PER_SEQUENCE_LAYERS, 1.0),
@@ -288,6 +319,15 @@ def llmservingsim_profile(
         ),
         "attention": _attention(folder / "attention.csv"),
     }  # fmt: skip
+    if model.is_moe:  # a mixture of experts' MLP is its MoE layer, priced from moe.csv alone
+        if not (folder / "moe.csv").exists():
+            raise ProfileBundleError(
+                f"{folder / 'moe.csv'}: missing; {model.name} is a mixture of experts, and "
+                "dense.csv times no MoE layer"
+            )
+        ops["experts"] = _experts(folder / "moe.csv", model)
+    elif (folder / "moe.csv").exists():
+        raise ProfileBundleError(f"{folder / 'moe.csv'}: {model.name} has no experts")
     engine = meta.get("engine_effective") or {}
     profile: dict[str, Any] = {
         "format_version": FORMAT_VERSION,

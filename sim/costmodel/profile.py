@@ -50,8 +50,10 @@ OP_AXES: dict[str, tuple[str, ...]] = {
     "swap_out": ("num_bytes",),
     "swap_in": ("num_bytes",),
     "prepare": ("num_seqs",),
-    # Version 5, optional: a decode graph's own plan (engine with CUDA graphs).
+    # Version 5, optional: a decode graph's own plan (engine with CUDA graphs); a mixture of
+    # experts' MoE layer on one GPU holding every expert (``sim.costmodel.moe_table``).
     "decode_attention_graph": ("num_seqs", "context_tokens"),
+    "experts": ("num_tokens", "activated_experts"),
 }
 """Each op a profile may time, and the axes of its table, in order."""
 
@@ -66,6 +68,8 @@ _V1_OPS = (
     "copy_blocks",
     "swap",
 )
+V5_OPS = ("decode_attention_graph", "experts")
+"""The ops version 5 added (an older profile naming one is refused as an unknown op)."""
 _STEP_KEYS = ("prefill_chunks", "num_decode_seqs", "sum_decode_context_tokens", "measured_s")
 
 
@@ -353,7 +357,7 @@ def load_profile(path: str | Path) -> Profile:
         attention = read_step_attention(ops.pop("attention"), reader.fail)
     known_ops = OP_AXES if version >= 2 else {k: v for k, v in OP_AXES.items() if k in _V1_OPS}
     if version < 5:
-        known_ops = {k: v for k, v in known_ops.items() if k != "decode_attention_graph"}
+        known_ops = {k: v for k, v in known_ops.items() if k not in V5_OPS}
     unknown = sorted(set(ops) - set(known_ops))
     if unknown:
         raise reader.fail(f"ops.{unknown[0]}", f"unknown op; known ops: {', '.join(known_ops)}")

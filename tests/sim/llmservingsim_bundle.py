@@ -98,3 +98,29 @@ def write_bundle(root: Path) -> Path:
     (folder / "attention.csv").write_text("\n".join(lines) + "\n")
     (folder / "skew_fit.csv").write_text(SKEW_ROWS)
     return root
+
+
+MOE_LAYERS = ("gate_up_proj", "down_proj", "act_fn")
+"""dense.csv rows a mixture of experts' bundle has not: its MLP is the MoE layer (moe.csv)."""
+ACTIVATED = (8, 16, 32, 64, 128)
+
+
+def moe_us(tokens: int, activated: int) -> float:
+    """One MoE layer: a fixed cost, each activated expert's weights, each (token, expert) pair."""
+    return 20.0 + 5.0 * activated + 0.01 * 8 * tokens
+
+
+def write_moe_bundle(root: Path) -> Path:
+    """The bundle above for Qwen3-30B-A3B (128 experts, 8 a token): no dense MLP rows, and a
+    moe.csv of every activated count a step of that many tokens can reach (at most 8 a token)."""
+    write_bundle(root)
+    meta = META.replace("servesim/tiny-llama", "Qwen/Qwen3-30B-A3B-Instruct-2507")
+    start, end = meta.index("  hf_overrides:"), meta.index("measurement_iterations")
+    (root / "meta.yaml").write_text(meta[:start] + meta[end:])
+    dense = root / "tp1" / "dense.csv"
+    rows = dense.read_text().splitlines()
+    dense.write_text("\n".join(r for r in rows if r.split(",")[0] not in MOE_LAYERS) + "\n")
+    lines = ["tokens,activated_experts,time_us"]
+    lines += [f"{t},{a},{moe_us(t, a)}" for t in TOKENS for a in ACTIVATED if a <= min(128, 8 * t)]
+    (root / "tp1" / "moe.csv").write_text("\n".join(lines) + "\n")
+    return root
