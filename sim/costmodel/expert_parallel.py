@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from core.model.spec import ModelSpec
 from sim.costmodel.kernel_costs import ring_link
+from sim.costmodel.layer_ops import experts_touched
 from sim.costmodel.moe_table import experts_from_table
 from sim.costmodel.profile import Table2D
 from sim.costmodel.roofline import TERMS, RooflineCostModel
@@ -100,9 +101,9 @@ class ExpertParallelCost:
         model, hw = self.model, self.hardware
         if not model.is_moe or num_tokens_total <= 0:
             return 0.0
-        experts, k = model.num_experts, model.num_experts_per_token
+        k = model.num_experts_per_token
         pairs = num_tokens_total * k / self.num_gpus
-        touched = experts / self.num_gpus * (1.0 - (1.0 - k / experts) ** num_tokens_total)
+        touched = experts_touched(model, num_tokens_total) / self.num_gpus
         dtype = model.dtype_bytes
         compute = (
             pairs * 2 * model.expert_params / (hw.peak_flops(dtype) * hw.gemm_flops_efficiency)

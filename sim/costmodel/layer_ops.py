@@ -29,6 +29,15 @@ MOE_OPS: tuple[str, ...] = ("mlp_router", "mlp_experts")
 ELEMENTWISE_CALLS: dict[str, int] = {op: 2 if op == "add" else 1 for op in ELEMENTWISE_OPS}
 
 
+def experts_touched(model: ModelSpec, num_tokens: float) -> float:
+    """Distinct routed experts ``num_tokens`` tokens use, per layer, in expectation when each
+    token picks k of E experts uniformly: E (1 - (1 - k/E)^T)."""
+    experts, k = model.num_experts, model.num_experts_per_token
+    if not experts or num_tokens <= 0:
+        return 0.0
+    return float(experts * (1.0 - (1.0 - k / experts) ** num_tokens))
+
+
 class LayerOps:
     """Seconds per op for `num_tokens` tokens, per layer and rank (`emb`: once per step)."""
 
@@ -123,12 +132,8 @@ class LayerOps:
         raise ValueError(f"unknown layer op {op!r}")
 
     def expected_experts_touched(self, num_tokens: int) -> float:
-        """Distinct routed experts a step's tokens use, per layer, in expectation when each
-        token picks k of E experts uniformly: E (1 - (1 - k/E)^T)."""
-        experts, k = self.model.num_experts, self.model.num_experts_per_token
-        if not experts or num_tokens <= 0:
-            return 0.0
-        return experts * (1.0 - (1.0 - k / experts) ** num_tokens)
+        """``experts_touched`` of this layer's model."""
+        return experts_touched(self.model, num_tokens)
 
     def expert_weight_bytes(self, num_tokens: int) -> float:
         """Routed-expert weights one rank reads in one layer: each touched expert once,

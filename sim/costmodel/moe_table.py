@@ -5,7 +5,7 @@ of the experts under data and expert parallelism.
 
 The table's own steps were timed with a chosen number of activated experts. A served step's is
 not chosen: its tokens' routes decide it. Each token picks ``k`` of ``E`` experts; routed
-independently and uniformly (the expectation the roofline's ``LayerOps`` uses too), ``T``
+independently and uniformly (``layer_ops.experts_touched``, which the roofline uses too), ``T``
 tokens touch ``E (1 - (1 - k/E)^T)`` distinct experts on average.
 """
 
@@ -13,19 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sim.costmodel.layer_ops import experts_touched
 from sim.costmodel.profile import Profile, Table2D
 
 if TYPE_CHECKING:
     from core.model.spec import ModelSpec
     from sim.costmodel.roofline import RooflineCostModel
-
-
-def activated_experts(model: ModelSpec, num_tokens: float) -> float:
-    """The distinct routed experts ``num_tokens`` tokens touch, expected under uniform routing."""
-    experts, k = model.num_experts, model.num_experts_per_token
-    if num_tokens <= 0 or experts <= 0:
-        return 0.0
-    return float(experts * (1.0 - (1.0 - k / experts) ** num_tokens))
 
 
 def experts_from_table(
@@ -40,20 +33,16 @@ def experts_from_table(
     if num_tokens <= 0:
         return 0.0
     tokens = max(num_tokens / num_gpus, table.xs[0])
-    return table(tokens, activated_experts(model, num_tokens) / num_gpus)
+    return table(tokens, experts_touched(model, num_tokens) / num_gpus)
 
 
-def moe_layer_s(
-    profile: Profile, roofline: RooflineCostModel, num_tokens: float, num_gpus: int = 1
-) -> float:
-    """One MoE layer (router and routed experts) on one GPU of ``num_gpus``, for ``num_tokens``
-    tokens: from ``profile``'s ``experts`` table where it has one (``experts_from_table``),
-    else the roofline's router GEMM and experts (on one GPU only: a share of the experts over
-    several is ``ExpertParallelCost``'s)."""
+def moe_layer_s(profile: Profile, roofline: RooflineCostModel, num_tokens: float) -> float:
+    """One MoE layer (router and routed experts) on one GPU holding every expert, for
+    ``num_tokens`` tokens: from ``profile``'s ``experts`` table where it has one
+    (``experts_from_table``), else the roofline's router GEMM and experts (a share of the
+    experts over several GPUs is ``ExpertParallelCost``'s)."""
     table = profile.ops.get("experts")
     if isinstance(table, Table2D):
-        return experts_from_table(table, roofline.model, num_tokens, num_gpus)
-    if num_gpus != 1:
-        raise ValueError("without an experts table, a share of the experts is priced elsewhere")
+        return experts_from_table(table, roofline.model, num_tokens)
     tokens = int(num_tokens)
     return roofline.layer_ops.op_s("mlp_router", tokens) + roofline.layer_ops.experts_s(tokens)

@@ -14,12 +14,13 @@ from core.model.presets import get_model_preset
 from sim.costmodel.base import CostModelConfig, make_cost_model
 from sim.costmodel.calibrated import CalibratedCostModel
 from sim.costmodel.expert_parallel import ExpertParallelCost
+from sim.costmodel.layer_ops import experts_touched as activated_experts
 from sim.costmodel.llmservingsim_import import (
     ProfileBundleError,
     llmservingsim_profile,
     write_profile,
 )
-from sim.costmodel.moe_table import activated_experts, experts_from_table
+from sim.costmodel.moe_table import experts_from_table
 from sim.costmodel.profile import Table2D, load_profile
 from sim.costmodel.step_shape import StepShape
 from sim.run import RunConfig, simulate
@@ -174,3 +175,16 @@ def test_only_a_version_5_profile_may_carry_the_moe_table(profile_path: Path) ->
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"field 'ops\.experts': unknown op"):
         load_profile(path)
+
+
+def test_the_import_command_says_it_took_the_moe_layer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sim.cli.main import main
+
+    bundle, out = write_moe_bundle(tmp_path / "b"), tmp_path / "p.json"
+    assert (
+        main(["profile", "import-llmservingsim", str(bundle), "--tp", "1", "--out", str(out)]) == 0
+    )
+    assert "lm_head, the MoE layer and" in capsys.readouterr().out
+    assert isinstance(load_profile(out).ops["experts"], Table2D)
