@@ -224,7 +224,7 @@ def _run(run_dir: Path, args: argparse.Namespace, tmp: Path) -> None:
     """Replay one measured run every way and print its rows."""
     out = write_measured_run(import_llmservingsim(run_dir), tmp / run_dir.name)
     measured = load_run(out).summary
-    config = replay_config(out, RunConfig())
+    config = replay_config(out, {})
     start = time.perf_counter()
     analytic, result = _replay(out, "analytic", config, target="analytic")
     wall_s = time.perf_counter() - start

@@ -26,7 +26,7 @@ from core.config import GIB, CacheConfig, SchedulerConfig, check_serving
 from core.decode_split import DEFAULT_SPLIT, check_split_mode
 from core.model.spec import ModelSpec
 from core.parallel_sampling import child_id
-from core.policies import check_policy
+from core.policies import check_budgets, check_policy
 from core.request import Request
 from core.scheduler import Scheduler
 from engine.cuda_graphs import GraphStats
@@ -83,6 +83,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_policy(self.scheduler.policy)
         check_serving(self.cache, self.scheduler)
+        check_budgets(self.scheduler)
         if self.cache.memory_model not in (None, "paged"):
             raise ValueError(
                 f"memory_model must be 'paged' on the engine, got {self.cache.memory_model!r}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.config import CacheConfig, SchedulerConfig, check_serving
-from core.policies import check_policy
+from core.policies import check_budgets, check_policy
 from fidelity.clocks import CLOCK_CHOICES, resolve_clock
 
 VALIDATION_FILE = "validation.json"
@@ -38,6 +38,7 @@ class ValidateConfig:
     def __post_init__(self) -> None:
         check_policy(self.scheduler.policy)
         check_serving(self.cache, self.scheduler)
+        check_budgets(self.scheduler)
         if self.max_requests is not None and self.max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {self.max_requests!r}")
         if not 0 <= self.time_scale < float("inf"):

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from core.config import CacheConfig, MemoryModel, SchedulerConfig, check_serving
 from core.model.presets import load_model_spec
 from core.model.spec import ModelSpec
-from core.policies import POLICIES, check_policy
+from core.policies import POLICIES, check_budgets, check_policy
 from core.request import Request
 from core.scheduler import Scheduler
 from core.settings import flat_settings
@@ -100,6 +100,7 @@ class RunConfig:
         check_policy(self.scheduler.policy, also=("disagg",))
         check_policy(self.pool_policy, field="pool_policy")
         check_serving(self.cache, self.scheduler)
+        check_budgets(self.scheduler, self.pools_policy)
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
         for name in (

@@ -26,6 +26,25 @@ def check_policy(name: str, also: tuple[str, ...] = (), field: str = "policy") -
         raise ConfigError(field, f"must be one of {(*POLICIES, *also)}, got {name!r}")
 
 
+def check_budgets(config: SchedulerConfig, policy: str | None = None) -> None:
+    """Refuse a token budget too small to give each of ``max_num_seqs`` requests a token in
+    one step, under a policy that spends both budgets (``policy``: the one the replicas run,
+    where it is not ``config.policy``). vLLM refuses to start on such a config."""
+    name = policy or config.policy
+    chosen = POLICIES[name](config)
+    tokens, seqs = chosen.token_budget(), chosen.seq_budget()
+    where = f"policy {name!r}"
+    if name != config.policy:
+        where += f" (the pools of {config.policy!r})"
+    if tokens is not None and seqs is not None and tokens < seqs:
+        raise ConfigError(
+            "max_num_batched_tokens",
+            f"must be >= max_num_seqs ({seqs}) under {where}, got {tokens}: a step "
+            "could not hold one token of each request it may run (vLLM refuses this too; "
+            "raise --max-num-batched-tokens or lower --max-num-seqs)",
+        )
+
+
 __all__ = [
     "POLICIES",
     "ChunkedPrefill",
@@ -34,6 +53,7 @@ __all__ = [
     "Policy",
     "StaticBatching",
     "StepContext",
+    "check_budgets",
     "check_policy",
 ]
 

@@ -6,17 +6,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from core.model.presets import load_model_spec
-from core.settings import flat_settings, with_settings
+from core.settings import build, setting_names
 from fidelity.measured import HARDWARE_FILE, TRACE_FILE, write_measured_run
 from fidelity.measured_importers import IMPORTERS
 from records.compare import Comparison, compare_requests, format_comparison
 from records.run_dir import load_run, records_from_result
 from reports.html import write_report
-from sim.cli.options import add_run_arguments, config_from_args
+from sim.cli.options import (
+    add_run_arguments,
+    checked_options,
+    leave_defaults_to_the_run,
+    run_settings,
+)
 from sim.costmodel.base import CostModelConfig
 from sim.costmodel.expert_parallel import weight_bytes_per_gpu
 from sim.run import RunConfig, RunResult, simulate
@@ -24,7 +30,7 @@ from sim.specs.hardware_file import load_hardware
 from sim.specs.kv_capacity import vllm_kv_capacity
 from traces.loaders import load_trace
 
-_DEFAULTS = flat_settings(RunConfig())
+_SETTINGS = frozenset(setting_names(RunConfig))
 
 
 def add_measured_commands(commands: Any) -> None:
@@ -69,12 +75,14 @@ def add_measured_commands(commands: Any) -> None:
         description="Simulate RUN_DIR/trace.csv (from `measured import`) with the measured run's "
         "own settings and print the median and p90 absolute error and the bias of TTFT, TPOT, "
         "ITL and E2E, request by request. Run options you give replace the recorded settings; "
-        "those left at their defaults take the recorded values. --out writes the simulated run; "
-        "--report an HTML report of the measured and simulated runs side by side.",
+        "those you leave out take the recorded values (else the defaults --help names). --out "
+        "writes the simulated run; --report an HTML report of the measured and simulated runs "
+        "side by side.",
     )
     validate.add_argument("measured", metavar="RUN_DIR", help="run directory from measured import")
     validate.add_argument("--json", default=None, help="also write the error table as JSON here")
     add_run_arguments(validate, with_trace=False)
+    leave_defaults_to_the_run(validate)
     validate.set_defaults(func=validate_command)
 
 
@@ -88,20 +96,21 @@ def import_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def replay_config(run_dir: str | Path, config: RunConfig) -> RunConfig:
-    """``config`` with each field still at its default replaced by the measured run's
-    recorded setting (summary.json ``config``); a recorded hardware file is resolved
-    against the run directory."""
+def replay_config(run_dir: str | Path, given: Mapping[str, Any]) -> RunConfig:
+    """The measured run's recorded settings (summary.json ``config``), with the ``given`` ones
+    (by field name) in their place; a recorded hardware file is resolved against the run
+    directory. One config is built from the two, so its checks see what is replayed."""
     root = Path(run_dir)
-    recorded = load_run(root).config
-    current = flat_settings(config)
-    changes: dict[str, Any] = {}
-    for name, value in recorded.items():
-        if name in current and current[name] == _DEFAULTS[name]:
-            changes[name] = value
-    if changes.get("hardware") == HARDWARE_FILE:
-        changes["hardware"] = str(root / HARDWARE_FILE)
-    return with_settings(config, **changes)
+    recorded = {k: v for k, v in load_run(root).config.items() if k in _SETTINGS}
+    if recorded.get("hardware") == HARDWARE_FILE:
+        recorded["hardware"] = str(root / HARDWARE_FILE)
+    return build(RunConfig, {**recorded, **given})
+
+
+def unreplayed_settings(run_dir: str | Path) -> list[str]:
+    """The recorded settings (summary.json ``config``) that are not the simulator's, which
+    `replay_config` leaves out: said, not dropped in silence."""
+    return sorted(set(load_run(run_dir).config) - _SETTINGS)
 
 
 def validate_run(
@@ -150,7 +159,7 @@ def _measured_payload(run_dir: str | Path) -> dict[str, Any]:
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    config = replay_config(args.measured, config_from_args(args))
+    config = checked_options(replay_config(args.measured, run_settings(args)), args)
     comparison, result = validate_run(args.measured, config)
     measured = load_run(args.measured).summary
     if not args.quiet:
@@ -164,6 +173,12 @@ def validate_command(args: argparse.Namespace) -> int:
             f"prefix caching {'on' if config.cache.enable_prefix_caching else 'off'}"
         )
         print(kv_capacity_line(args.measured, config))
+        left = unreplayed_settings(args.measured)
+        if left:
+            print(
+                f"recorded in {Path(args.measured) / 'summary.json'} but not settings of the "
+                f"simulator, so not replayed: {', '.join(left)}"
+            )
     print(format_comparison(comparison))
     sim = result.summary
     print(

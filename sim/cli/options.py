@@ -5,6 +5,7 @@ build."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from core.config import CacheConfig, SchedulerConfig
 from core.flags import add_setting_flags, given_settings
@@ -68,19 +69,19 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         default=DEFAULTS.model,
         help=f"model preset ({', '.join(preset_names())}) or a Hugging Face config.json path "
-        "(default: %(default)s)",
+        f"(default: {DEFAULTS.model})",
     )
     parser.add_argument(
         "--hardware",
         default=DEFAULTS.hardware,
         help=f"GPU preset ({', '.join(HARDWARE_PRESETS)}) or a hardware file (.json or .toml, "
-        "see docs/hardware_format.md) (default: %(default)s)",
+        f"see docs/hardware_format.md) (default: {DEFAULTS.hardware})",
     )
     parser.add_argument(
         "--tp",
         type=positive_int,
         default=DEFAULTS.tp,
-        help="tensor-parallel degree (default: %(default)s)",
+        help=f"tensor-parallel degree (default: {DEFAULTS.tp})",
     )
     parser.add_argument(
         "--profile",
@@ -115,7 +116,8 @@ def _add_run_switches(parser: argparse.ArgumentParser) -> None:
         default=DEFAULTS.host_slowdown,
         metavar="X",
         help="a host X times slower than the one the cost model's host set was measured on "
-        "(0.8: faster); it stretches the host's clock, not the GPU's (default: %(default)s)",
+        "(0.8: faster); it stretches the host's clock, not the GPU's "
+        f"(default: {DEFAULTS.host_slowdown})",
     )
     parser.add_argument(
         "--no-scheduling-lag",
@@ -133,13 +135,13 @@ def _add_replica_arguments(deployment: argparse._ArgumentGroup) -> None:
         "--replicas",
         type=positive_int,
         default=DEFAULTS.num_replicas,
-        help="colocated replicas behind the router (default: %(default)s)",
+        help=f"colocated replicas behind the router (default: {DEFAULTS.num_replicas})",
     )
     deployment.add_argument(
         "--router",
         choices=ROUTERS,
         default=DEFAULTS.router,
-        help="how arrivals are spread over replicas (default: %(default)s)",
+        help=f"how arrivals are spread over replicas (default: {DEFAULTS.router})",
     )
     deployment.add_argument(
         "--data-parallel-size",
@@ -147,7 +149,7 @@ def _add_replica_arguments(deployment: argparse._ArgumentGroup) -> None:
         default=DEFAULTS.data_parallel_size,
         help="vLLM's data parallelism: ranks with their own scheduler and KV cache behind vLLM's "
         "balancer; a mixture of experts steps them together, its experts over all their GPUs "
-        "(default: %(default)s)",
+        f"(default: {DEFAULTS.data_parallel_size})",
     )
     deployment.add_argument(
         "--enable-expert-parallel",
@@ -163,43 +165,48 @@ def _add_disagg_arguments(deployment: argparse._ArgumentGroup) -> None:
         "--prefill-replicas",
         type=positive_int,
         default=DEFAULTS.num_prefill,
-        help="--policy disagg: prefill pool size (default: %(default)s)",
+        help=f"--policy disagg: prefill pool size (default: {DEFAULTS.num_prefill})",
     )
     deployment.add_argument(
         "--decode-replicas",
         type=positive_int,
         default=DEFAULTS.num_decode,
-        help="--policy disagg: decode pool size (default: %(default)s)",
+        help=f"--policy disagg: decode pool size (default: {DEFAULTS.num_decode})",
     )
     deployment.add_argument(
         "--pool-policy",
         choices=tuple(POLICIES),
         default=DEFAULTS.pool_policy,
-        help="--policy disagg: batching inside each pool (default: %(default)s)",
+        help=f"--policy disagg: batching inside each pool (default: {DEFAULTS.pool_policy})",
     )
     deployment.add_argument(
         "--link-gbps",
         type=positive_float,
         default=DEFAULTS.link_bandwidth_gbps,
-        help="--policy disagg: KV link bandwidth in Gb/s (default: %(default)s)",
+        help="--policy disagg: KV link bandwidth in Gb/s "
+        f"(default: {DEFAULTS.link_bandwidth_gbps})",
     )
     deployment.add_argument(
         "--link-latency-us",
         type=non_negative_float,
         default=DEFAULTS.link_latency_us,
-        help="--policy disagg: KV link latency in us (default: %(default)s)",
+        help=f"--policy disagg: KV link latency in us (default: {DEFAULTS.link_latency_us})",
     )
     deployment.add_argument(
         "--link-parallel",
         type=positive_int,
         default=DEFAULTS.link_parallel_transfers,
         help="--policy disagg: transfers the link carries at once; the "
-        "rest queue (default: %(default)s)",
+        f"rest queue (default: {DEFAULTS.link_parallel_transfers})",
     )
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    config = base_config_from_args(args)
+    return checked_options(base_config_from_args(args), args)
+
+
+def checked_options(config: RunConfig, args: argparse.Namespace) -> RunConfig:
+    """``config``, once the options that apply to only some configs are known to apply."""
     if args.reservation is not None and config.resolved_memory_model() == "paged":
         raise ValueError(
             f"--reservation {args.reservation}: applies to contiguous memory only, but "
@@ -212,30 +219,68 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def base_config_from_args(args: argparse.Namespace) -> RunConfig:
     """The `RunConfig` of the options as given, without `config_from_args`'s cross-option
     checks (``compare`` checks each --policies item itself)."""
-    return build(
-        RunConfig,
-        {
-            **given_settings(args),
-            "model": args.model,
-            "hardware": args.hardware,
-            "tp": args.tp,
-            "profile": args.profile,
-            "slo_ttft_s": slo_s(args.slo_ttft),
-            "slo_tpot_s": slo_s(args.slo_tpot),
-            "seed": args.seed,
-            "fast_forward": not args.no_fast_forward,
-            "async_scheduling": not args.no_async_scheduling,
-            "host_slowdown": args.host_slowdown,
-            "scheduling_lag": not args.no_scheduling_lag,
-            "data_parallel_size": args.data_parallel_size,
-            "enable_expert_parallel": args.enable_expert_parallel,
-            "num_replicas": args.replicas,
-            "router": args.router,
-            "num_prefill": args.prefill_replicas,
-            "num_decode": args.decode_replicas,
-            "pool_policy": args.pool_policy,
-            "link_bandwidth_gbps": args.link_gbps,
-            "link_latency_us": args.link_latency_us,
-            "link_parallel_transfers": args.link_parallel,
-        },
-    )
+    return build(RunConfig, run_settings(args))
+
+
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The `RunConfig` settings the options give, by field name. An option whose value is None
+    gives none: left out where its default is None (the core's settings always;
+    every option after `leave_defaults_to_the_run`)."""
+    values = {
+        "model": args.model,
+        "hardware": args.hardware,
+        "tp": args.tp,
+        "profile": args.profile,
+        "slo_ttft_s": slo_s(args.slo_ttft),
+        "slo_tpot_s": slo_s(args.slo_tpot),
+        "seed": args.seed,
+        "fast_forward": _unless(args.no_fast_forward),
+        "async_scheduling": _unless(args.no_async_scheduling),
+        "host_slowdown": args.host_slowdown,
+        "scheduling_lag": _unless(args.no_scheduling_lag),
+        "data_parallel_size": args.data_parallel_size,
+        "enable_expert_parallel": args.enable_expert_parallel,
+        "num_replicas": args.replicas,
+        "router": args.router,
+        "num_prefill": args.prefill_replicas,
+        "num_decode": args.decode_replicas,
+        "pool_policy": args.pool_policy,
+        "link_bandwidth_gbps": args.link_gbps,
+        "link_latency_us": args.link_latency_us,
+        "link_parallel_transfers": args.link_parallel,
+    }
+    return {**given_settings(args), **{k: v for k, v in values.items() if v is not None}}
+
+
+def leave_defaults_to_the_run(parser: argparse.ArgumentParser) -> None:
+    """Every run option of ``parser`` left out reads None, so that `run_settings` gives only
+    what the command line said (``measured validate`` fills the rest from the run's record).
+    The help still names the defaults: they are written into it, not read from the parser."""
+    parser.set_defaults(**dict.fromkeys(_RUN_OPTION_DESTS))
+
+
+_RUN_OPTION_DESTS = (
+    "model",
+    "hardware",
+    "tp",
+    "seed",
+    "no_fast_forward",
+    "no_async_scheduling",
+    "host_slowdown",
+    "no_scheduling_lag",
+    "replicas",
+    "router",
+    "data_parallel_size",
+    "enable_expert_parallel",
+    "prefill_replicas",
+    "decode_replicas",
+    "pool_policy",
+    "link_gbps",
+    "link_latency_us",
+    "link_parallel",
+)
+
+
+def _unless(switch: bool | None) -> bool | None:
+    """A ``--no-X`` switch's setting: None where the switch reads None (left to the run)."""
+    return None if switch is None else not switch

@@ -21,7 +21,7 @@ from core.config import (
 )
 from core.errors import ConfigError
 from core.flags import add_setting_flags, given_settings
-from core.policies import POLICIES, check_policy
+from core.policies import POLICIES, check_budgets, check_policy
 from core.scheduler import Scheduler
 from core.settings import build, flat_settings, setting_names, with_settings
 
@@ -143,6 +143,27 @@ def test_swap_needs_swap_space_in_one_place() -> None:
     with pytest.raises(ValueError, match="swap_space_gib is 0"):
         check_serving(CacheConfig(swap_space_gib=0.0), SchedulerConfig(preemption_mode="swap"))
     check_serving(CacheConfig(swap_space_gib=0.0), SchedulerConfig())
+
+
+@pytest.mark.parametrize("policy", ["continuous", "chunked"])
+def test_a_token_budget_below_max_num_seqs_is_refused_where_a_policy_spends_it(
+    policy: str,
+) -> None:
+    # vLLM refuses to start on max_num_batched_tokens < max_num_seqs; so does every executor.
+    with pytest.raises(ConfigError, match=r"must be >= max_num_seqs \(256\) under policy") as err:
+        check_budgets(SchedulerConfig(policy=policy, max_num_batched_tokens=64))
+    assert err.value.field == "max_num_batched_tokens"
+    check_budgets(SchedulerConfig(policy=policy, max_num_seqs=64, max_num_batched_tokens=64))
+    # The policy the replicas run decides, where it is not the config's own (disagg's pools).
+    with pytest.raises(
+        ConfigError, match=f"under policy '{policy}' .the pools of 'static'., got 8"
+    ):
+        check_budgets(SchedulerConfig(policy="static", max_num_batched_tokens=8), policy)
+
+
+def test_static_batching_spends_no_token_budget_so_any_budget_goes() -> None:
+    for policy in ("static", "dynamic"):
+        check_budgets(SchedulerConfig(policy=policy, max_num_batched_tokens=8))
 
 
 def _resolved(**settings: object) -> CacheConfig:

@@ -88,18 +88,21 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
 
 CASES = {
     "continuous": dict(policy="continuous"),
-    "chunked": dict(policy="chunked", max_num_batched_tokens=32),
+    "chunked": dict(policy="chunked", max_num_seqs=32, max_num_batched_tokens=32),
     "static": dict(policy="static", batch_size=5),
     "dynamic": dict(policy="dynamic", batch_size=4, max_wait_s=0.0),
     "chunked-prefix-caching": dict(
-        policy="chunked", max_num_batched_tokens=48, enable_prefix_caching=True
+        policy="chunked", max_num_seqs=48, max_num_batched_tokens=48, enable_prefix_caching=True
     ),
-    "recompute-tiny-cache": dict(policy="chunked", max_num_batched_tokens=64, num_blocks=40),
+    "recompute-tiny-cache": dict(
+        policy="chunked", max_num_seqs=64, max_num_batched_tokens=64, num_blocks=40
+    ),
     "swap-tiny-cache": dict(
         policy="continuous", num_blocks=40, preemption_mode="swap", swap_space_gib=0.01
     ),
     "prefix-caching-tiny-cache": dict(
         policy="chunked",
+        max_num_seqs=32,
         max_num_batched_tokens=32,
         num_blocks=40,
         enable_prefix_caching=True,
@@ -130,6 +133,7 @@ def test_parallel_samples_fan_out_or_fork_with_copy_on_write(
         prompts,
         block_size=4,
         policy="chunked",
+        max_num_seqs=40,
         max_num_batched_tokens=40,
         parallel_sampling=parallel_sampling,
     )
@@ -162,6 +166,7 @@ def test_parallel_samples_under_preemption(
         prompts,
         block_size=4,
         policy="chunked",
+        max_num_seqs=32,
         max_num_batched_tokens=32,
         num_blocks=40,
     )
@@ -208,7 +213,14 @@ def test_decodes_on_padded_graph_buckets_equal_transformers(
 def test_sampling_does_not_depend_on_the_batch(model_dir: Path, prompts: list[list[int]]) -> None:
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, top_p=0.9, top_k=50, seed=7)
     alone = _generate(model_dir, prompts, block_size=4).generate([prompts[5]], params)
-    llm = _generate(model_dir, prompts, block_size=4, policy="chunked", max_num_batched_tokens=24)
+    llm = _generate(
+        model_dir,
+        prompts,
+        block_size=4,
+        policy="chunked",
+        max_num_seqs=24,
+        max_num_batched_tokens=24,
+    )
     together = llm.generate(
         prompts[:8],
         [SamplingParams(max_tokens=5, temperature=1.0)] * 5
@@ -237,7 +249,7 @@ def test_triton_backend_end_to_end_under_the_interpreter(model_dir: Path, tmp_pa
         "out = {}\n"
         "for backend in ('triton', 'torch'):\n"
         "    llm = LLM(model=sys.argv[1], block_size=16, policy='chunked',\n"
-        "              max_num_batched_tokens=24, backend=backend)\n"
+        "              max_num_seqs=24, max_num_batched_tokens=24, backend=backend)\n"
         "    res = llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))\n"
         "    out[backend] = [r.outputs[0].token_ids for r in res]\n"
         "print(json.dumps(out))\n"
@@ -275,6 +287,8 @@ def test_trace_replay_writes_records_the_report_reads(tmp_path: Path) -> None:
             "random",
             "--policy",
             "chunked",
+            "--max-num-seqs",
+            "64",
             "--max-batch-tokens",
             "64",
             "--out",

@@ -89,7 +89,12 @@ def _greedy(llm: LLM) -> list[list[int]]:
 
 
 def test_an_engine_on_the_pieces_gives_the_eager_engines_tokens() -> None:
-    settings = {"model": "tiny-llama", "weights": "random", "max_num_batched_tokens": 24}
+    settings = {
+        "model": "tiny-llama",
+        "weights": "random",
+        "max_num_seqs": 24,
+        "max_num_batched_tokens": 24,
+    }
     eager = LLM(**settings)
     pieces = LLM(**settings)
     runner = pieces.engine.runner

@@ -118,7 +118,9 @@ def test_greedy_and_seeded_tokens_are_those_recorded_before() -> None:
     recorded = json.loads(RECORDED.read_text())
     prompts = recorded["prompts"]
     cases = {
-        "chunked": dict(policy="chunked", max_num_batched_tokens=32, parallel_sampling="fork"),
+        "chunked": dict(
+            policy="chunked", max_num_seqs=32, max_num_batched_tokens=32, parallel_sampling="fork"
+        ),
         "continuous-swap": dict(
             policy="continuous",
             num_blocks=40,

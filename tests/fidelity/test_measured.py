@@ -264,6 +264,53 @@ def test_validate_measured_is_the_same_command(
     )
 
 
+def test_a_flag_given_at_its_default_replaces_the_recorded_setting(
+    llmservingsim_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The run recorded max_num_seqs 4, a budget of 64 and its own hardware.json.
+    out = tmp_path / "measured"
+    args = ["measured", "import", str(llmservingsim_dir), "--format", "llmservingsim"]
+    assert main([*args, "--out", str(out)]) == 0
+    capsys.readouterr()
+    given = ["--hardware", "H100-SXM", "--max-num-seqs", "256", "--max-batch-tokens", "256"]
+    assert main(["measured", "validate", str(out), *given]) == 0
+    printed = capsys.readouterr().out
+    # H100-SXM and 256 are the defaults: given, they still win over the record.
+    assert "on H100-SXM x1" in printed and "max_num_seqs 256, budget 256" in printed
+    # Left out, the record's settings are replayed.
+    assert main(["measured", "validate", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "hardware.json x1, chunked, max_num_seqs 4, budget 64" in printed
+    assert "not replayed" not in printed
+    # A recorded setting the simulator does not have is named, not dropped in silence.
+    summary = out / "summary.json"
+    payload = json.loads(summary.read_text())
+    payload["config"]["dtype"] = "bfloat16"
+    summary.write_text(json.dumps(payload))
+    assert main(["measured", "validate", str(out)]) == 0
+    assert "but not settings of the simulator, so not replayed: dtype" in capsys.readouterr().out
+
+
+def test_the_replayed_config_is_checked_as_a_whole(
+    llmservingsim_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "measured"
+    args = ["measured", "import", str(llmservingsim_dir), "--format", "llmservingsim"]
+    assert main([*args, "--out", str(out)]) == 0
+    capsys.readouterr()
+    # Below the recorded max_num_seqs (4): vLLM would not start, and neither does the replay.
+    assert main(["measured", "validate", str(out), "--max-batch-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "error: max_num_batched_tokens must be >= max_num_seqs (4)" in err and "got 2" in err
+    # A max_num_seqs above the recorded budget (64) is refused the same way.
+    assert main(["measured", "validate", str(out), "--max-num-seqs", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "max_num_seqs (100) under policy 'chunked', got 64" in err
+    # The budget alone at 4, the recorded max_num_seqs: allowed.
+    assert main(["measured", "validate", str(out), "--max-batch-tokens", "4"]) == 0
+    assert "max_num_seqs 4, budget 4" in capsys.readouterr().out
+
+
 def test_cli_import_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["measured", "import", str(tmp_path / "nope"), "--format", "llmservingsim"]
     assert main([*args, "--out", str(tmp_path / "o")]) == 2

@@ -157,6 +157,30 @@ def test_a_bad_budget_gets_the_same_message_from_sim_run_engine_run_and_validate
         SchedulerConfig(max_num_batched_tokens=0)
 
 
+def test_a_budget_below_max_num_seqs_is_refused_by_sim_run_engine_run_and_validate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    from engine.cli import main as engine_main
+
+    messages = []
+    for main, argv in (
+        (sim_main, ["run", str(EXAMPLE)]),
+        (sim_main, ["run", str(EXAMPLE), "--policy", "disagg", "--pool-policy", "chunked"]),
+        (engine_main, ["run", str(EXAMPLE)]),
+        (sim_main, ["validate", str(EXAMPLE), "--out", str(tmp_path)]),
+    ):
+        assert main([*argv, "--max-num-seqs", "32", "--max-num-batched-tokens", "16"]) == 2
+        messages.append(_error_line(capsys))
+    expected = "max_num_batched_tokens must be >= max_num_seqs (32) under policy 'chunked'"
+    assert all(message.startswith(expected) for message in messages), messages
+    assert "under policy 'chunked' (the pools of 'disagg'), got 16" in messages[1]
+    assert not (tmp_path / "requests.csv").exists()
+    # Static batching spends no token budget: the same numbers run.
+    argv = ["run", str(EXAMPLE), "--policy", "static", "--quiet"]
+    assert sim_main([*argv, "--max-num-seqs", "32", "--max-num-batched-tokens", "16"]) == 0
+
+
 RECORDED_AT_8D1F2CA = (
     "async_scheduling",
     "batch_size",

@@ -190,6 +190,9 @@ def configs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> RunConfig:
     disagg = policy == "disagg"
     preemption = draw(st.sampled_from(["recompute", "swap"]))
     swap = preemption == "swap"
+    # The token budget holds a token of each request a step may run (core.policies'
+    # check_budgets, vLLM's rule), so max_num_seqs is drawn at or below it.
+    budget = draw(st.sampled_from([8, 24, 96, 8192]))
     return build(
         RunConfig,
         policy=policy,
@@ -203,8 +206,8 @@ def configs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> RunConfig:
         preemption_mode=preemption,
         # Swap needs room for at least one block (16 MiB at 32 tokens of Llama-2-7B).
         swap_space_gib=draw(st.sampled_from([0.02, 0.05] if swap else [0.0, 0.004, 0.03])),
-        max_num_seqs=draw(st.sampled_from([1, 2, 5, 256])),
-        max_num_batched_tokens=draw(st.sampled_from([8, 24, 96, 8192])),
+        max_num_seqs=draw(st.sampled_from([n for n in (1, 2, 5, 256) if n <= budget])),
+        max_num_batched_tokens=budget,
         batch_size=draw(st.integers(1, 4)),
         max_wait_s=draw(st.sampled_from([0.0, 0.05])),
         num_replicas=1 if disagg else draw(st.integers(1, 3)),

@@ -86,6 +86,7 @@ def test_chunk_stretches_are_exact(prefix: bool, blocks: int) -> None:
         model="Llama-2-7B",
         hardware="A100-80GB",
         num_blocks=blocks,
+        max_num_seqs=64,
         max_num_batched_tokens=96,
         enable_prefix_caching=prefix,
     )
@@ -131,6 +132,7 @@ def test_steps_built_without_the_policy_are_used_and_change_nothing(
         model="Llama-2-7B",
         hardware="A100-80GB",
         num_blocks=90,
+        max_num_seqs=64,
         max_num_batched_tokens=96,
     )
     trace = load_trace(DATA / "example.csv")
