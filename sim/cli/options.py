@@ -216,6 +216,37 @@ def checked_options(config: RunConfig, args: argparse.Namespace) -> RunConfig:
     return config
 
 
+def unused_options(config: RunConfig, args: argparse.Namespace) -> list[str]:
+    """The options given that ``config``'s policy or deployment never reads, each with why:
+    for a command to say so rather than run as if they had been heard."""
+    # The two budgets are not here: under static batching they still size the KV cache as
+    # vLLM's profile run does (where --num-blocks is not given).
+    given = given_settings(args)
+    policy = config.pools_policy
+    unused = []
+    if "batch_size" in given and policy not in ("static", "dynamic"):
+        unused.append(f"--batch-size: applies to static and dynamic batching, not {policy}")
+    if "max_wait_s" in given and policy != "dynamic":
+        unused.append(f"--max-wait-s: applies to dynamic batching, not {policy}")
+    if "swap_space_gib" in given and config.scheduler.preemption_mode != "swap":
+        unused.append("--swap-space-gib: preemption recomputes (--preemption-mode swap swaps)")
+    if config.scheduler.policy != "disagg":
+        for flag, name in _DISAGG_OPTIONS:
+            if getattr(config, name) != getattr(DEFAULTS, name):
+                unused.append(f"{flag}: applies to --policy disagg only")
+    return unused
+
+
+_DISAGG_OPTIONS = (
+    ("--prefill-replicas", "num_prefill"),
+    ("--decode-replicas", "num_decode"),
+    ("--pool-policy", "pool_policy"),
+    ("--link-gbps", "link_bandwidth_gbps"),
+    ("--link-latency-us", "link_latency_us"),
+    ("--link-parallel", "link_parallel_transfers"),
+)
+
+
 def base_config_from_args(args: argparse.Namespace) -> RunConfig:
     """The `RunConfig` of the options as given, without `config_from_args`'s cross-option
     checks (``compare`` checks each --policies item itself)."""

@@ -14,7 +14,7 @@ from core.settings import flat_settings
 from records.run_dir import records_from_result
 from reports.html import write_report
 from reports.tables import deployment_text, rejection_note
-from sim.cli.options import add_run_arguments, config_from_args
+from sim.cli.options import add_run_arguments, config_from_args, unused_options
 from sim.run import RunResult, simulate
 from traces.loaders import load_trace
 
@@ -122,7 +122,10 @@ def check_output_paths(args: argparse.Namespace) -> None:
 def run_command(args: argparse.Namespace) -> int:
     check_output_paths(args)
     trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
-    result = simulate(trace, config_from_args(args), progress=not args.quiet)
+    config = config_from_args(args)
+    for unused in unused_options(config, args):
+        print(f"note: {unused}; it has no effect on this run", file=sys.stderr)
+    result = simulate(trace, config, progress=not args.quiet)
     result.command = command_line(args)
     if not args.quiet:
         print_summary(result)

@@ -52,7 +52,7 @@ def test_a_setting_the_run_did_not_run_with_is_refused_with_what_it_ran(tmp_path
 
 
 def test_calibrating_on_another_device_than_the_run_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="made on cuda .* on --device cpu here"):
+    with pytest.raises(ValueError, match=r"made on cuda .* on --device cpu here"):
         _check(tmp_path)
     _check(tmp_path, "--device", "cuda")  # on a machine like the run's
     _check(tmp_path, "--device", "cuda:1")

@@ -211,3 +211,30 @@ def test_host_slowdown_stretches_the_hosts_work(
     assert tpot[1] > tpot[0] + 1.5
     assert _call(["run", str(trace), *RUN_BASE, "--host-slowdown", "0"]) == 2
     assert "argument --host-slowdown: must be > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--policy", "chunked", "--batch-size", "4"], ["--batch-size: applies to static"]),
+        (["--policy", "static", "--max-wait-s", "0.1"], ["--max-wait-s: applies to dynamic"]),
+        (["--swap-space-gib", "1"], ["--swap-space-gib: preemption recomputes"]),
+        (
+            ["--link-gbps", "100", "--prefill-replicas", "2"],
+            ["--prefill-replicas: applies to --policy disagg only", "--link-gbps: applies to"],
+        ),
+        ([*DISAGG, "--link-gbps", "100", "--prefill-replicas", "2"], []),
+        (["--policy", "dynamic", "--batch-size", "4", "--max-wait-s", "0.1"], []),
+        (["--preemption-mode", "swap", "--swap-space-gib", "1"], []),
+    ],
+)
+def test_an_option_the_run_never_reads_is_named_not_ignored(
+    flags: list[str], said: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE)
+    assert main(["run", str(trace), *RUN_BASE, *flags]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert len(notes) == len(said), notes
+    for note, words in zip(notes, said, strict=True):
+        assert words in note and note.endswith("; it has no effect on this run")
