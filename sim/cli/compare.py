@@ -7,8 +7,8 @@ import argparse
 from typing import Any
 
 from core.config import MEMORY_MODELS, RESERVATION_RULES
-from core.settings import with_settings
-from sim.cli.options import add_run_arguments, base_config_from_args
+from core.settings import build
+from sim.cli.options import add_run_arguments, run_settings
 from sim.cli.run import check_output_paths, command_line, print_summary, write_outputs
 from sim.run import POLICY_CHOICES, RunConfig, simulate
 from traces.loaders import load_trace
@@ -59,7 +59,9 @@ def _compare_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
     """(folder name, config) per --policies item, checked before anything runs."""
     if args.policy is not None:
         raise ValueError("--policy: compare runs one policy per --policies item; use --policies")
-    base = base_config_from_args(args)
+    # Each item's config is built whole from the options and its policy, so that checks that
+    # depend on the policy (core.policies.check_budgets) judge that policy, not the default.
+    settings = run_settings(args)
     named = []
     for policy, memory, reservation in parse_variants(args.policies):
         if reservation and memory == "paged":
@@ -67,12 +69,8 @@ def _compare_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
                 f"--policies {policy}:{memory}:{reservation}: a reservation rule "
                 "applies to contiguous memory only"
             )
-        config = with_settings(
-            base,
-            policy=policy,
-            memory_model=memory or base.cache.memory_model,
-            reservation=reservation or base.cache.reservation,
-        )
+        item = {"policy": policy, "memory_model": memory, "reservation": reservation}
+        config = build(RunConfig, {**settings, **{k: v for k, v in item.items() if v is not None}})
         named.append(("_".join(p for p in (policy, memory, reservation) if p), config))
     if args.reservation and all(c.resolved_memory_model() == "paged" for _, c in named):
         raise ValueError(

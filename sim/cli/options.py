@@ -202,7 +202,7 @@ def _add_disagg_arguments(deployment: argparse._ArgumentGroup) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    return checked_options(base_config_from_args(args), args)
+    return checked_options(build(RunConfig, run_settings(args)), args)
 
 
 def checked_options(config: RunConfig, args: argparse.Namespace) -> RunConfig:
@@ -245,12 +245,6 @@ _DISAGG_OPTIONS = (
     ("--link-latency-us", "link_latency_us"),
     ("--link-parallel", "link_parallel_transfers"),
 )
-
-
-def base_config_from_args(args: argparse.Namespace) -> RunConfig:
-    """The `RunConfig` of the options as given, without `config_from_args`'s cross-option
-    checks (``compare`` checks each --policies item itself)."""
-    return build(RunConfig, run_settings(args))
 
 
 def run_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -100,6 +100,10 @@ def test_terminal_and_report_show_the_deployment(
         (["--policies", "chunked,chunked"], "--policies: item 'chunked' appears twice"),
         (["--policies", "chunked", "--policy", "static"], "--policy: compare runs one policy"),
         (["--policies", "chunked:paged:pow2"], "applies to contiguous memory only"),
+        (
+            ["--policies", "static,chunked", "--max-num-batched-tokens", "64"],
+            "max_num_batched_tokens must be >= max_num_seqs (256) under policy 'chunked'",
+        ),
     ],
 )
 def test_compare_refuses_duplicates_and_run_only_options(
@@ -109,6 +113,15 @@ def test_compare_refuses_duplicates_and_run_only_options(
     assert _call(["compare", str(EXAMPLE), *SMALL, "--quiet", "--out", str(out), *extra]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists(), "nothing is written before the refusal"
+
+
+def test_compare_judges_each_items_own_policy(tmp_path: Path) -> None:
+    # Static and dynamic batching spend no token budget: a small one is no reason to refuse
+    # them (the check is each item's, not the default policy's).
+    out = tmp_path / "cmp"
+    argv = ["compare", str(EXAMPLE), *SMALL, "--quiet", "--out", str(out)]
+    assert _call([*argv, "--policies", "static,dynamic", "--max-num-batched-tokens", "64"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["dynamic", "static"]
 
 
 # -- 15: messages that name the file ---------------------------------------------------------
