@@ -110,3 +110,18 @@ def given_settings(
         if value is not None:
             given[name] = value
     return given
+
+
+def unused_settings(given: Mapping[str, Any], policy: str, preemption_mode: str) -> list[str]:
+    """The settings ``given`` (by field name) that a run of ``policy`` never reads, each as
+    ``--flag: why``: for a command to say so rather than run as if they had been heard. The
+    two budgets are never among them: under static batching they still size the KV cache, as
+    vLLM's profile run does."""
+    unused = []
+    if "batch_size" in given and policy not in ("static", "dynamic"):
+        unused.append(f"--batch-size: applies to static and dynamic batching, not {policy}")
+    if "max_wait_s" in given and policy != "dynamic":
+        unused.append(f"--max-wait-s: applies to dynamic batching, not {policy}")
+    if "swap_space_gib" in given and preemption_mode != "swap":
+        unused.append("--swap-space-gib: preemption recomputes (--preemption-mode swap swaps)")
+    return unused

@@ -14,7 +14,7 @@ from typing import Any
 
 from core.config import LAYOUT_SETTINGS, CacheConfig, SchedulerConfig
 from core.decode_split import SPLIT_MODES
-from core.flags import add_setting_flags, given_settings
+from core.flags import add_setting_flags, given_settings, unused_settings
 from core.settings import build
 from engine.llm_engine import CLOCKS, EngineConfig
 from engine.mixed_graphs import MIXED_GRAPH_MODES, MIXED_MAX_TOKENS
@@ -241,8 +241,14 @@ def run_command(args: argparse.Namespace) -> int:
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(f"--out: {args.out} exists and is not a directory")
     trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
+    engine = config_from_args(args)
+    scheduler = engine.scheduler
+    for unused in unused_settings(
+        given_settings(args), scheduler.policy, scheduler.preemption_mode
+    ):
+        print(f"note: {unused}; it has no effect on this run", file=sys.stderr)
     config = ReplayConfig(
-        engine=config_from_args(args),
+        engine=engine,
         time_scale=args.time_scale,
         warm_up_shapes=args.warm_up == "shapes",
         temperature=args.temperature,

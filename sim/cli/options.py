@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from core.config import CacheConfig, SchedulerConfig
-from core.flags import add_setting_flags, given_settings
+from core.flags import add_setting_flags, given_settings, unused_settings
 from core.model.presets import preset_names
 from core.policies import POLICIES
 from core.settings import build
@@ -219,17 +219,8 @@ def checked_options(config: RunConfig, args: argparse.Namespace) -> RunConfig:
 def unused_options(config: RunConfig, args: argparse.Namespace) -> list[str]:
     """The options given that ``config``'s policy or deployment never reads, each with why:
     for a command to say so rather than run as if they had been heard."""
-    # The two budgets are not here: under static batching they still size the KV cache as
-    # vLLM's profile run does (where --num-blocks is not given).
-    given = given_settings(args)
-    policy = config.pools_policy
-    unused = []
-    if "batch_size" in given and policy not in ("static", "dynamic"):
-        unused.append(f"--batch-size: applies to static and dynamic batching, not {policy}")
-    if "max_wait_s" in given and policy != "dynamic":
-        unused.append(f"--max-wait-s: applies to dynamic batching, not {policy}")
-    if "swap_space_gib" in given and config.scheduler.preemption_mode != "swap":
-        unused.append("--swap-space-gib: preemption recomputes (--preemption-mode swap swaps)")
+    scheduler = config.scheduler
+    unused = unused_settings(given_settings(args), config.pools_policy, scheduler.preemption_mode)
     if config.scheduler.policy != "disagg":
         for flag, name in _DISAGG_OPTIONS:
             if getattr(config, name) != getattr(DEFAULTS, name):

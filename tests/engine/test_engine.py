@@ -334,6 +334,19 @@ def test_engine_cli_errors_name_the_problem(
     assert capsys.readouterr().err.startswith("error: ")
 
 
+def test_engine_run_names_an_option_it_never_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("request_id,arrival_s,prompt_tokens,output_tokens\nr0,0.0,12,2\n")
+    argv = ["run", str(trace), "--model", "tiny-llama", "--weights", "random", "--quiet"]
+    assert engine_main([*argv, "--policy", "chunked", "--max-wait-s", "0.5"]) == 0
+    err = capsys.readouterr().err
+    assert "note: --max-wait-s: applies to dynamic batching, not chunked; it has no effect" in err
+    assert engine_main([*argv, "--policy", "dynamic", "--max-wait-s", "0.5"]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_generation_stops_at_the_models_eos(
     model_dir: Path, prompts: list[list[int]], expected: list[list[int]], tmp_path: Path
 ) -> None:
