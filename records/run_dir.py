@@ -92,6 +92,12 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunRecords:
     when present. The CSV files may be gzip-compressed (``run_file``)."""
     root = Path(run_dir)
     summary_path = root / "summary.json"
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such run directory")
+    if not summary_path.is_file():
+        raise ValueError(
+            f"{root}: not a run directory (it holds no summary.json; a run's --out folder does)"
+        )
     try:
         payload = json.loads(summary_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:

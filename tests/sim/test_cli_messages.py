@@ -167,6 +167,16 @@ def test_a_broken_gzip_and_invalid_utf8_are_named(
     assert f"{latin}: trace is not UTF-8 text (byte 0xe9" in capsys.readouterr().err
 
 
+def test_a_folder_that_is_not_a_run_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = ["-o", str(tmp_path / "r.html")]
+    assert _call(["report", str(tmp_path), *report]) == 2
+    assert f"{tmp_path}: not a run directory (it holds no summary.json" in capsys.readouterr().err
+    assert _call(["report", str(tmp_path / "nope"), *report]) == 2
+    assert f"{tmp_path / 'nope'}: no such run directory" in capsys.readouterr().err
+
+
 def test_a_broken_summary_json_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     assert main(["run", str(EXAMPLE), *SMALL, "--quiet", "--out", str(out)]) == 0
