@@ -237,13 +237,20 @@ def test_cli_import_then_validate(
     assert "measured" in html and "simulated" in html
 
 
-def test_validate_measured_is_the_same_command(
-    llmservingsim_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture
+def imported(llmservingsim_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    """The handmade LLMServingSim run, imported with ``measured import``."""
     out = tmp_path / "measured"
     args = ["measured", "import", str(llmservingsim_dir), "--format", "llmservingsim"]
     assert main([*args, "--out", str(out)]) == 0
     capsys.readouterr()
+    return out
+
+
+def test_validate_measured_is_the_same_command(
+    imported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = imported
     outputs = []
     for argv in (
         ["measured", "validate", str(out), "--max-batch-tokens", "32"],
@@ -265,13 +272,10 @@ def test_validate_measured_is_the_same_command(
 
 
 def test_a_flag_given_at_its_default_replaces_the_recorded_setting(
-    llmservingsim_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    imported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The run recorded max_num_seqs 4, a budget of 64 and its own hardware.json.
-    out = tmp_path / "measured"
-    args = ["measured", "import", str(llmservingsim_dir), "--format", "llmservingsim"]
-    assert main([*args, "--out", str(out)]) == 0
-    capsys.readouterr()
+    out = imported
     given = ["--hardware", "H100-SXM", "--max-num-seqs", "256", "--max-batch-tokens", "256"]
     assert main(["measured", "validate", str(out), *given]) == 0
     printed = capsys.readouterr().out
@@ -292,12 +296,9 @@ def test_a_flag_given_at_its_default_replaces_the_recorded_setting(
 
 
 def test_the_replayed_config_is_checked_as_a_whole(
-    llmservingsim_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    imported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "measured"
-    args = ["measured", "import", str(llmservingsim_dir), "--format", "llmservingsim"]
-    assert main([*args, "--out", str(out)]) == 0
-    capsys.readouterr()
+    out = imported
     # Below the recorded max_num_seqs (4): vLLM would not start, and neither does the replay.
     assert main(["measured", "validate", str(out), "--max-batch-tokens", "2"]) == 2
     err = capsys.readouterr().err
