@@ -37,6 +37,7 @@ from sim.experiments.sweep_spec import (
     point_config,
     repeat_trace,
     scale_trace,
+    unused_in_points,
 )
 
 SWEEP_KEY = "sweep_point"  # summary.json key holding the options a point ran with
@@ -363,11 +364,16 @@ def run_sweep(
     ray_address: str | None = None,
     progress: bool = False,
     on_output: Callable[[PointOutput], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> SweepOutcome:
     """Run every point of the spec not already complete under ``out``; write ``sweep.csv``.
     ``jobs``, ``use_ray`` and ``ray_address`` choose the workers, as ``open_workers``;
-    ``on_output`` sees each point that ran as it arrives (before its files are written)."""
+    ``on_output`` sees each point that ran as it arrives (before its files are written);
+    ``on_note``, before anything runs, each option some points give and never read."""
     spec = load_spec(spec_path)
+    if on_note is not None:
+        for note in unused_in_points(spec.points):
+            on_note(note)
     root = Path(out)
     if root.exists() and not root.is_dir():
         raise ValueError(f"--out {root} exists and is not a directory")
@@ -439,6 +445,7 @@ def sweep_command(args: argparse.Namespace) -> int:
         use_ray=args.ray is not None,
         ray_address=args.ray or None,
         progress=not args.quiet,
+        on_note=lambda note: print(f"note: {note}; it has no effect there", file=sys.stderr),
     )
     failed = [row for row in outcome.rows if row["status"] != "ok"]
     if not args.quiet:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -167,6 +167,19 @@ def point_config(options: Mapping[str, OptionValue]) -> RunConfig:
     from sim.cli.options import config_from_args
 
     return config_from_args(_run_parser().parse_args(["TRACE", *point_argv(options)]))
+
+
+def unused_in_points(points: Sequence[Mapping[str, OptionValue]]) -> list[str]:
+    """The options some points give that their run never reads (`unused_options`: a batch size
+    under chunked prefill, a link without disagg), each with how many points it concerns."""
+    from sim.cli.options import unused_options
+
+    counts: dict[str, int] = {}
+    for point in points:
+        args = _run_parser().parse_args(["TRACE", *point_argv(point)])
+        for note in unused_options(point_config(point), args):
+            counts[note] = counts.get(note, 0) + 1
+    return [f"{note} (in {n} of {len(points)} points)" for note, n in counts.items()]
 
 
 @dataclass(frozen=True, slots=True)

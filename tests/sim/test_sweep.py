@@ -15,7 +15,7 @@ from sim.cli.main import main
 from sim.cli.options import config_from_args
 from sim.cli.parser import build_parser
 from sim.experiments.sweep import PointTask, check_ray_address, execute, open_workers, run_sweep
-from sim.experiments.sweep_spec import load_spec, point_config, scale_trace
+from sim.experiments.sweep_spec import load_spec, point_config, scale_trace, unused_in_points
 from sim.run import simulate
 from traces.loaders import load_trace
 
@@ -249,6 +249,23 @@ def test_sweep_prints_its_points_as_a_table(
         cells = line.split()
         assert cells[0] == str(row["point"]) and row["policy"] in cells
         assert f"{row['request_throughput']:.3f}" in cells and cells[-1] == "ok"
+
+
+def test_an_option_some_points_never_read_is_named_before_the_sweep_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # [run] options go to every point, so a static batch size reaches the chunked points too.
+    text = SPEC.replace("slo_tpot = 40\n", "slo_tpot = 40\nbatch-size = 4\n")
+    spec = write_spec(tmp_path, text)
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: --batch-size: applies to static and dynamic batching, not continuous "
+        "(in 2 of 5 points); it has no effect there",
+        "note: --batch-size: applies to static and dynamic batching, not chunked "
+        "(in 2 of 5 points); it has no effect there",
+    ]
+    assert unused_in_points(load_spec(write_spec(tmp_path)).points) == []
 
 
 def test_a_point_can_repeat_the_trace_and_rows_are_judged(tmp_path: Path) -> None:
