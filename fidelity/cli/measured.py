@@ -22,6 +22,7 @@ from sim.cli.options import (
     checked_options,
     leave_defaults_to_the_run,
     run_settings,
+    vllm_default_settings,
 )
 from sim.costmodel.base import CostModelConfig
 from sim.costmodel.expert_parallel import weight_bytes_per_gpu
@@ -96,15 +97,21 @@ def import_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def replay_config(run_dir: str | Path, given: Mapping[str, Any]) -> RunConfig:
+def replay_config(
+    run_dir: str | Path, given: Mapping[str, Any], vllm_defaults: str | None = None
+) -> RunConfig:
     """The measured run's recorded settings (summary.json ``config``), with the ``given`` ones
     (by field name) in their place; a recorded hardware file is resolved against the run
-    directory. One config is built from the two, so its checks see what is replayed."""
+    directory. One config is built from the two, so its checks see what is replayed. With
+    ``vllm_defaults`` (a usage), budgets neither given nor recorded are vLLM's for it."""
     root = Path(run_dir)
     recorded = {k: v for k, v in load_run(root).config.items() if k in _SETTINGS}
     if recorded.get("hardware") == HARDWARE_FILE:
         recorded["hardware"] = str(root / HARDWARE_FILE)
-    return build(RunConfig, {**recorded, **given})
+    settings = {**recorded, **given}
+    if vllm_defaults is not None:
+        settings |= vllm_default_settings(settings, vllm_defaults)
+    return build(RunConfig, settings)
 
 
 def unreplayed_settings(run_dir: str | Path) -> list[str]:
@@ -159,7 +166,8 @@ def _measured_payload(run_dir: str | Path) -> dict[str, Any]:
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    config = checked_options(replay_config(args.measured, run_settings(args)), args)
+    given = run_settings(args)
+    config = checked_options(replay_config(args.measured, given, args.vllm_defaults), args)
     comparison, result = validate_run(args.measured, config)
     measured = load_run(args.measured).summary
     if not args.quiet:

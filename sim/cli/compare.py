@@ -8,7 +8,7 @@ from typing import Any
 
 from core.config import MEMORY_MODELS, RESERVATION_RULES
 from core.settings import build
-from sim.cli.options import add_run_arguments, run_settings
+from sim.cli.options import add_run_arguments, run_settings, with_vllm_defaults
 from sim.cli.run import check_output_paths, command_line, print_summary, write_outputs
 from sim.run import POLICY_CHOICES, RunConfig, simulate
 from traces.loaders import load_trace
@@ -70,7 +70,8 @@ def _compare_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
                 "applies to contiguous memory only"
             )
         item = {"policy": policy, "memory_model": memory, "reservation": reservation}
-        config = build(RunConfig, {**settings, **{k: v for k, v in item.items() if v is not None}})
+        chosen = {**settings, **{k: v for k, v in item.items() if v is not None}}
+        config = build(RunConfig, with_vllm_defaults(chosen, args))
         named.append(("_".join(p for p in (policy, memory, reservation) if p), config))
     if args.reservation and all(c.resolved_memory_model() == "paged" for _, c in named):
         raise ValueError(

@@ -5,11 +5,12 @@ build."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from core.config import CacheConfig, SchedulerConfig
 from core.flags import add_setting_flags, given_settings, unused_settings
-from core.model.presets import preset_names
+from core.model.presets import load_model_spec, preset_names
 from core.policies import POLICIES
 from core.settings import build
 from records.run_options import (
@@ -21,6 +22,8 @@ from records.run_options import (
 from sim.deployment import ROUTERS
 from sim.run import POLICY_CHOICES, RunConfig
 from sim.specs.hardware import HARDWARE_PRESETS
+from sim.specs.hardware_file import load_hardware
+from sim.specs.vllm_defaults import USAGES, vllm_batch_defaults
 from traces.options import (
     add_trace_arguments,
     non_negative_float,
@@ -60,6 +63,17 @@ def _add_setting_arguments(parser: argparse.ArgumentParser) -> None:
             "policy": "; or disagg: separate prefill and decode replicas, each running "
             "--pool-policy, joined by a KV link"
         },
+    )
+    settings.add_argument(
+        "--vllm-defaults",
+        choices=USAGES,
+        default=None,
+        help="take --max-num-batched-tokens and --max-num-seqs, where not given, as vLLM picks "
+        "them on this GPU: serve (vllm serve) or offline (its LLM class); H100/H200-class GPUs "
+        "get 8192 (offline 16384) tokens and 1024 sequences, A100s and smaller 2048 (8192) and "
+        "256, continuous batching a budget of max_model_len (docs/vllm_conformance.md); "
+        f"default: servesim's own {DEFAULTS.scheduler.max_num_batched_tokens} and "
+        f"{DEFAULTS.scheduler.max_num_seqs} everywhere",
     )
 
 
@@ -202,7 +216,15 @@ def _add_disagg_arguments(deployment: argparse._ArgumentGroup) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    return checked_options(build(RunConfig, run_settings(args)), args)
+    return checked_options(build(RunConfig, with_vllm_defaults(run_settings(args), args)), args)
+
+
+def with_vllm_defaults(settings: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """``settings``, and under ``--vllm-defaults`` the budgets vLLM would pick where they lack
+    them (`vllm_default_settings`)."""
+    usage = getattr(args, "vllm_defaults", None)
+    extra = vllm_default_settings(settings, usage) if usage is not None else {}
+    return {**settings, **extra}
 
 
 def checked_options(config: RunConfig, args: argparse.Namespace) -> RunConfig:
@@ -221,6 +243,8 @@ def unused_options(config: RunConfig, args: argparse.Namespace) -> list[str]:
     for a command to say so rather than run as if they had been heard."""
     scheduler = config.scheduler
     unused = unused_settings(given_settings(args), config.pools_policy, scheduler.preemption_mode)
+    if getattr(args, "vllm_defaults", None) and config.pools_policy in ("static", "dynamic"):
+        unused.append(f"--vllm-defaults: vLLM has no {config.pools_policy} batching")
     if config.scheduler.policy != "disagg":
         for flag, name in _DISAGG_OPTIONS:
             if getattr(config, name) != getattr(DEFAULTS, name):
@@ -300,3 +324,23 @@ _RUN_OPTION_DESTS = (
 def _unless(switch: bool | None) -> bool | None:
     """A ``--no-X`` switch's setting: None where the switch reads None (left to the run)."""
     return None if switch is None else not switch
+
+
+def vllm_default_settings(settings: Mapping[str, Any], usage: str) -> dict[str, int]:
+    """The budgets vLLM would pick for the run ``settings`` describe (RunConfig settings by
+    name; those absent take RunConfig's defaults), as settings: only those ``settings`` lack.
+    None for a policy vLLM does not have (static, dynamic batching)."""
+    defaults = DEFAULTS
+    policy = settings.get("policy", defaults.scheduler.policy)
+    if policy == "disagg":
+        policy = settings.get("pool_policy", defaults.pool_policy)
+    if policy not in ("continuous", "chunked"):
+        return {}
+    hardware = load_hardware(str(settings.get("hardware", defaults.hardware)))
+    max_model_len = settings.get("max_model_len")
+    if max_model_len is None:
+        max_model_len = load_model_spec(str(settings.get("model", defaults.model))).max_model_len
+    budget, seqs = vllm_batch_defaults(hardware, usage, policy == "chunked", int(max_model_len))
+    budget = int(settings.get("max_num_batched_tokens", budget))
+    chosen = {"max_num_batched_tokens": budget, "max_num_seqs": min(seqs, budget)}
+    return {name: value for name, value in chosen.items() if name not in settings}

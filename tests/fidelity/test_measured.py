@@ -295,6 +295,20 @@ def test_a_flag_given_at_its_default_replaces_the_recorded_setting(
     assert "but not settings of the simulator, so not replayed: dtype" in capsys.readouterr().out
 
 
+def test_vllm_defaults_fill_only_what_the_run_did_not_record(
+    imported: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["measured", "validate", str(imported), "--vllm-defaults", "serve"]) == 0
+    assert "max_num_seqs 4, budget 64" in capsys.readouterr().out  # the record's
+    summary = imported / "summary.json"
+    payload = json.loads(summary.read_text())
+    del payload["config"]["max_num_seqs"]
+    summary.write_text(json.dumps(payload))
+    assert main(["measured", "validate", str(imported), "--vllm-defaults", "serve"]) == 0
+    # vLLM's 1,024 on the run's 96 GB GPU, held to the recorded budget.
+    assert "max_num_seqs 64, budget 64" in capsys.readouterr().out
+
+
 def test_the_replayed_config_is_checked_as_a_whole(
     imported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
