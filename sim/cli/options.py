@@ -245,10 +245,20 @@ def unused_options(config: RunConfig, args: argparse.Namespace) -> list[str]:
     unused = unused_settings(given_settings(args), config.pools_policy, scheduler.preemption_mode)
     if getattr(args, "vllm_defaults", None) and config.pools_policy in ("static", "dynamic"):
         unused.append(f"--vllm-defaults: vLLM has no {config.pools_policy} batching")
-    if config.scheduler.policy != "disagg":
+    disagg = config.scheduler.policy == "disagg"
+    if not disagg:
         for flag, name in _DISAGG_OPTIONS:
             if getattr(config, name) != getattr(DEFAULTS, name):
                 unused.append(f"{flag}: applies to --policy disagg only")
+    routed = config.num_prefill if disagg else config.num_replicas
+    if config.router != DEFAULTS.router and (routed == 1 or config.data_parallel_size > 1):
+        unused.append(
+            "--router: one replica takes every arrival"
+            if config.data_parallel_size == 1
+            else "--router: data-parallel ranks take their arrivals from vLLM's balancer"
+        )
+    if not config.scheduling_lag and not config.async_scheduling:
+        unused.append("--no-scheduling-lag: the lag is async scheduling's (--no-async-scheduling)")
     return unused
 
 

@@ -224,6 +224,17 @@ def test_host_slowdown_stretches_the_hosts_work(
             ["--prefill-replicas: applies to --policy disagg only", "--link-gbps: applies to"],
         ),
         ([*DISAGG, "--link-gbps", "100", "--prefill-replicas", "2"], []),
+        (["--router", "least_outstanding"], ["--router: one replica takes every arrival"]),
+        (["--router", "least_outstanding", "--replicas", "2"], []),
+        (
+            ["--router", "prefix_aware", "--data-parallel-size", "2"],
+            ["--router: data-parallel ranks take their arrivals from vLLM's balancer"],
+        ),
+        (
+            ["--no-async-scheduling", "--no-scheduling-lag"],
+            ["--no-scheduling-lag: the lag is async scheduling's"],
+        ),
+        (["--no-scheduling-lag"], []),
         (["--policy", "dynamic", "--batch-size", "4", "--max-wait-s", "0.1"], []),
         (["--preemption-mode", "swap", "--swap-space-gib", "1"], []),
     ],
