@@ -1,6 +1,7 @@
-"""The token budget and ``max_num_seqs`` that vLLM picks when they are not given
-(``EngineArgs``' batch defaults, vLLM v1 up to 0.19 at least): they depend on the GPU and on
-how vLLM is used, so one fixed default cannot stand for "vLLM's defaults" everywhere.
+"""The token budget and ``max_num_seqs`` that vLLM picks when they are not given (the batch
+defaults of vLLM's ``EngineArgs``, read in its v0.11 source and in the later
+``get_batch_defaults``, which keeps the same values): they depend on the GPU and on how vLLM is
+used, so one fixed default cannot stand for "vLLM's defaults" everywhere.
 
 - A GPU with 70 GiB or more whose name is not an A100's (H100, H200, B200, MI300X): the
   server (``vllm serve``) takes 8,192 tokens and 1,024 sequences, the offline ``LLM`` class
@@ -10,8 +11,8 @@ how vLLM is used, so one fixed default cannot stand for "vLLM's defaults" everyw
 - Without chunked prefill the budget is the model's ``max_model_len`` instead, and
   ``max_num_seqs`` never exceeds the budget.
 
-vLLM reads the device's total memory as the driver reports it (an 80 GB H100: 79.2 GiB); a
-preset's capacity is its nominal one, on the same side of 70 GiB for every preset here. The
+vLLM reads the device's total memory as the driver reports it, a little under the nominal
+size a preset holds; no preset here is near enough to 70 GiB for that to change its tier. The
 CPU and TPU rows of vLLM's table are not modelled."""
 
 from __future__ import annotations
