@@ -1,5 +1,5 @@
 """The token budget and ``max_num_seqs`` that vLLM picks when they are not given (the batch
-defaults of vLLM's ``EngineArgs``, read in its v0.11 source and in the later
+defaults of vLLM's ``EngineArgs``, read in a source from before v0.12 and in the later
 ``get_batch_defaults``, which keeps the same values): they depend on the GPU and on how vLLM is
 used, so one fixed default cannot stand for "vLLM's defaults" everywhere.
 
