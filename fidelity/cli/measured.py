@@ -114,10 +114,10 @@ def replay_config(
     return build(RunConfig, settings)
 
 
-def unreplayed_settings(run_dir: str | Path) -> list[str]:
+def unreplayed_settings(recorded: Mapping[str, Any]) -> list[str]:
     """The recorded settings (summary.json ``config``) that are not the simulator's, which
     `replay_config` leaves out: said, not dropped in silence."""
-    return sorted(set(load_run(run_dir).config) - _SETTINGS)
+    return sorted(set(recorded) - _SETTINGS)
 
 
 def validate_run(
@@ -169,7 +169,8 @@ def validate_command(args: argparse.Namespace) -> int:
     given = run_settings(args)
     config = checked_options(replay_config(args.measured, given, args.vllm_defaults), args)
     comparison, result = validate_run(args.measured, config)
-    measured = load_run(args.measured).summary
+    run = load_run(args.measured)
+    measured = run.summary
     if not args.quiet:
         dp = (
             f", data parallel x{config.data_parallel_size}" if config.data_parallel_size > 1 else ""
@@ -181,7 +182,7 @@ def validate_command(args: argparse.Namespace) -> int:
             f"prefix caching {'on' if config.cache.enable_prefix_caching else 'off'}"
         )
         print(kv_capacity_line(args.measured, config))
-        left = unreplayed_settings(args.measured)
+        left = unreplayed_settings(run.config)
         if left:
             print(
                 f"recorded in {Path(args.measured) / 'summary.json'} but not settings of the "

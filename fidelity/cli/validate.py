@@ -455,11 +455,10 @@ def run_validate(args: argparse.Namespace) -> int:
         trace_path = trace_path or str(trace_of(replays[0], summary))
         model = model or (summary.get("config") or {}).get("model")
         hardware = hardware or hardware_of(str(summary.get("device_name", "")))
+        check_replay_options(replays[0], summary, args)
     if trace_path is None:
         raise ValueError(f"validate needs a TRACE (or --replay RUN, or {MEASURED_OPTION} RUN_DIR)")
     config = config_from_args(args, model=model, hardware=hardware)
-    if replays:
-        check_replay_options(replays[0], run_summary(replays[0]), args)
     if hardware is not None:
         get_hardware_preset(hardware)
     trace = load_trace(trace_path, format=args.format)
