@@ -112,16 +112,27 @@ def given_settings(
     return given
 
 
+# The settings some policy reads and others do not (`Policy.reads`).
+_POLICY_SETTINGS = frozenset().union(*(cls.reads for cls in POLICIES.values()))
+
+
+def _batching(policies: Sequence[str]) -> str:
+    """``static and dynamic batching``: the policies that read a setting, as the help says."""
+    return " and ".join(policies) + " batching"
+
+
 def unused_settings(given: Mapping[str, Any], policy: str, preemption_mode: str) -> list[str]:
     """The settings ``given`` (by field name) that a run of ``policy`` never reads, each as
     ``--flag: why``: for a command to say so rather than run as if they had been heard. The
     two budgets are never among them: under static batching they still size the KV cache, as
     vLLM's profile run does."""
     unused = []
-    if "batch_size" in given and policy not in ("static", "dynamic"):
-        unused.append(f"--batch-size: applies to static and dynamic batching, not {policy}")
-    if "max_wait_s" in given and policy != "dynamic":
-        unused.append(f"--max-wait-s: applies to dynamic batching, not {policy}")
+    for name in sorted(set(given) & _POLICY_SETTINGS):
+        if name not in POLICIES[policy].reads:
+            readers = [p for p, cls in POLICIES.items() if name in cls.reads]
+            unused.append(
+                f"{SETTINGS_BY_FIELD[name].flag}: applies to {_batching(readers)}, not {policy}"
+            )
     if "swap_space_gib" in given and preemption_mode != "swap":
         unused.append("--swap-space-gib: preemption recomputes (--preemption-mode swap swaps)")
     return unused

@@ -131,12 +131,17 @@ class RunConfig:
     @property
     def pools_policy(self) -> str:
         """The policy every replica's scheduler runs: ``pool_policy`` under ``disagg``."""
-        policy = self.scheduler.policy
-        return self.pool_policy if policy == "disagg" else policy
+        return replica_policy(self.scheduler.policy, self.pool_policy)
 
     def resolved_memory_model(self) -> MemoryModel:
         """``memory_model``, or, left None, the default of the policy the replicas run."""
         return self.cache.memory_model or POLICIES[self.pools_policy].default_memory_model
+
+
+def replica_policy(policy: str, pool_policy: str) -> str:
+    """The policy a run of ``policy`` gives every replica's scheduler: ``pool_policy`` under
+    ``disagg``, whose pools are replicas of their own."""
+    return pool_policy if policy == "disagg" else policy
 
 
 def servesim_version() -> str:

@@ -83,6 +83,9 @@ class Policy:
     # True if, besides, one running prompt next to the decodes gets the rest of the budget
     # as its chunk (decodes are scheduled first).
     continues_chunks: ClassVar[bool] = False
+    # The scheduler settings (by field name) only some policies read: a run of a policy that
+    # does not list one never reads it (`core.flags.unused_settings` names it to the user).
+    reads: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config

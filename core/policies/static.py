@@ -14,6 +14,7 @@ class StaticBatching(Policy):
     name = "static"
     default_memory_model: ClassVar[MemoryModel] = "contiguous"
     holds_until_batch_end = True
+    reads: ClassVar[frozenset[str]] = frozenset({"batch_size"})
 
     def token_budget(self) -> int | None:
         return None
@@ -50,6 +51,7 @@ class StaticBatching(Policy):
 
 class DynamicBatching(StaticBatching):
     name = "dynamic"
+    reads: ClassVar[frozenset[str]] = frozenset({"batch_size", "max_wait_s"})
 
     def ready(self, ctx: StepContext) -> bool:
         if super().ready(ctx):

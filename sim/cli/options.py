@@ -20,7 +20,7 @@ from records.run_options import (
     slo_s,
 )
 from sim.deployment import ROUTERS
-from sim.run import POLICY_CHOICES, RunConfig
+from sim.run import POLICY_CHOICES, RunConfig, replica_policy
 from sim.specs.hardware import HARDWARE_PRESETS
 from sim.specs.hardware_file import load_hardware
 from sim.specs.vllm_defaults import USAGES, vllm_batch_defaults
@@ -341,9 +341,10 @@ def vllm_default_settings(settings: Mapping[str, Any], usage: str) -> dict[str, 
     name; those absent take RunConfig's defaults), as settings: only those ``settings`` lack.
     None for a policy vLLM does not have (static, dynamic batching)."""
     defaults = DEFAULTS
-    policy = settings.get("policy", defaults.scheduler.policy)
-    if policy == "disagg":
-        policy = settings.get("pool_policy", defaults.pool_policy)
+    policy = replica_policy(
+        settings.get("policy", defaults.scheduler.policy),
+        settings.get("pool_policy", defaults.pool_policy),
+    )
     if policy not in ("continuous", "chunked"):
         return {}
     hardware = load_hardware(str(settings.get("hardware", defaults.hardware)))
