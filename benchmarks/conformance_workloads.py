@@ -4,6 +4,7 @@ end makes of one with n > 1, and the cut that fits them to a ``max_model_len``."
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ class Item:
     # Samples: our core gets one request with n and fans it out itself (workloads marked
     # "n>1"); vLLM gets the n child requests its front end makes (``children``).
     n: int = 1
+    # Under --scheduling priority: lower is served first (``with_priorities``).
+    priority: int = 0
 
 
 def token_ids(index: int, prompt_tokens: int, hash_ids: Sequence[int] | None, hb: int) -> list[int]:
@@ -71,7 +74,7 @@ def children(it: Item) -> list[Item]:
         return [it]
     return [
         Item(f"{i}_{it.request_id}", it.arrival_s, it.prompt_token_ids, it.max_tokens,
-             it.output_token + i)
+             it.output_token + i, 1, it.priority)
         for i in range(it.n)
     ]  # fmt: skip
 
@@ -83,5 +86,11 @@ def fit_to(items: list[Item], max_model_len: int) -> list[Item]:
     for it in items:
         max_tokens = min(it.max_tokens, max(1, max_model_len // 4))
         prompt = it.prompt_token_ids[: max_model_len - max_tokens]
-        out.append(Item(it.request_id, it.arrival_s, prompt, max_tokens, it.output_token, it.n))
+        out.append(dataclasses.replace(it, prompt_token_ids=prompt, max_tokens=max_tokens))
     return out
+
+
+def with_priorities(items: list[Item]) -> list[Item]:
+    """The same requests in three priority classes, 0 to 2, drawn by position so that later
+    arrivals often outrank earlier ones (priority scheduling reorders them and preempts by it)."""
+    return [dataclasses.replace(it, priority=(7 * idx + 2) % 3) for idx, it in enumerate(items)]

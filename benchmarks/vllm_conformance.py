@@ -60,9 +60,16 @@ from core.batch import StepResult  # noqa: E402
 from core.config import CacheConfig, SchedulerConfig  # noqa: E402
 from core.request import Request, RequestStatus  # noqa: E402
 from core.scheduler import Scheduler  # noqa: E402
+from core.step import Step  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conformance_workloads import Item, children, fit_to, load_items  # noqa: E402
+from conformance_workloads import (  # noqa: E402
+    Item,
+    children,
+    fit_to,
+    load_items,
+    with_priorities,
+)
 
 BLOCK_SIZE = 16
 STEP_BASE_S = 0.005  # the fixed step-time model that paces arrivals
@@ -78,6 +85,7 @@ class Setting:
     num_blocks: int
     prefix_caching: bool
     max_model_len: int
+    scheduling: str = "fcfs"  # vLLM's --scheduling-policy: "fcfs" or "priority"
 
 
 # One step: {request_id: (tokens computed before, tokens scheduled)}, preempted ids, finished
@@ -86,6 +94,19 @@ StepRecord = tuple[dict[str, tuple[int, int]], tuple[str, ...], tuple[str, ...],
 
 
 # -- our core -------------------------------------------------------------------------------
+
+# Requests our core took out of a step they were already in, to preempt them (priority
+# scheduling's victim, vLLM's too): counted so that the output shows the grid reaches it.
+TAKEN_OUT = [0]
+_unschedule = Step._unschedule
+
+
+def _counted_unschedule(self: Step, request: Request) -> None:
+    TAKEN_OUT[0] += 1
+    _unschedule(self, request)
+
+
+Step._unschedule = _counted_unschedule  # type: ignore[method-assign]
 
 
 def run_ours(items: list[Item], st: Setting) -> tuple[list[StepRecord], list[list[str]]]:
@@ -98,7 +119,10 @@ def run_ours(items: list[Item], st: Setting) -> tuple[list[StepRecord], list[lis
         memory_model="paged",
     )
     config = SchedulerConfig(
-        policy=st.policy, max_num_seqs=st.max_num_seqs, max_num_batched_tokens=st.budget
+        policy=st.policy,
+        max_num_seqs=st.max_num_seqs,
+        max_num_batched_tokens=st.budget,
+        scheduling_policy=st.scheduling,  # type: ignore[arg-type]
     )
     s = Scheduler(cache, config)
     pending = sorted(items, key=lambda it: it.arrival_s)
@@ -118,6 +142,7 @@ def run_ours(items: list[Item], st: Setting) -> tuple[list[StepRecord], list[lis
                 it.max_tokens,
                 n=it.n,
                 prompt_token_ids=it.prompt_token_ids,
+                priority=it.priority,
             )
             if not s.add_request(request, now):
                 raise SystemExit(
@@ -214,6 +239,7 @@ class VllmDriver:
             max_model_len=st.max_model_len,
             enable_chunked_prefill=st.policy == "chunked",
             is_encoder_decoder=False,
+            policy=st.scheduling,
         )
         model_config = ModelConfig(
             model=model,
@@ -266,6 +292,7 @@ class VllmDriver:
             pooling_params=None,
             arrival_time=it.arrival_s,
             block_hasher=self._hasher,
+            priority=it.priority,
         )
         self.requests[it.request_id] = request
         self._out_token[it.request_id] = it.output_token
@@ -347,7 +374,9 @@ def first_difference(ours: list[StepRecord], theirs: list[StepRecord]) -> str | 
     return None
 
 
-def grid(workloads: dict[str, list[Item]], quick: bool) -> list[tuple[str, Setting]]:
+def grid(
+    workloads: dict[str, list[Item]], quick: bool, scheduling: str = "fcfs"
+) -> list[tuple[str, Setting]]:
     out: list[tuple[str, Setting]] = []
     for name, items in workloads.items():
         longest = max(len(it.prompt_token_ids) + it.max_tokens for it in items)
@@ -365,7 +394,8 @@ def grid(workloads: dict[str, list[Item]], quick: bool) -> list[tuple[str, Setti
             max_model_len = min(longest, (blocks - 1) * BLOCK_SIZE)
             if policy == "continuous":
                 max_model_len = min(max_model_len, budget)
-            out.append((name, Setting(policy, budget, seqs, blocks, caching, max_model_len)))
+            setting = Setting(policy, budget, seqs, blocks, caching, max_model_len, scheduling)
+            out.append((name, setting))
     return out
 
 
@@ -378,6 +408,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a smaller grid")
     parser.add_argument("--only", help="run only workloads whose name contains this")
+    parser.add_argument(
+        "--scheduling",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="vLLM's --scheduling-policy for both schedulers; priority gives the requests "
+        "three priority classes (conformance_workloads.with_priorities)",
+    )
     parser.add_argument(
         "--setup", action="store_true", help="print how to build the vLLM environment and exit"
     )
@@ -415,13 +452,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             items = load_items(path, args.limit, at_zero, args.max_output, samples=True)
             if any(it.n > 1 for it in items):
                 workloads[f"{name}@{timing} n>1"] = items
+    if args.scheduling == "priority":
+        workloads = {name: with_priorities(items) for name, items in workloads.items()}
     if args.only:
         workloads = {k: v for k, v in workloads.items() if args.only in k}
         if not workloads:
             print(f"error: --only {args.only!r} matches no workload", file=sys.stderr)
             return 2
     model = model_dir()
-    print(f"vLLM {vllm.__version__}; block_size {BLOCK_SIZE}; our core with its defaults")
+    print(
+        f"vLLM {vllm.__version__}; block_size {BLOCK_SIZE}; our core with its defaults; "
+        f"scheduling policy {args.scheduling}"
+    )
     print(
         f"{args.limit} requests per trace, outputs cut to {args.max_output} tokens; n > 1 is "
         "fanned out into n requests for both schedulers, as vLLM v1's frontend does, except in "
@@ -429,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     total = same = 0
-    for name, st in grid(workloads, args.quick):
+    for name, st in grid(workloads, args.quick, args.scheduling):
         items = fit_to(workloads[name], st.max_model_len)
         ours, added = run_ours(items, st)
         theirs = run_vllm(items, st, added, model)
@@ -446,6 +488,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"{label}  {'SAME' if diff is None else 'DIFF ' + diff}", flush=True)
     print(f"identical at every step: {same} of {total} configurations")
+    if args.scheduling == "priority":
+        print(
+            f"preemptions of a request already scheduled in the step (taken out of it): "
+            f"{TAKEN_OUT[0]}"
+        )
     return 0
 
 

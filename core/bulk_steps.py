@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from core.request import Request, RequestStatus
 from core.scheduler import Scheduler
-from core.step import insert_by_arrival
+from core.step import join_running
 
 
 def record_step_ends(scheduler: Scheduler, step_end_s: Sequence[float]) -> int:
@@ -34,7 +34,7 @@ def admit_head(scheduler: Scheduler, request: Request, num_positions: int, start
     request.num_computed_tokens = 0
     request.num_prefix_lookup_tokens += request.num_tokens  # (looked up, as in ``Step``)
     request.status = RequestStatus.RUNNING
-    insert_by_arrival(scheduler.running, request)
+    join_running(scheduler.running, request, scheduler.by_priority)
     if request.first_scheduled_s is None:
         request.first_scheduled_s = start_s
     return True

@@ -15,12 +15,14 @@ MemoryModel = Literal["paged", "contiguous"]
 ReservationRule = Literal["max", "pow2", "oracle"]
 PreemptionMode = Literal["recompute", "swap"]
 ParallelSampling = Literal["fan_out", "fork"]
+SchedulingPolicy = Literal["fcfs", "priority"]
 
 MEMORY_MODELS: tuple[MemoryModel, ...] = ("paged", "contiguous")
 RESERVATION_RULES: tuple[ReservationRule, ...] = ("max", "pow2", "oracle")
 PREEMPTION_MODES: tuple[PreemptionMode, ...] = ("recompute", "swap")
 GIB = 1 << 30
 PARALLEL_SAMPLING: tuple[ParallelSampling, ...] = ("fan_out", "fork")
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 """How a request with n > 1 samples runs: ``fan_out``, as vLLM v1 runs it, n child requests
 scheduled each on its own that share only through the prefix cache; ``fork``, as the vLLM paper
 and vLLM v0 run it, the prompt computed once and its blocks shared copy-on-write by n
@@ -179,6 +181,9 @@ class SchedulerConfig:
     chunk budget for ``chunked``); ``max_num_seqs`` caps the requests in one step.
     ``batch_size`` and ``max_wait_s`` are the static/dynamic batching parameters.
     ``parallel_sampling`` says how n > 1 runs (PARALLEL_SAMPLING; vLLM v1's fan-out by default).
+    ``scheduling_policy`` orders the queues as vLLM's ``--scheduling-policy`` does: ``fcfs`` by
+    arrival; ``priority`` by each request's priority (lower first), then arrival, and preempts
+    the running request of the lowest priority, latest arrival first.
     """
 
     policy: str = "chunked"
@@ -188,6 +193,7 @@ class SchedulerConfig:
     batch_size: int = 8
     max_wait_s: float = 1.0
     parallel_sampling: ParallelSampling = "fan_out"
+    scheduling_policy: SchedulingPolicy = "fcfs"
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -355,6 +361,14 @@ SETTINGS: tuple[Setting, ...] = (
         "each on its own, sharing only through the prefix cache) or fork (the vLLM paper and "
         "v0: the prompt computed once, its blocks shared copy-on-write by n sequences)",
         choices=PARALLEL_SAMPLING,
+    ),
+    Setting(
+        "scheduling_policy",
+        str,
+        "the order requests are served in, as vLLM's --scheduling-policy: fcfs (by arrival) or "
+        "priority (by each request's priority, lower first, then arrival; memory runs out: "
+        "the running request of the lowest priority is preempted, even one already in the step)",
+        choices=SCHEDULING_POLICIES,
     ),
 )
 SETTINGS_BY_FIELD: dict[str, Setting] = {row.field: row for row in SETTINGS}

@@ -14,7 +14,7 @@ def child_id(parent_id: str, index: int) -> str:
 
 def fan_out(parent: Request) -> list[Request]:
     """The parent's n children, in the order vLLM's front end adds them: the same prompt,
-    arrival and output length, one sample each."""
+    arrival, output length and priority, one sample each."""
     return [
         Request(
             child_id(parent.request_id, index),
@@ -25,6 +25,7 @@ def fan_out(parent: Request) -> list[Request]:
             parent.prompt_token_ids,
             parent.prefix_hash_ids,
             parent.hash_block_tokens,
+            parent.priority,
         )
         for index in range(parent.n)
     ]

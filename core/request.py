@@ -137,6 +137,9 @@ class Request:
     prompt_token_ids: tuple[int, ...] | None = None
     prefix_hash_ids: tuple[int, ...] | None = None
     hash_block_tokens: int = 512
+    # Served before requests of a higher value under ``scheduling_policy="priority"`` (vLLM's
+    # ``priority``); ignored under FCFS.
+    priority: int = 0
 
     status: RequestStatus = RequestStatus.WAITING
     reject_reason: str | None = None
@@ -190,6 +193,7 @@ class Request:
         prompt_token_ids: tuple[int, ...] | None = None,
         prefix_hash_ids: tuple[int, ...] | None = None,
         hash_block_tokens: int = 512,
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.arrival_s = arrival_s
@@ -199,6 +203,7 @@ class Request:
         self.prompt_token_ids = prompt_token_ids
         self.prefix_hash_ids = prefix_hash_ids
         self.hash_block_tokens = hash_block_tokens
+        self.priority = priority
         self.status = RequestStatus.WAITING
         self.reject_reason = None
         self.num_output_tokens = 0

@@ -16,7 +16,7 @@ from core.memory import MemorySnapshot
 from core.parallel_sampling import SampleGroup, fan_out
 from core.policies import Policy, make_policy
 from core.request import Request, RequestStatus, TokenTimeline
-from core.step import Step, StepHost, insert_by_arrival, insert_by_arrival_into
+from core.step import Step, StepHost, enqueue, join_running
 
 
 def make_kv_manager(config: CacheConfig) -> KVCacheManager:
@@ -56,8 +56,10 @@ class Scheduler(StepHost):
         self.config = scheduler_config
         self.policy = policy if policy is not None else make_policy(scheduler_config)
         self.kv = make_kv_manager(cache_config)
+        self.by_priority = scheduler_config.scheduling_policy == "priority"
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # sorted by arrival: the tail is preempted first
+        # FCFS: sorted by arrival, the tail preempted first (priority: in the order they joined)
+        self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.held: list[Request] = []  # finished, but keeping memory until the batch ends
         self.kv_held: dict[str, Request] = {}  # finished prefills whose KV is being sent
@@ -130,9 +132,9 @@ class Scheduler(StepHost):
         request.live_seq_ids = list(request.seq_ids)
         self._next_seq_id += request.n
         self._requests[request.request_id] = request
-        insert_by_arrival_into(self.waiting, request)
-        # Policies admit in FCFS order and stop at the first waiting request that does not
-        # fit, so an arrival behind a waiting head cannot change the next step.
+        enqueue(self.waiting, request, self.by_priority)
+        # Policies admit in the queue's order and stop at the first waiting request that does
+        # not fit, so an arrival behind a waiting head cannot change the next step.
         if self.waiting[0] is request:
             self._changed_since_schedule = True
         return True
@@ -211,7 +213,7 @@ class Scheduler(StepHost):
             if request.n > 1:
                 self.kv.fork(request)
                 request.forked = True
-            insert_by_arrival(self.running, request)
+            join_running(self.running, request, self.by_priority)
             batch.transfers.append(request)
             if self.record_block_tables:
                 self._changed_tables.append(request)
@@ -486,7 +488,7 @@ class Scheduler(StepHost):
             batch.swap_out.extend(pairs)
             victim.num_blocks_swapped_out += len(pairs)
             victim.status = RequestStatus.SWAPPED
-            insert_by_arrival_into(self.swapped, victim)
+            enqueue(self.swapped, victim, self.by_priority)
             return
         # Recompute: drop the KV; the request starts over from its known tokens.
         victim.num_recomputed_tokens += victim.num_computed_tokens
@@ -494,4 +496,4 @@ class Scheduler(StepHost):
         victim.num_computed_tokens = 0
         victim.forked = False
         victim.status = RequestStatus.WAITING
-        insert_by_arrival_into(self.waiting, victim)
+        enqueue(self.waiting, victim, self.by_priority)

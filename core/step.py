@@ -3,6 +3,7 @@ the mechanism behind ``StepContext.schedule`` (growth, preemption, admission, sw
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from typing import Final
@@ -10,7 +11,7 @@ from typing import Final
 from core.batch import ScheduledBatch, ScheduledRequest
 from core.block_allocator import BlockPair
 from core.config import CacheConfig
-from core.kv_manager import KVCacheManager, PagedKVManager
+from core.kv_manager import KVCacheManager, PagedKVManager, RangeCopy
 from core.policies import Policy
 from core.request import Request, RequestStatus
 
@@ -31,6 +32,9 @@ class StepHost:
     arrivals_done: bool
     num_held_samples: int
     finishing: list[Request]
+    # ``scheduling_policy="priority"``: the queues in `priority_order`, running in the order
+    # requests joined it, preemption by lowest priority (`Step._pick_victim`).
+    by_priority: bool
 
     def preempt(self, victim: Request, batch: ScheduledBatch) -> None:
         raise NotImplementedError
@@ -65,6 +69,31 @@ def insert_by_arrival_into(queue: deque[Request], request: Request) -> None:
     while arrival_order(queue[idx]) <= key:
         idx += 1
     queue.insert(idx, request)
+
+
+def priority_order(request: Request) -> tuple[int, float, str, int]:
+    """vLLM's order under ``--scheduling-policy priority`` (its ``Request.__lt__``): priority,
+    lower first, then arrival time, then request id; then the order requests were added."""
+    return (request.priority, request.arrival_s, request.request_id, request.internal_idx)
+
+
+def enqueue(queue: deque[Request], request: Request, by_priority: bool) -> None:
+    """Put ``request`` in a waiting or swapped queue in the scheduling policy's order: by
+    arrival (`insert_by_arrival_into`), or by `priority_order` as vLLM's heap pops them."""
+    if by_priority:
+        queue.insert(bisect_right(queue, priority_order(request), key=priority_order), request)
+    else:
+        insert_by_arrival_into(queue, request)
+
+
+def join_running(running: list[Request], request: Request, by_priority: bool) -> None:
+    """Add ``request`` to the running list: in arrival order under FCFS (which is the order
+    vLLM appends them in, as FCFS admits and preempts by arrival), at the end under priority
+    scheduling, where vLLM's running list keeps the order requests joined it."""
+    if by_priority:
+        running.append(request)
+    else:
+        insert_by_arrival(running, request)
 
 
 def insert_by_arrival(running: list[Request], request: Request) -> None:
@@ -104,6 +133,9 @@ class Step:
         self._range_copies = scheduler.cache_config.memory_model == "contiguous"
         self._hits: dict[int, Sequence[int]] = {}
         self._commit = scheduler.cache_config.enable_prefix_caching
+        # Under priority scheduling a request already in the step can be preempted: the block
+        # copies its scheduling added, by request, to take back then (`_unschedule`).
+        self._copies_of: dict[int, tuple[list[BlockPair], list[RangeCopy]]] = {}
 
     # -- read-only view ----------------------------------------------------------------------
 
@@ -294,11 +326,48 @@ class Step:
         return copies
 
     def _pick_victim(self, request: Request) -> Request:
-        """The most recently arrived running request not already in this step."""
+        """FCFS: the most recently arrived running request not already in this step. Priority
+        scheduling: vLLM's ``max(running, key=(priority, arrival))``, the first such in running
+        order, ``request`` included; one already in this step leaves it (`_unschedule`)."""
+        if self.s.by_priority:
+            victim: Request | None = None
+            worst = (0, 0.0)
+            for candidate in self.s.running:
+                key = (candidate.priority, candidate.arrival_s)
+                if candidate.kv_ready and (victim is None or key > worst):
+                    victim, worst = candidate, key
+            if victim is None:
+                return request
+            if victim is not request and victim.internal_idx in self._scheduled:
+                self._unschedule(victim)
+            return victim
         for candidate in reversed(self.s.running):
             if candidate.internal_idx not in self._scheduled and candidate.kv_ready:
                 return candidate
         return request
+
+    def _unschedule(self, request: Request) -> None:
+        """Take ``request``, scheduled earlier in this step, out of it again (before it is
+        preempted): its tokens and sequences go back to the budgets, as in vLLM, and the batch
+        forgets its block copies and tables."""
+        batch = self.batch
+        for pos in range(len(batch.requests) - 1, -1, -1):
+            entry = batch.requests[pos]
+            if entry.request is request:
+                del batch.requests[pos]
+                self._token_budget += entry.num_new_tokens
+                self._seq_budget += len(request.live_seq_ids)
+                break
+        self._scheduled.discard(request.internal_idx)
+        copies, range_copies = self._copies_of.pop(request.internal_idx, ([], []))
+        for pair in copies:
+            batch.copies.remove(pair)
+        for copy in range_copies:
+            batch.range_copies.remove(copy)
+        request.num_cow_copies -= len(copies)
+        if batch.block_tables is not None:
+            for seq_id in request.seq_ids:
+                batch.block_tables.pop(seq_id, None)
 
     def _admit(self, request: Request, num_positions: int, pending: int) -> bool:
         kv = self.s.kv
@@ -331,7 +400,7 @@ class Step:
 
     def _to_running(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
-        insert_by_arrival(self.s.running, request)
+        join_running(self.s.running, request, self.s.by_priority)
 
     def _record(
         self,
@@ -343,6 +412,7 @@ class Step:
     ) -> None:
         batch = self.batch
         computed_end = request.num_computed_tokens + num_positions
+        range_copies: list[RangeCopy] = []
         if copies:
             batch.copies.extend(copies)
             request.num_cow_copies += len(copies)
@@ -350,6 +420,8 @@ class Step:
             range_copies = self.s.kv.take_range_copies(request)
             if range_copies:
                 batch.range_copies.extend(range_copies)
+        if (copies or range_copies) and self.s.by_priority:
+            self._copies_of[request.internal_idx] = (copies, range_copies)
         if self._commit:
             # As vLLM's allocate_slots: full blocks of known tokens enter the prefix cache
             # when they are scheduled, not when the step ends.

@@ -51,8 +51,11 @@ class LLM:
         self,
         prompt_token_ids: Sequence[Sequence[int]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (all arrive now); outputs come back in prompt order."""
+        """Generate for every prompt (all arrive now); outputs come back in prompt order.
+        ``priority``, one per prompt as vLLM's, orders them under
+        ``scheduling_policy="priority"`` (lower first)."""
         prompts = token_id_lists(prompt_token_ids)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -62,13 +65,16 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        priorities = [0] * len(prompts) if priority is None else list(priority)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"{len(priorities)} priorities for {len(prompts)} prompts")
         engine = self.engine
         now = engine.clock()
         requests: list[Request] = []
-        for prompt, param in zip(prompts, params, strict=True):
+        for prompt, param, rank in zip(prompts, params, priorities, strict=True):
             request_id = str(self._next_id)
             self._next_id += 1
-            request = engine.add_request(request_id, prompt, param, now)
+            request = engine.add_request(request_id, prompt, param, now, priority=rank)
             if request.status is RequestStatus.REJECTED:
                 for queued in requests:
                     engine.scheduler.abort(queued.request_id, now)

@@ -246,8 +246,10 @@ class LLMEngine:
         params: SamplingParams,
         arrival_s: float,
         now_s: float | None = None,
+        priority: int = 0,
     ) -> Request:
-        """Queue a request; check ``request.reject_reason`` (None if it was accepted)."""
+        """Queue a request; check ``request.reject_reason`` (None if it was accepted).
+        ``priority`` orders it under ``scheduling_policy="priority"`` (lower first)."""
         vocab = self.model.config.vocab_size
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
@@ -259,6 +261,7 @@ class LLMEngine:
             max_output_tokens=params.max_tokens,
             n=params.n,
             prompt_token_ids=tuple(prompt_token_ids),
+            priority=priority,
         )
         seed = params.seed
         if seed is None:

@@ -270,7 +270,9 @@ def _add_arrivals(
         )
         prompt = synthetic_prompt(item, index, vocab, seed)
         arrived.append(
-            engine.add_request(item.request_id, prompt, params, item.arrival_s * scale, now)
+            engine.add_request(
+                item.request_id, prompt, params, item.arrival_s * scale, now, item.priority
+            )
         )
     return arrived
 

@@ -101,6 +101,39 @@ def summarize(
     return out
 
 
+# What ``by_priority`` keeps of each class's summary.
+PRIORITY_KEYS = (
+    "num_requests",
+    "completed",
+    "rejected",
+    "request_throughput",
+    *(
+        f"{name}_{metric}_ms"
+        for metric in ("ttft", "tpot", "e2el")
+        for name in ("median", "p90", "p99")
+    ),
+    "num_preemptions",
+)
+
+
+def by_priority(
+    requests: Sequence[Request], duration_s: float
+) -> dict[str, dict[str, float | int | None]]:
+    """Each priority class's own summary (``PRIORITY_KEYS`` of `summarize`, over its requests
+    alone, throughput over the whole run's duration), keyed by the priority as text, lowest
+    (served first) first; empty when every request has one priority."""
+    classes: dict[int, list[Request]] = {}
+    for request in requests:
+        classes.setdefault(request.priority, []).append(request)
+    if len(classes) < 2:
+        return {}
+    out = {}
+    for priority in sorted(classes):
+        summary = summarize(classes[priority], duration_s)
+        out[str(priority)] = {key: summary[key] for key in PRIORITY_KEYS}
+    return out
+
+
 _STATUS = operator.attrgetter("status")
 _OUTPUTS = operator.attrgetter("num_output_tokens")
 _N = operator.attrgetter("n")

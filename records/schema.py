@@ -322,6 +322,10 @@ def request_frame(requests: list[Request], transfers: Sequence[TransferLike] = (
             }
         )
     frame = pd.DataFrame(rows)
+    if any(r.priority for r in requests):  # (only a trace with priority classes)
+        frame.insert(
+            frame.columns.get_loc("num_samples") + 1, "priority", [r.priority for r in requests]
+        )
     if transfers:
         by_id = {t.request_id: t for t in transfers}
         found = [by_id.get(r.request_id) for r in requests]

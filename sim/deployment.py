@@ -256,8 +256,8 @@ class Disaggregated:
 
 
 def _fresh(user: Request, hold_kv_on_finish: bool = False, **changes: object) -> Request:
-    """A new request with ``user``'s lengths, samples and prompt identity (no state), which
-    keeps its KV when it finishes if ``hold_kv_on_finish``."""
+    """A new request with ``user``'s lengths, samples, prompt identity and priority (no
+    state), which keeps its KV when it finishes if ``hold_kv_on_finish``."""
     fields: dict[str, object] = {
         "request_id": user.request_id,
         "arrival_s": user.arrival_s,
@@ -267,6 +267,7 @@ def _fresh(user: Request, hold_kv_on_finish: bool = False, **changes: object) ->
         "prompt_token_ids": user.prompt_token_ids,
         "prefix_hash_ids": user.prefix_hash_ids,
         "hash_block_tokens": user.hash_block_tokens,
+        "priority": user.priority,
     }
     request = Request(**(fields | changes))  # type: ignore[arg-type]
     request.hold_kv_on_finish = hold_kv_on_finish

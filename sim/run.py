@@ -24,7 +24,7 @@ from core.policies import POLICIES, check_budgets, check_policy
 from core.request import Request
 from core.scheduler import Scheduler
 from core.settings import flat_settings
-from records.metrics import summarize
+from records.metrics import by_priority, summarize
 from records.overload import Overload, request_overload
 from records.run_dir import write_run_dir
 from records.schema import StepRecorder, request_frame
@@ -169,6 +169,8 @@ class RunResult:
     hardware_name: str | None = None
     # Set when more load was offered than the deployment served (records.overload).
     overload: Overload | None = None
+    # Each priority class's summary, where the trace has more than one (records.metrics).
+    priority_summary: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
 
     @property
     def mean_real_token_share(self) -> float | None:
@@ -188,6 +190,8 @@ class RunResult:
         named: dict[str, Any] = {"hardware_name": self.hardware_name} if self.hardware_name else {}
         if self.overload is not None:  # (only a run that went wrong gains the key)
             named["overload"] = self.overload.as_dict()
+        if self.priority_summary:  # (only a trace with priority classes)
+            named["by_priority"] = self.priority_summary
         return named | {
             "trace": self.trace_name,
             "config": flat_settings(self.config),
@@ -437,4 +441,5 @@ def _run_result(
         transfers=output.transfers,
         hardware_name=hardware.name if hardware_is_file(config.hardware) else None,
         overload=request_overload(output.requests, output.end_s),
+        priority_summary=by_priority(output.requests, output.end_s),
     )

@@ -45,12 +45,19 @@ def _default(cls: type, name: str) -> Any:
 
 
 def _int_list(text: str) -> list[int]:
+    values = _any_int_list(text)
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected ints >= 1 like '2' or '1,2,4': {text!r}")
+    return values
+
+
+def _any_int_list(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.replace(",", " ").split()]
     except ValueError as error:
-        raise argparse.ArgumentTypeError(f"expected ints like '2' or '1,2,4': {text!r}") from error
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected ints >= 1 like '2' or '1,2,4': {text!r}")
+        raise argparse.ArgumentTypeError(f"expected ints like '2' or '0,1,2': {text!r}") from error
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected ints like '2' or '0,1,2': {text!r}")
     return values
 
 
@@ -127,6 +134,13 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         default=[1],
         help="parallel samples n per request; a list like '1,2,4' draws one per request",
     )
+    parser.add_argument(
+        "--priorities",
+        type=_any_int_list,
+        default=None,
+        help="a priority per request, drawn from a list like '0,1,2' (lower is served first "
+        "under --scheduling-policy priority); none: the trace has no priority column",
+    )
 
 
 def _arrivals(args: argparse.Namespace) -> ArrivalProcess:
@@ -175,6 +189,7 @@ def build_trace(args: argparse.Namespace) -> Trace:
         name=name,
         num_samples=args.num_samples,
         shared_prefix=shared,
+        priorities=args.priorities,
     )
 
 

@@ -5,7 +5,7 @@ optionally with shared system prompts (so prefix caching can hit) and n > 1 samp
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -125,6 +125,7 @@ def _assemble(
     rng: np.random.Generator,
     num_samples: NumSamples,
     shared_prefix: SharedPrefix | None,
+    priorities: Sequence[int] | None = None,
 ) -> Trace:
     samples = _num_samples(num_samples, len(arrival_times), rng)
     requests = [
@@ -135,6 +136,13 @@ def _assemble(
     ]
     if shared_prefix is not None:
         requests = shared_prefix.apply(requests, rng)
+    if priorities is not None:
+        # (drawn last, so that the rest of a seeded trace is the same with or without them)
+        choices = list(priorities)
+        if not choices or any(not isinstance(p, int) or isinstance(p, bool) for p in choices):
+            raise ValueError(f"priorities must be a non-empty list of ints, got {priorities!r}")
+        picked: list[int] = rng.choice(np.asarray(choices), len(requests)).tolist()
+        requests = [replace(r, priority=p) for r, p in zip(requests, picked, strict=True)]
     return Trace(name=name, requests=tuple(requests), format="synthetic")
 
 
@@ -147,18 +155,20 @@ def generate_trace(
     name: str = "synthetic",
     num_samples: NumSamples = 1,
     shared_prefix: SharedPrefix | None = None,
+    priorities: Sequence[int] | None = None,
 ) -> Trace:
     """A synthetic trace; the same arguments and int seed always give an equal trace.
 
     `num_samples` is n for every request, or a list of n values drawn uniformly per request.
-    With `shared_prefix`, each prompt is a system prompt plus a drawn-length own part.
+    With `shared_prefix`, each prompt is a system prompt plus a drawn-length own part. With
+    `priorities`, each request's priority is drawn uniformly from them.
     """
     if not isinstance(num_requests, int) or num_requests < 1:
         raise ValueError(f"num_requests must be an int >= 1, got {num_requests!r}")
     rng = make_rng(seed)
     arrival_times = arrivals.sample(num_requests, rng)
     drawn = lengths.sample(num_requests, rng)
-    return _assemble(name, arrival_times, drawn, rng, num_samples, shared_prefix)
+    return _assemble(name, arrival_times, drawn, rng, num_samples, shared_prefix, priorities)
 
 
 def trace_from_length_table(
@@ -171,6 +181,7 @@ def trace_from_length_table(
     name: str | None = None,
     num_samples: NumSamples = 1,
     shared_prefix: SharedPrefix | None = None,
+    priorities: Sequence[int] | None = None,
 ) -> Trace:
     """Give a length table's rows arrival times: the first `num_requests` rows (all by
     default) in file order, or a seeded random permutation of them with `shuffle=True`."""
@@ -183,4 +194,6 @@ def trace_from_length_table(
     outputs: list[int] = np.asarray(table.output_tokens)[rows].tolist()
     arrival_times = arrivals.sample(count, rng)
     trace_name = name or f"{table.name}+arrivals"
-    return _assemble(trace_name, arrival_times, (prompts, outputs), rng, num_samples, shared_prefix)
+    return _assemble(
+        trace_name, arrival_times, (prompts, outputs), rng, num_samples, shared_prefix, priorities
+    )

@@ -32,6 +32,7 @@ SERVESIM_OPTIONAL = (
     "prompt_token_ids",
     "prefix_hash_ids",
     "hash_block_tokens",
+    "priority",
 )
 VIDUR_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 LENGTH_TABLE_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
@@ -105,6 +106,9 @@ def _servesim_row(
     for name in ("prompt_token_ids", "prefix_hash_ids"):
         text = cell(cells, index, name) or ""
         setattr(row, name, parser.id_list(text, line, name))
+    text = (cell(cells, index, "priority") or "").strip()
+    if text:
+        row.priority = parser.integer(text, line, "priority", minimum=None) or 0
     return row
 
 
@@ -167,7 +171,8 @@ def _read_csv(
 
 def load_servesim(path: str | Path, on_error: str = "raise", *, name: str | None = None) -> Trace:
     """Our own CSV (see `traces/README.md`): `arrival_s,prompt_tokens,output_tokens` required;
-    `request_id,num_samples,prompt_token_ids,prefix_hash_ids,hash_block_tokens` optional."""
+    `request_id,num_samples,prompt_token_ids,prefix_hash_ids,hash_block_tokens,priority` optional
+    (``priority``: any integer, lower served first under ``--scheduling-policy priority``)."""
     path = Path(path)
     columns = (SERVESIM_REQUIRED, SERVESIM_OPTIONAL)
     builder = _read_csv(path, on_error, columns, _servesim_row)

@@ -40,6 +40,7 @@ class ParsedRow:
     prompt_token_ids: tuple[int, ...] | None = None
     prefix_hash_ids: tuple[int, ...] | None = None
     hash_block_tokens: int = DEFAULT_HASH_BLOCK_TOKENS
+    priority: int = 0
 
 
 class RowParser:
@@ -61,8 +62,9 @@ class RowParser:
         self.deliberate_skips.append(TraceProblem(self.path, line, field, message))
         self.bad_lines.add(line)
 
-    def integer(self, text: str, line: int, field: str, minimum: int = 1) -> int | None:
-        """An int >= minimum; integral floats such as `12.0` are accepted."""
+    def integer(self, text: str, line: int, field: str, minimum: int | None = 1) -> int | None:
+        """An int >= minimum (any int where minimum is None); integral floats such as `12.0`
+        are accepted."""
         text = text.strip()
         try:
             value = int(text)
@@ -74,7 +76,7 @@ class RowParser:
                 self.problem(line, field, f"expected an integer, got {text!r}")
                 return None
             value = int(number)
-        if value < minimum:
+        if minimum is not None and value < minimum:
             self.problem(line, field, f"must be >= {minimum}, got {value}")
             return None
         return value
@@ -208,6 +210,7 @@ class TraceBuilder:
                 prompt_token_ids=row.prompt_token_ids,
                 prefix_hash_ids=row.prefix_hash_ids,
                 hash_block_tokens=row.hash_block_tokens,
+                priority=row.priority,
             )
         except ValueError as error:
             match = _SCHEMA_FIELD.match(str(error))

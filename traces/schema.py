@@ -44,6 +44,8 @@ class TraceRequest:
     prompt_token_ids: tuple[int, ...] | None = None
     prefix_hash_ids: tuple[int, ...] | None = None
     hash_block_tokens: int = DEFAULT_HASH_BLOCK_TOKENS
+    # Lower is served first under ``--scheduling-policy priority`` (vLLM's ``priority``).
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -60,6 +62,8 @@ class TraceRequest:
         _require_int("TraceRequest", "output_tokens", self.output_tokens, 1)
         _require_int("TraceRequest", "num_samples", self.num_samples, 1)
         _require_int("TraceRequest", "hash_block_tokens", self.hash_block_tokens, 1)
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise ValueError(f"TraceRequest.priority must be an int, got {self.priority!r}")
         for field in ("prompt_token_ids", "prefix_hash_ids"):
             if getattr(self, field) == ():
                 object.__setattr__(self, field, None)

@@ -25,6 +25,8 @@ def trace_columns(trace: Trace) -> tuple[str, ...]:
         columns.append("hash_block_tokens")
     if any(r.prompt_token_ids is not None for r in requests):
         columns.append("prompt_token_ids")
+    if any(r.priority != 0 for r in requests):
+        columns.append("priority")
     return tuple(columns)
 
 
@@ -43,6 +45,8 @@ def _row(request: TraceRequest, columns: tuple[str, ...]) -> list[str]:
         row.append(str(request.hash_block_tokens))
     if "prompt_token_ids" in columns:
         row.append(_ids(request.prompt_token_ids))
+    if "priority" in columns:
+        row.append(str(request.priority))
     return row
 
 

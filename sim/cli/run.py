@@ -55,6 +55,7 @@ def print_summary(result: RunResult) -> None:
             f"{metric.upper():<12} mean {mean:9.2f}  median {s[f'median_{metric}_ms']:9.2f}  "
             f"p90 {s[f'p90_{metric}_ms']:9.2f}  p99 {s[f'p99_{metric}_ms']:9.2f}  ms"
         )
+    lines.extend(priority_lines(result.priority_summary))
     lines.append(
         f"preemptions  {s['num_preemptions']}, recomputed tokens {s['num_recomputed_tokens']}, "
         f"swapped-out blocks {s['num_blocks_swapped_out']}, "
@@ -73,6 +74,23 @@ def print_summary(result: RunResult) -> None:
     if result.overload is not None:
         lines.append(f"warning      {result.overload.warning}")
     print("\n".join(lines))
+
+
+def priority_lines(classes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per priority class (lowest, served first, first): its requests and its
+    median / p99 TTFT and E2EL; nothing when the trace has one class."""
+
+    def ms(value: Any) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    lines = []
+    for priority, c in classes.items():
+        lines.append(
+            f"priority {priority:<3} {c['completed']} of {c['num_requests']} finished; TTFT "
+            f"median {ms(c['median_ttft_ms'])} p99 {ms(c['p99_ttft_ms'])}, E2EL median "
+            f"{ms(c['median_e2el_ms'])} p99 {ms(c['p99_e2el_ms'])} ms"
+        )
+    return lines
 
 
 def throughput_line(s: Mapping[str, Any]) -> str:

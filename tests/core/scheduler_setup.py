@@ -30,6 +30,8 @@ def make_scheduler(
     max_wait_s: float = 0.0,
     reservation: str = "oracle",
     parallel_sampling: str = "fork",
+    scheduling_policy: str = "fcfs",
+    max_num_seqs: int = 256,
 ) -> Scheduler:
     """A scheduler for the targeted scenarios; n > 1 forks by default here (most scenarios
     are about copy-on-write sharing; ``test_parallel_sampling`` covers the fan-out)."""
@@ -50,6 +52,8 @@ def make_scheduler(
         batch_size=batch_size,
         max_wait_s=max_wait_s,
         parallel_sampling=parallel_sampling,  # type: ignore[arg-type]
+        scheduling_policy=scheduling_policy,  # type: ignore[arg-type]
+        max_num_seqs=max_num_seqs,
     )
     return Scheduler(cache, config)
 

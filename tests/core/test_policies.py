@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.batch import ScheduledBatch
-from core.config import PREEMPTION_MODES, CacheConfig, SchedulerConfig
+from core.config import PREEMPTION_MODES, SCHEDULING_POLICIES, CacheConfig, SchedulerConfig
 from core.contiguous_allocator import reservation_slots
 from core.kv_manager import PagedKVManager
 from core.policies import POLICIES
@@ -424,7 +424,11 @@ def random_setup(draw: st.DrawFn) -> tuple[list[Request], CacheConfig, Scheduler
         preemption_mode=draw(st.sampled_from(PREEMPTION_MODES)),
         batch_size=draw(st.integers(1, 4)),
         max_wait_s=draw(st.sampled_from([0.0, 0.05])),
+        scheduling_policy=draw(st.sampled_from(SCHEDULING_POLICIES)),
     )
+    if config.scheduling_policy == "priority":
+        for request in requests:
+            request.priority = draw(st.integers(0, 2))
     return requests, cache, config
 
 

@@ -219,12 +219,14 @@ RECORDED_AT_8D1F2CA = (
 def test_run_records_the_same_flat_settings_as_before() -> None:
     """summary.json's ``config`` keeps the names it had when RunConfig was flat (8d1f2ca), and
     adds only the settings issue 31 added since (vLLM's data parallelism, its n > 1, and
-    when an arrival joins a batch under async scheduling) and issue 30's host speed."""
+    when an arrival joins a batch under async scheduling), issue 30's host speed and vLLM's
+    --scheduling-policy."""
     added = (
         "data_parallel_size",
         "enable_expert_parallel",
         "parallel_sampling",
         "scheduling_lag",
         "host_slowdown",
+        "scheduling_policy",
     )
     assert sorted(flat_settings(RunConfig())) == sorted((*RECORDED_AT_8D1F2CA, *added))

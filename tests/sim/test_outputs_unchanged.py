@@ -29,6 +29,8 @@ def _summary_hash(path: Path) -> str:
     assert summary["config"].pop("scheduling_lag") is False
     # 2026-11-28: the host's speed against the host set's (1.0 unless --host-slowdown).
     assert summary["config"].pop("host_slowdown") == 1.0
+    # 2026-11-29: vLLM's --scheduling-policy (fcfs unless priority is asked for).
+    assert summary["config"].pop("scheduling_policy") == "fcfs"
     return hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()
 
 

@@ -269,3 +269,22 @@ def test_an_unknown_header_names_each_formats_columns_and_the_missing_ones(
     record.write_text('{"timestamp": 0, "input_length": 5}\n')
     with pytest.raises(TraceFormatError, match=r"missing output_length"):
         load_trace(record)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("high", "not a number"), ("1.5", "expected an integer"), ("nan", "finite")],
+)
+def test_a_bad_priority_names_file_line_and_field(text: str, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "p.csv"
+    path.write_text(f"arrival_s,prompt_tokens,output_tokens,priority\n0,5,5,-2\n1,5,5,{text}\n")
+    with pytest.raises(TraceFormatError) as caught:
+        load_trace(path)
+    assert [(p.line, p.field) for p in caught.value.problems] == [(3, "priority")]
+    assert message in str(caught.value)
+
+
+def test_priorities_may_be_negative_and_default_to_zero(tmp_path: Path) -> None:
+    path = tmp_path / "p.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,priority\n0,5,5,-2\n1,5,5,\n")
+    assert [r.priority for r in load_trace(path).requests] == [-2, 0]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -50,6 +51,7 @@ def traces(draw: st.DrawFn) -> Trace:
                 token_ids,
                 hash_ids,
                 block,
+                draw(st.sampled_from([0, 0, 1, -3, 2**40])),
             )
         )
     return Trace("t", tuple(requests))
@@ -88,3 +90,14 @@ def test_100k_rows_round_trip(tmp_path: Path) -> None:
     path = write_trace(trace, tmp_path / "big.csv")
     loaded = load_trace(path)
     assert loaded.requests == trace.requests
+
+
+def test_priorities_are_drawn_last_and_written_only_when_given(tmp_path: Path) -> None:
+    plain = generate_trace(50, PoissonArrivals(5.0), FixedLengths(), seed=4)
+    ranked = generate_trace(50, PoissonArrivals(5.0), FixedLengths(), seed=4, priorities=[0, 1, 2])
+    assert "priority" not in trace_columns(plain) and trace_columns(ranked)[-1] == "priority"
+    assert {r.priority for r in ranked.requests} == {0, 1, 2}
+    # Everything else is the same trace: the priorities come from the seed's last draws.
+    assert [replace(r, priority=0) for r in ranked.requests] == list(plain.requests)
+    loaded = load_trace(write_trace(ranked, tmp_path / "p.csv"))
+    assert [r.priority for r in loaded.requests] == [r.priority for r in ranked.requests]

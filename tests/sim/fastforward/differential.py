@@ -149,6 +149,7 @@ def traces(draw: Callable[[st.SearchStrategy[Any]], Any]) -> Trace:
         output = draw(st.one_of(st.integers(1, 12), st.integers(1, 300)))
         samples = draw(st.integers(1, 4))
         group = draw(st.integers(0, 2))  # requests of one group share a prefix
+        priority = draw(st.integers(0, 2))  # (read under priority scheduling only)
         token_ids = hash_ids = None
         if prefix_kind == "token_ids":
             shared = draw(st.integers(0, prompt))
@@ -171,6 +172,7 @@ def traces(draw: Callable[[st.SearchStrategy[Any]], Any]) -> Trace:
                 prompt_token_ids=token_ids,
                 prefix_hash_ids=hash_ids,
                 hash_block_tokens=hash_block_tokens,
+                priority=priority,
             )
         )
     return Trace(name="drawn", requests=tuple(requests))
@@ -180,7 +182,7 @@ def traces(draw: Callable[[st.SearchStrategy[Any]], Any]) -> Trace:
 def configs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> RunConfig:
     """Every policy and disagg, both memory models, block sizes 1/16/32, caches from a few
     blocks to ample, prefix caching, recompute or swap (tiny swap space), small budgets,
-    replicas behind each router."""
+    replicas behind each router, FCFS or priority scheduling."""
     policy = draw(st.sampled_from([*sorted(POLICIES), "disagg"]))
     pool_policy = draw(st.sampled_from(sorted(POLICIES)))
     memory = draw(st.sampled_from(["paged", "contiguous"]))
@@ -210,6 +212,7 @@ def configs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> RunConfig:
         max_num_batched_tokens=budget,
         batch_size=draw(st.integers(1, 4)),
         max_wait_s=draw(st.sampled_from([0.0, 0.05])),
+        scheduling_policy=draw(st.sampled_from(["fcfs", "priority"])),
         num_replicas=1 if disagg else draw(st.integers(1, 3)),
         router=draw(st.sampled_from(["round_robin", "least_outstanding", "prefix_aware"])),
         num_prefill=draw(st.integers(1, 2)) if disagg else 1,
