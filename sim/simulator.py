@@ -5,10 +5,12 @@ policy timer) wakes it, and skipping over runs of identical decode steps exactly
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Callable, Generator
 
 import simpy
+from simpy.events import NORMAL
 
 from core.batch import ScheduledBatch, StepResult
 from core.memory import MemorySnapshot
@@ -32,6 +34,7 @@ def to_request(item: TraceRequest) -> Request:
         prompt_token_ids=item.prompt_token_ids,
         prefix_hash_ids=item.prefix_hash_ids,
         hash_block_tokens=item.hash_block_tokens,
+        priority=item.priority,
     )
 
 
@@ -49,6 +52,24 @@ def _delay_until(now_s: float, end_s: float) -> float:
     while delay > 0.0 and now_s + delay > end_s:
         delay = math.nextafter(delay, 0.0)
     return delay
+
+
+def timeout_at(env: simpy.Environment, end_s: float) -> simpy.Event:
+    """A timeout that ends at exactly ``end_s`` (>= ``env.now``). SimPy ends a timeout at
+    ``now + delay``, and from some ``now`` no delay lands on ``end_s``: when ``now`` ends in
+    half a unit of ``end_s``'s last place, rounding to even skips every other float. SimPy's
+    clock then drifts a unit from the replica's (``Replica.clock_s``), and whatever reads it
+    next (a KV transfer's start, a woken replica's clock) differs from a run stepped one
+    step at a time. Such an event goes into SimPy's queue at ``end_s`` itself, as a
+    ``Timeout`` with an exact delay would (`tests/sim/test_simulator.py` holds the case)."""
+    delay = _delay_until(env.now, end_s)
+    if env.now + delay == end_s:
+        return env.timeout(delay)
+    event = env.event()
+    event._ok = True  # (what Timeout sets: a timeout succeeds with no value)
+    event._value = None
+    heapq.heappush(env._queue, (end_s, NORMAL, next(env._eid), event))
+    return event
 
 
 class Replica:
@@ -166,7 +187,7 @@ class Replica:
             result = costs.execute(batch) if costs is not None else self.executor.execute(batch)
             end_s = now_s + result.duration_s
             self._busy_until = end_s
-            yield env.timeout(result.duration_s)
+            yield timeout_at(env, end_s)
             self._busy_until = None
             self.clock_s = end_s
             self.recorder.record(batch, now_s, result.duration_s, self.index, self.pool)
@@ -199,7 +220,7 @@ class Replica:
         self._skip_ends = ends
         while True:
             try:
-                yield self.env.timeout(_delay_until(self.env.now, ends[last]))
+                yield timeout_at(self.env, ends[last])
                 break
             except simpy.Interrupt:
                 # The step under way finishes as planned; the next one is scheduled afresh.

@@ -8,12 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
+import simpy
 
 from core.policies import POLICIES
 from core.request import RequestStatus
 from core.settings import build
 from sim.cli.main import main
 from sim.run import RunConfig, simulate
+from sim.simulator import timeout_at
 from traces.loaders import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,3 +181,26 @@ def test_a_simulation_collects_garbage_less_often_and_restores_the_setting(
         assert gc.get_threshold() == (10 * sim.run._GC_THRESHOLD, 5, 5)
     finally:
         gc.set_threshold(*before)
+
+
+@pytest.mark.parametrize(
+    ("start_s", "end_s"),
+    [
+        # From this start no delay reaches the end: now + delay rounds to even (the draw that
+        # found it: tests/sim/fastforward/test_fast_forward_differential.py).
+        (0.03063116709890469, 0.20559742527382704),
+        (0.0, 0.1),
+        (0.2, 0.2),
+    ],
+)
+def test_timeout_at_ends_at_exactly_the_time_asked(start_s: float, end_s: float) -> None:
+    env = simpy.Environment(initial_time=start_s)
+    seen: list[float] = []
+
+    def wait() -> simpy.events.ProcessGenerator:
+        yield timeout_at(env, end_s)
+        seen.append(env.now)
+
+    env.process(wait())
+    env.run()
+    assert seen == [end_s]

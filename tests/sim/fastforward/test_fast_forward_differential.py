@@ -134,3 +134,29 @@ def test_a_decode_pool_left_empty_by_a_finished_request_schedules_again() -> Non
     transferred meanwhile out; nothing woke the replica again."""
     config = _chunked_disagg(num_blocks=8, max_num_seqs=1)
     assert_fast_forward_exact(_trace((1, 4, 1), (1, 1, 1), (1, 2, 1), (1, 1, 1)), config)
+
+
+def test_skipped_run_ends_exactly_where_no_delay_reaches_it() -> None:
+    """Found by the draws (seed 0, 2,000 draws): a chunked prompt's run of 17 steps ended at
+    0.20559742527382704 s, and from SimPy's clock at its start (0.0306 s, which ends in half a
+    unit of that time's last place) no delay lands there: rounding to even skips every other
+    float. SimPy's clock ended a unit early, and so did the prompt's KV transfer and the
+    decode pool's step after it (`sim.simulator.timeout_at`)."""
+    config = build(
+        RunConfig,
+        policy="disagg",
+        pool_policy="chunked",
+        num_blocks=50,
+        max_num_seqs=1,
+        max_num_batched_tokens=24,
+        **{**SMALL, "block_size": 16},  # type: ignore[arg-type]
+    )
+    specs = [(0.0, 481, 2)] + [(0.002, 1, 1)] * 7
+    trace = Trace(
+        name="regression",
+        requests=tuple(
+            TraceRequest(f"r{idx}", arrival_s, prompt, output)
+            for idx, (arrival_s, prompt, output) in enumerate(specs)
+        ),
+    )
+    assert_fast_forward_exact(trace, config)
