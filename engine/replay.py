@@ -303,7 +303,7 @@ def _replay_result(
         steps=steps,
         summary=summary,
         trace_stats=trace.length_stats(),
-        notes=list(trace.notes) + ([CPU_CLOCK_NOTE] if cpu_clock else []),
+        notes=[*trace.skipped_rows(), *trace.notes, *([CPU_CLOCK_NOTE] if cpu_clock else [])],
         device_name=name,
         wall_s=wall_s,
         prepare_s=prepare_s,

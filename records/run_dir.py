@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from core.request import RequestStatus
 from core.settings import flat_settings
 from records.schema import SUMMED_COLUMNS
 
@@ -92,6 +93,8 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunRecords:
     when present. The CSV files may be gzip-compressed (``run_file``)."""
     root = Path(run_dir)
     summary_path = root / "summary.json"
+    if root.is_file():
+        raise ValueError(f"{root}: a file, not a run directory (a run's --out folder)")
     if not root.is_dir():
         raise ValueError(f"{root}: no such run directory")
     if not summary_path.is_file():
@@ -120,8 +123,8 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunRecords:
         label=label,
         config=config,
         summary=dict(payload["summary"]),
-        requests=pd.read_csv(run_file(root, "requests.csv"), keep_default_na=False, na_values=[""]),
-        steps=per_step(pd.read_csv(run_file(root, "steps.csv"))),
+        requests=_requests(root, payload["summary"].get("num_requests")),
+        steps=per_step(read_run_csv(root, "steps.csv", text_columns=("pool",))),
         trace_name=str(payload.get("trace", UNKNOWN)),
         memory_model=memory_model,
         num_blocks=payload.get("num_blocks"),
@@ -134,6 +137,60 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunRecords:
         hardware=hardware_text(payload, config),
         timing=timing_text(payload),
     )
+
+
+# The columns of requests.csv that hold text; every other column holds numbers.
+_REQUEST_TEXT_COLUMNS = ("request_id", "status", "reject_reason")
+_STATUSES = tuple(status.value for status in RequestStatus)
+
+
+def read_run_csv(root: Path, name: str, text_columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """One CSV file of the run directory ``root``, every column but ``text_columns`` numbers;
+    a missing, empty or damaged file is a ``ValueError`` naming the file (and the line and
+    column of the first bad value)."""
+    path = run_file(root, name)
+    if not path.is_file():
+        raise ValueError(
+            f"{root}: {name} is missing (a run directory holds summary.json, requests.csv and "
+            "steps.csv)"
+        )
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path}: empty (not a run's {name})") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as error:
+        raise ValueError(f"{path}: not a run's {name} ({error})") from None
+    for column in frame.columns:
+        if column in text_columns or pd.api.types.is_numeric_dtype(frame[column]):
+            continue
+        numbers = pd.to_numeric(frame[column], errors="coerce")
+        bad = numbers.isna() & frame[column].notna()
+        if not bad.any():  # (a column with no values at all reads as text)
+            continue
+        row = int(bad.to_numpy().argmax())
+        # (line 1 is the header)
+        raise ValueError(f"{path}:{row + 2}: {column}: not a number: {frame[column].iloc[row]!r}")
+    return frame
+
+
+def _requests(root: Path, num_requests: object) -> pd.DataFrame:
+    """requests.csv, its statuses known and as many rows as summary.json counts requests."""
+    frame = read_run_csv(root, "requests.csv", _REQUEST_TEXT_COLUMNS)
+    path = run_file(root, "requests.csv")
+    if "status" in frame.columns:
+        unknown = ~frame["status"].isin(_STATUSES)
+        if unknown.any():
+            row = int(unknown.to_numpy().argmax())
+            raise ValueError(
+                f"{path}:{row + 2}: status: {frame['status'].iloc[row]!r} is not a request "
+                f"status (one of {', '.join(_STATUSES)})"
+            )
+    if isinstance(num_requests, int) and len(frame) != num_requests:
+        raise ValueError(
+            f"{path}: {len(frame)} requests, but summary.json counts {num_requests}: the file "
+            "was cut short or is not this run's"
+        )
+    return frame
 
 
 def hardware_text(payload: dict[str, Any], config: dict[str, Any]) -> str | None:

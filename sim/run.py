@@ -436,7 +436,7 @@ def _run_result(
         steps=recorder,
         summary=summary,
         num_skipped_rows=trace.num_skipped,
-        notes=list(trace.notes),
+        notes=[*trace.skipped_rows(), *trace.notes],
         trace_stats=trace.length_stats(),
         transfers=output.transfers,
         hardware_name=hardware.name if hardware_is_file(config.hardware) else None,

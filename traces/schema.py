@@ -8,7 +8,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from traces.problems import TraceProblem
+from traces.problems import MAX_LISTED_PROBLEMS, TraceProblem
 
 DEFAULT_HASH_BLOCK_TOKENS = 512
 # Where a problem message turns from its kind to the row's particular values.
@@ -198,6 +198,17 @@ class Trace:
             reasons[key] = reasons.get(key, 0) + 1
         listed = "; ".join(f"{count} x {reason}" for reason, count in sorted(reasons.items()))
         return f"skipped {self.num_skipped} row(s) of {self.source or self.name}: {listed}"
+
+    def skipped_rows(self) -> list[str]:
+        """What a run says of the rows left out (none: empty): `describe_skipped`, then each
+        row as ``file:line: field: message``, the first `MAX_LISTED_PROBLEMS` of them and then
+        how many more."""
+        if not self.num_skipped:
+            return []
+        lines = [self.describe_skipped(), *map(str, self.problems[:MAX_LISTED_PROBLEMS])]
+        if len(self.problems) > MAX_LISTED_PROBLEMS:
+            lines.append(f"... and {len(self.problems) - MAX_LISTED_PROBLEMS} more row(s)")
+        return lines
 
 
 @dataclass(frozen=True, slots=True)

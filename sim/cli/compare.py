@@ -9,7 +9,13 @@ from typing import Any
 from core.config import MEMORY_MODELS, RESERVATION_RULES
 from core.settings import build
 from sim.cli.options import add_run_arguments, run_settings, with_vllm_defaults
-from sim.cli.run import check_output_paths, command_line, print_summary, write_outputs
+from sim.cli.run import (
+    check_output_paths,
+    command_line,
+    print_skipped,
+    print_summary,
+    write_outputs,
+)
 from sim.run import POLICY_CHOICES, RunConfig, simulate
 from traces.loaders import load_trace
 
@@ -85,6 +91,7 @@ def compare_command(args: argparse.Namespace) -> int:
     named = _compare_configs(args)
     check_output_paths(args)
     trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
+    print_skipped(trace)
     results = []
     for _, config in named:
         result = simulate(trace, config, progress=not args.quiet)

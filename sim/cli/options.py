@@ -250,6 +250,13 @@ def unused_options(config: RunConfig, args: argparse.Namespace) -> list[str]:
         for flag, name in _DISAGG_OPTIONS:
             if getattr(config, name) != getattr(DEFAULTS, name):
                 unused.append(f"{flag}: applies to --policy disagg only")
+    elif config.num_replicas != DEFAULTS.num_replicas:
+        unused.append(
+            "--replicas: counts colocated replicas; --policy disagg sizes its pools with "
+            "--prefill-replicas and --decode-replicas"
+        )
+    if config.enable_expert_parallel and not load_model_spec(config.model).is_moe:
+        unused.append(f"--enable-expert-parallel: {config.model} has no experts")
     routed = config.num_prefill if disagg else config.num_replicas
     if config.router != DEFAULTS.router and (routed == 1 or config.data_parallel_size > 1):
         unused.append(

@@ -17,6 +17,7 @@ from reports.tables import deployment_text, rejection_note
 from sim.cli.options import add_run_arguments, config_from_args, unused_options
 from sim.run import RunResult, simulate
 from traces.loaders import load_trace
+from traces.schema import Trace
 
 
 def add_run_command(commands: Any) -> None:
@@ -137,9 +138,16 @@ def check_output_paths(args: argparse.Namespace) -> None:
         raise ValueError(f"--report {args.report}: is a directory; give an .html file name")
 
 
+def print_skipped(trace: Trace) -> None:
+    """Say on stderr which rows the trace's loader left out (``--on-error skip``) and why."""
+    for index, line in enumerate(trace.skipped_rows()):
+        print(f"note: {line}" if index == 0 else f"  {line}", file=sys.stderr)
+
+
 def run_command(args: argparse.Namespace) -> int:
     check_output_paths(args)
     trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
+    print_skipped(trace)
     config = config_from_args(args)
     for unused in unused_options(config, args):
         print(f"note: {unused}; it has no effect on this run", file=sys.stderr)

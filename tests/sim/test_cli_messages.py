@@ -344,3 +344,23 @@ def test_a_run_where_nothing_finishes_at_one_instant_writes_its_outputs(
     assert {p.name for p in out.iterdir()} == {"requests.csv", "steps.csv", "summary.json"}
     assert json.loads((out / "summary.json").read_text())["summary"]["completed"] == 0
     assert report.is_file()
+
+
+def test_rows_skipped_are_named_on_stderr_and_in_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "bad.csv"
+    trace.write_text(
+        "request_id,arrival_s,prompt_tokens,output_tokens\n0,0.0,100,10\n1,0.1,-5,10\n2,0.2,abc,10\n"
+    )
+    argv = ["run", str(trace), "--on-error", "skip", "--out", str(tmp_path / "o"), "--quiet"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"note: skipped 2 row(s) of {trace}" in err
+    assert f"{trace}:3: prompt_tokens: must be >= 1, got -5" in err
+    assert f"{trace}:4: prompt_tokens: not a number: 'abc'" in err
+    notes = json.loads((tmp_path / "o" / "summary.json").read_text())["notes"]
+    assert notes[1:] == [
+        f"{trace}:3: prompt_tokens: must be >= 1, got -5",
+        f"{trace}:4: prompt_tokens: not a number: 'abc'",
+    ]

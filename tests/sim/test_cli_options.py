@@ -224,6 +224,8 @@ def test_host_slowdown_stretches_the_hosts_work(
             ["--prefill-replicas: applies to --policy disagg only", "--link-gbps: applies to"],
         ),
         ([*DISAGG, "--link-gbps", "100", "--prefill-replicas", "2"], []),
+        ([*DISAGG, "--replicas", "3"], ["--replicas: counts colocated replicas"]),
+        (["--enable-expert-parallel"], ["--enable-expert-parallel: Llama-2-7B has no experts"]),
         (["--router", "least_outstanding"], ["--router: one replica takes every arrival"]),
         (["--router", "least_outstanding", "--replicas", "2"], []),
         (
