@@ -39,6 +39,9 @@ class MeasuredRun:
     hardware: dict[str, Any] | None = None  # a hardware file's table, when the source has one
     # The number of GPU blocks the run's log or metadata states (vLLM's count, null included).
     kv_capacity: KvCapacityRecord | None = None
+    workload: str | None = None  # the workload file the prompt token ids were read from
+    # What the import could not read or check but did without, for the command to say.
+    warnings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.requests) != len(self.trace.requests):
@@ -78,20 +81,22 @@ def measured_summary(frame: pd.DataFrame) -> dict[str, float | int | None]:
 def write_measured_run(run: MeasuredRun, out: str | Path) -> Path:
     """Write the run directory (requests.csv, an empty steps.csv, summary.json), the replay
     trace (trace.csv) and, when the source describes its GPU, hardware.json. A KV capacity the
-    run recorded becomes the replay's ``num_blocks``, its source in summary.json."""
+    run recorded becomes the replay's ``num_blocks``, its source in summary.json; the workload
+    read (or null) is kept there too, and the import's warnings are among its notes."""
     root = Path(out)
     replay = dict(run.replay)
     if run.hardware is not None:
         root.mkdir(parents=True, exist_ok=True)
         (root / HARDWARE_FILE).write_text(json.dumps(run.hardware, indent=2) + "\n")
         replay["hardware"] = HARDWARE_FILE  # relative to the run directory
-    notes = [f"measured run imported from {run.source} ({run.format})"]
+    notes = [f"measured run imported from {run.source} ({run.format})", *run.warnings]
+    measured = {"format": run.format, "source": run.source, "reported": run.reported}
     payload: dict[str, Any] = {
         "trace": run.name,
         "config": replay,
         "memory_model": "paged",
         "summary": measured_summary(run.requests),
-        "measured": {"format": run.format, "source": run.source, "reported": run.reported},
+        "measured": {**measured, "workload": run.workload},
         "notes": notes,
     }
     if run.kv_capacity is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -54,11 +55,21 @@ def add_measured_commands(commands: Any) -> None:
         choices=sorted(IMPORTERS),
         help="llmservingsim: an LLMServingSim run folder; vllm-bench: a vllm bench result JSON",
     )
-    importer.add_argument(
+    workload = importer.add_mutually_exclusive_group()
+    workload.add_argument(
         "--workload",
         default=None,
-        help="workload JSONL (input_toks, output_toks, arrival_time_ns, input_tok_ids); "
-        "llmservingsim: default is meta.json's dataset_path",
+        metavar="FILE",
+        help="workload JSONL (input_toks, output_toks, arrival_time_ns, input_tok_ids): the "
+        "prompt token ids the replay's prefix caching hits on; llmservingsim: default is the "
+        "file meta.json's dataset_path names, looked for from the run folder's parent upwards "
+        "(an error when it is not found)",
+    )
+    workload.add_argument(
+        "--no-workload",
+        action="store_true",
+        help="import the measured lengths and arrivals alone, without the workload the run "
+        "names: the trace then has no prompt token ids, so prefix caching has nothing to hit on",
     )
     importer.add_argument(
         "--vllm-log",
@@ -88,9 +99,16 @@ def add_measured_commands(commands: Any) -> None:
 
 
 def import_command(args: argparse.Namespace) -> int:
-    run = IMPORTERS[args.format](args.source, args.workload, args.vllm_log)
+    importer = IMPORTERS[args.format]
+    run = importer(args.source, args.workload, args.vllm_log, without_workload=args.no_workload)
+    for warning in run.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     root = write_measured_run(run, args.out)
     print(f"wrote {root}/requests.csv, summary.json, {TRACE_FILE} ({len(run.requests)} requests)")
+    if run.workload is not None:
+        print(f"prompt token ids: from {run.workload}")
+    else:
+        print("prompt token ids: none (no workload read): prefix caching has nothing to hit on")
     if run.kv_capacity is not None:
         blocks, source = run.kv_capacity.num_gpu_blocks, run.kv_capacity.source
         print(f"KV capacity: {blocks} GPU blocks, from {source}")
@@ -105,13 +123,65 @@ def replay_config(
     directory. One config is built from the two, so its checks see what is replayed. With
     ``vllm_defaults`` (a usage), budgets neither given nor recorded are vLLM's for it."""
     root = Path(run_dir)
-    recorded = {k: v for k, v in load_run(root).config.items() if k in _SETTINGS}
+    run = load_run(root)
+    require_measured_run(root)
+    recorded = {k: v for k, v in run.config.items() if k in _SETTINGS}
     if recorded.get("hardware") == HARDWARE_FILE:
         recorded["hardware"] = str(root / HARDWARE_FILE)
     settings = {**recorded, **given}
     if vllm_defaults is not None:
         settings |= vllm_default_settings(settings, vllm_defaults)
+    _check_recorded_prefix_caching(settings, recorded, given, root)
     return build(RunConfig, settings)
+
+
+def require_measured_run(run_dir: str | Path) -> None:
+    """Refuse a run directory that `measured import` did not write (a simulator's run, say),
+    naming what it lacks: the ``measured`` record in summary.json and the trace to replay."""
+    root = Path(run_dir)
+    lacks = []
+    if not _measured_payload(root):
+        lacks.append("its summary.json has no 'measured' record")
+    if not (root / TRACE_FILE).is_file():
+        lacks.append(f"it has no {TRACE_FILE} to replay")
+    if lacks:
+        raise ValueError(
+            f"{root} is not a measured run: {' and '.join(lacks)} (a simulator run's "
+            "directory?). A measured run is what `python -m sim measured import SOURCE --format "
+            "llmservingsim|vllm-bench --out RUN_DIR` writes from a real engine's run"
+        )
+
+
+def _check_recorded_prefix_caching(
+    settings: Mapping[str, Any],
+    recorded: Mapping[str, Any],
+    given: Mapping[str, Any],
+    root: Path,
+) -> None:
+    """Refuse, saying where it came from, prefix caching that the run's record turns on (vLLM's
+    default) but the replay's memory cannot hold: a policy given (static, dynamic batching)
+    whose default is contiguous memory, or a contiguous memory model. (The core's own error
+    would blame a flag the user never gave.)"""
+    if "enable_prefix_caching" in given or not recorded.get("enable_prefix_caching"):
+        return
+    try:
+        config = build(RunConfig, {**settings, "enable_prefix_caching": False})
+    except ValueError:
+        return  # another problem, which building the replay's config reports
+    if config.resolved_memory_model() != "contiguous":
+        return
+    if "memory_model" in given:
+        memory = "--memory-model contiguous"
+    elif config.cache.memory_model is not None:
+        memory = "the recorded memory_model 'contiguous'"
+    else:
+        memory = f"policy {config.pools_policy!r}, which runs contiguous memory by default,"
+    raise ValueError(
+        f"enable_prefix_caching is on in the run's record ({root / 'summary.json'}: config), "
+        f"not given here, and {memory} has no prefix cache: add --memory-model paged to replay "
+        "it with prefix caching. No flag turns a recorded setting off: to replay without it, "
+        "set config.enable_prefix_caching to false in that summary.json"
+    )
 
 
 def unreplayed_settings(recorded: Mapping[str, Any]) -> list[str]:
@@ -160,9 +230,25 @@ def kv_capacity_line(run_dir: str | Path, config: RunConfig) -> str:
 
 
 def _measured_payload(run_dir: str | Path) -> dict[str, Any]:
-    payload = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+    """The ``measured`` record of the run's summary.json (empty where it has none)."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: cannot read a JSON object ({error})") from error
     measured = payload.get("measured") if isinstance(payload, dict) else None
     return measured if isinstance(measured, dict) else {}
+
+
+def _no_prompt_contents_note(run_dir: str | Path, config: RunConfig) -> str | None:
+    """Where the replay caches prefixes but the import read no workload: nothing to hit on."""
+    measured = _measured_payload(run_dir)
+    if not config.cache.enable_prefix_caching or measured.get("workload", "") is not None:
+        return None
+    return (
+        f"{Path(run_dir) / TRACE_FILE} has no prompt token ids (imported without a workload), "
+        "so prefix caching has no prompt contents to hit on; import again with --workload FILE"
+    )
 
 
 def validate_command(args: argparse.Namespace) -> int:
@@ -182,6 +268,9 @@ def validate_command(args: argparse.Namespace) -> int:
             f"prefix caching {'on' if config.cache.enable_prefix_caching else 'off'}"
         )
         print(kv_capacity_line(args.measured, config))
+        note = _no_prompt_contents_note(args.measured, config)
+        if note is not None:
+            print(f"note: {note}", file=sys.stderr)
         left = unreplayed_settings(run.config)
         if left:
             print(

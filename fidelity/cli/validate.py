@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core.config import LAYOUT_SETTINGS, SETTINGS_BY_FIELD, CacheConfig, SchedulerConfig
+from core.config import LAYOUT_SETTINGS, CacheConfig, SchedulerConfig
 from core.flags import add_setting_flags, given_settings
-from core.settings import build, flat_settings
+from core.settings import build
 from fidelity.cli.engine_import import needs_engine
+from fidelity.cli.replay_checks import check_replay_options, check_rerun
 from fidelity.clocks import CLOCK_CHOICES, CLOCK_HELP
 from fidelity.replay_inputs import hardware_of, run_summary, trace_of
 from fidelity.validate_config import VALIDATION_FILE, ValidateConfig
@@ -405,36 +406,6 @@ def config_from_args(
     )
 
 
-def check_replay_options(run_dir: str, summary: dict[str, Any], args: argparse.Namespace) -> None:
-    """With ``--replay``, the simulator replays the run's own KV cache and scheduler settings
-    (`fidelity.validate.sim_config`), so a setting given on the command line that the run did
-    not run with is refused, not dropped; and without ``--profile``, calibrating on another
-    kind of device than the run's would price another machine, so that is refused too."""
-    recorded = summary.get("config") or {}
-    where = Path(run_dir) / "summary.json"
-    defaults = {**flat_settings(CacheConfig()), **flat_settings(SchedulerConfig())}
-    differ = []
-    for name, value in given_settings(args).items():
-        ran = summary.get("num_blocks") if name == "num_blocks" else recorded.get(name)
-        ran = defaults.get(name) if ran is None and name != "num_blocks" else ran
-        if value != ran:
-            differ.append(f"{SETTINGS_BY_FIELD[name].flag} {value} (the run: {ran})")
-    if differ:
-        raise ValueError(
-            f"--replay {run_dir}: the simulator replays the run's own settings ({where}), "
-            f"so these cannot apply: {', '.join(differ)}; leave them out, or validate "
-            "against a run made with them"
-        )
-    ran_on = str(recorded.get("device", "cpu"))
-    if args.profile is None and ran_on.split(":")[0] != args.device.split(":")[0]:
-        raise ValueError(
-            f"--replay {run_dir}: the run was made on {ran_on} ({where}), and without "
-            f"--profile validate would calibrate a profile on --device {args.device} here, "
-            "which prices another machine's engine; give --profile (a calibration of the "
-            "run's machine) or --device to match the run on such a machine"
-        )
-
-
 def run_validate(args: argparse.Namespace) -> int:
     import shlex
 
@@ -456,6 +427,8 @@ def run_validate(args: argparse.Namespace) -> int:
         model = model or (summary.get("config") or {}).get("model")
         hardware = hardware or hardware_of(str(summary.get("device_name", "")))
         check_replay_options(replays[0], summary, args)
+        if len(replays) > 1:
+            check_rerun(replays[0], summary, replays[1], run_summary(replays[1]))
     if trace_path is None:
         raise ValueError(f"validate needs a TRACE (or --replay RUN, or {MEASURED_OPTION} RUN_DIR)")
     config = config_from_args(args, model=model, hardware=hardware)

@@ -396,6 +396,14 @@ def check_command(args: argparse.Namespace) -> int:
     result = run_check(args.vidur_dir, model, hardware, args.tp, args.gpu, args.node)
     if not result.comparisons:
         raise ValueError(f"{args.vidur_dir}: no measured file fits {model.name}")
+    if all(c.kind == "allreduce" for c in result.comparisons):
+        read = ", ".join(sorted(result.files)) or "nothing"
+        at = f" at --tp {args.tp}" if args.tp is not None else ""
+        raise ValueError(
+            f"{args.vidur_dir}: no measured GPU op fits {model.name}{at} (read: {read}); only "
+            "all-reduce, which is not the model's, could be compared. Vidur measured its ops "
+            "per model and tensor-parallel degree under compute/<gpu>/<org>/<model>/"
+        )
     for kind, path in result.files.items():
         print(f"read {kind}: {path}")
     print(format_summary(summarize(result.comparisons, by_op=True)))

@@ -1,6 +1,7 @@
 """``validate --replay RUN``: the simulator replays the run's own settings, so a KV cache or
 scheduler flag the run did not run with is refused (not dropped in silence), and so is a
-calibration on another kind of device than the run's."""
+calibration on another kind of device than the run's; a second ``--replay`` that is not a
+rerun of the first is refused (it would not be the engine against itself)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fidelity.cli.validate import check_replay_options
+from fidelity.cli.replay_checks import check_replay_options, check_rerun
 from sim.cli.parser import build_parser
 
 RECORDED = {
@@ -58,3 +59,16 @@ def test_calibrating_on_another_device_than_the_run_is_refused(tmp_path: Path) -
     _check(tmp_path, "--device", "cuda:1")
     cpu_run = {"config": {**RECORDED, "device": "cpu"}, "num_blocks": 5000}
     _check(tmp_path, summary=cpu_run)
+
+
+def test_a_second_replay_must_be_a_rerun_of_the_first() -> None:
+    first = {"config": RECORDED, "num_blocks": 5000, "trace": "example"}
+    check_rerun("run1", first, "run2", json.loads(json.dumps(first)))
+    other = {"config": {**RECORDED, "max_num_seqs": 1}, "num_blocks": 2, "trace": "example"}
+    with pytest.raises(ValueError) as err:
+        check_rerun("run1", first, "run2", other)
+    message = str(err.value)
+    assert message.startswith("--replay run2: not a rerun of run1")
+    assert (
+        "max_num_seqs 1 (the first: 256)" in message and "num_blocks 2 (the first: 5000)" in message
+    )

@@ -323,3 +323,19 @@ def test_residual_add_streams_three_tensors_at_the_streaming_efficiency() -> Non
     assert LayerOps(LLAMA, slower).op_s("add", num_tokens) > ops.op_s("add", num_tokens)
     with pytest.raises(ValueError, match=r"HardwareSpec\.streaming_bandwidth_efficiency"):
         replace(A100, streaming_bandwidth_efficiency=0.0)
+
+
+def test_a_model_no_measured_op_fits_is_an_error_not_an_all_reduce_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The handmade directory measured Llama-2-7B's ops: for Qwen3-8B only the all-reduce
+    table, which is no model's, would be left to compare."""
+    root = _handmade_dir(tmp_path)
+    argv = ["costmodel", "check", "--vidur-dir", str(root), "--hardware", "A100-80GB"]
+    assert main([*argv, "--model", "Qwen3-8B"]) == 2
+    err = capsys.readouterr().err
+    assert "no measured GPU op fits Qwen3-8B (read: network/dgx)" in err
+    assert main([*argv, "--model", "Llama-2-7B", "--tp", "4"]) == 2
+    assert "no measured GPU op fits Llama-2-7B at --tp 4 (read: mlp, network/dgx)" in (
+        capsys.readouterr().err
+    )
