@@ -87,7 +87,9 @@ def _add(
     names = [row.flag, *row.old_flags]
     help = _help(row, default, (help_extra or {}).get(row.field, ""))
     if row.type is bool:
-        parser.add_argument(*names, action="store_true", default=None, help=help)
+        # ``--no-X`` too, as vLLM's flags: it turns off what a recorded run (``measured
+        # validate``) or a sweep's base had on.
+        parser.add_argument(*names, action=argparse.BooleanOptionalAction, default=None, help=help)
         return
     allowed = (choices or {}).get(row.field, row.choices)
     if allowed is None and row.field == "policy":

@@ -179,8 +179,7 @@ def _check_recorded_prefix_caching(
     raise ValueError(
         f"enable_prefix_caching is on in the run's record ({root / 'summary.json'}: config), "
         f"not given here, and {memory} has no prefix cache: add --memory-model paged to replay "
-        "it with prefix caching. No flag turns a recorded setting off: to replay without it, "
-        "set config.enable_prefix_caching to false in that summary.json"
+        "it with prefix caching, or --no-enable-prefix-caching to replay it without"
     )
 
 

@@ -175,12 +175,14 @@ def test_recorded_prefix_caching_under_a_contiguous_policy_is_named_as_recorded(
     err = capsys.readouterr().err
     assert "enable_prefix_caching is on in the run's record" in err and "summary.json" in err
     assert "policy 'static', which runs contiguous memory by default" in err
-    assert "--memory-model paged" in err and "config.enable_prefix_caching to false" in err
+    assert "--memory-model paged" in err and "--no-enable-prefix-caching" in err
     given = ["--policy", "chunked", "--memory-model", "contiguous"]
     assert main(["measured", "validate", str(measured), *given]) == 2
     assert "and --memory-model contiguous has no prefix cache" in capsys.readouterr().err
     paged = ["--policy", "static", "--memory-model", "paged", "--quiet"]
     assert main(["measured", "validate", str(measured), *paged]) == 0
+    without = ["--policy", "static", "--no-enable-prefix-caching", "--quiet"]
+    assert main(["measured", "validate", str(measured), *without]) == 0
 
 
 @pytest.mark.shared
