@@ -249,6 +249,10 @@ def run_command(args: argparse.Namespace) -> int:
         given_settings(args), scheduler.policy, scheduler.preemption_mode
     ):
         print(f"note: {unused}; it has no effect on this run", file=sys.stderr)
+    triton = args.backend == "triton" or (args.backend == "auto" and engine.device != "cpu")
+    if args.decode_split != DEFAULTS.decode_split and not triton:
+        note = "--decode-split: the Triton decode kernel's, and this run's kernels are torch's"
+        print(f"note: {note}; it has no effect on this run", file=sys.stderr)
     config = ReplayConfig(
         engine=engine,
         time_scale=args.time_scale,

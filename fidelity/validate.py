@@ -28,7 +28,7 @@ from sim.costmodel.profile import load_profile
 from sim.executor import CostModelExecutor
 from sim.recording import RecordingExecutor
 from sim.run import RunConfig, RunResult, simulate
-from sim.specs.hardware import get_hardware_preset
+from sim.specs.hardware_file import load_hardware
 from traces.schema import Trace
 
 ENGINE_DIR = "engine"
@@ -131,7 +131,7 @@ def engine_cost_config(
 def cost_models(
     run: RunConfig, engine_kind: str, decode_split: str = "fixed", host_slowdown: float = 1.0
 ) -> dict[str, CostModel]:
-    model, hardware = load_model_spec(run.model), get_hardware_preset(run.hardware)
+    model, hardware = load_model_spec(run.model), load_hardware(run.hardware)
     cost_config = engine_cost_config(run, engine_kind, decode_split, host_slowdown)
     models = {
         "roofline": make_cost_model(

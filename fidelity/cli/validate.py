@@ -19,7 +19,7 @@ from fidelity.cli.replay_checks import check_replay_options, check_rerun
 from fidelity.clocks import CLOCK_CHOICES, CLOCK_HELP
 from fidelity.replay_inputs import hardware_of, run_summary, trace_of
 from fidelity.validate_config import VALIDATION_FILE, ValidateConfig
-from sim.specs.hardware import get_hardware_preset
+from sim.specs.hardware_file import load_hardware
 
 
 def _metric_cells(metrics: dict[str, Any]) -> list[str]:
@@ -433,7 +433,7 @@ def run_validate(args: argparse.Namespace) -> int:
         raise ValueError(f"validate needs a TRACE (or --replay RUN, or {MEASURED_OPTION} RUN_DIR)")
     config = config_from_args(args, model=model, hardware=hardware)
     if hardware is not None:
-        get_hardware_preset(hardware)
+        load_hardware(hardware)
     trace = load_trace(trace_path, format=args.format)
     command = shlex.join(["python", "-m", "sim", *getattr(args, "argv", sys.argv[1:])])
     with needs_engine("validate"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from typing import Any
 
 from core.model.presets import load_model_spec
@@ -70,6 +71,9 @@ def import_vidur_command(args: argparse.Namespace) -> int:
         if value is not None:
             words += [flag, value]
     command = "python -m sim profile import-vidur " + shlex.join(words)
+    if args.node is not None and args.tp == 1:
+        note = "note: --node: one GPU (--tp 1) runs no all-reduce; it has no effect"
+        print(note, file=sys.stderr)
     profile = vidur_profile(args.vidur_dir, model, args.tp, command, args.gpu, args.node)
     write_vidur_profile(profile, args.out)
     print(f"wrote {args.out}: {', '.join(profile['ops'])} (the rest from the roofline)")

@@ -116,10 +116,13 @@ def vidur_profile(
         sizes = {row.block_size for row in attention_rows if row.tp == tp}
         if len(sizes) == 1:
             block_size = sizes.pop()
+    if node is not None and node not in found.networks:
+        there = ", ".join(sorted(found.networks)) or "none"
+        raise VidurFileError(
+            f"{vidur_dir}: no network/{found.gpu}_{node}/all_reduce.csv (--node: {there})"
+        )
     if tp > 1 and found.networks:
         node = node or ("dgx" if "dgx" in found.networks else sorted(found.networks)[0])
-        if node not in found.networks:
-            raise VidurFileError(f"{vidur_dir}: no network/{found.gpu}_{node}/all_reduce.csv")
         network = read_allreduce_csv(found.networks[node])
         pairs = [
             (r.size_bytes, r.time_s) for r in network if r.num_workers == r.devices_per_node == tp

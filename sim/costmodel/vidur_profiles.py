@@ -257,6 +257,10 @@ def find_vidur_files(vidur_dir: str | Path, model: ModelSpec, gpu: str | None = 
                 "pass --gpu to choose"
             )
         gpu = found[0]
+    elif gpus and gpu not in gpus:
+        raise VidurFileError(
+            f"{root}: no measured ops for --gpu {gpu!r} (compute/ holds {', '.join(gpus)})"
+        )
     mlp_candidates = []
     attention = None
     for path in sorted((compute / gpu).rglob("mlp.csv")):

@@ -387,6 +387,9 @@ def test_engine_run_names_an_option_it_never_reads(
     assert "note: --max-wait-s: applies to dynamic batching, not chunked; it has no effect" in err
     assert engine_main([*argv, "--policy", "dynamic", "--max-wait-s", "0.5"]) == 0
     assert "note:" not in capsys.readouterr().err
+    # The CPU runs the torch kernels, which have no KV splits.
+    assert engine_main([*argv, "--decode-split", "fixed"]) == 0
+    assert "note: --decode-split: the Triton decode kernel's" in capsys.readouterr().err
 
 
 def test_generation_stops_at_the_models_eos(

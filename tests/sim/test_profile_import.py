@@ -115,3 +115,16 @@ def test_nothing_to_import_is_an_error(tmp_path: Path, capsys: pytest.CaptureFix
     argv = ["profile", "import-vidur", "--vidur-dir", str(root), "--model", "Llama-3-8B"]
     assert main([*argv, "--tp", "1", "--out", str(tmp_path / "p.json")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_a_gpu_or_node_the_directory_lacks_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _write(tmp_path)
+    with pytest.raises(VidurFileError, match=r"no measured ops for --gpu 'h100' \(compute/ holds"):
+        vidur_profile(root, LLAMA, 2, "test", gpu="h100")
+    with pytest.raises(VidurFileError, match=r"no network/a100_foo/all_reduce\.csv \(--node: dgx"):
+        vidur_profile(root, LLAMA, 2, "test", node="foo")
+    argv = ["profile", "import-vidur", "--vidur-dir", str(root), "--model", "Llama-2-7B"]
+    assert main([*argv, "--tp", "1", "--node", "dgx", "--out", str(tmp_path / "p.json")]) == 0
+    assert "note: --node: one GPU (--tp 1) runs no all-reduce" in capsys.readouterr().err
