@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,24 @@ def check_output_paths(args: argparse.Namespace) -> None:
         raise ValueError(f"--out {args.out}: exists and is not a directory")
     if args.report and Path(args.report).is_dir():
         raise ValueError(f"--report {args.report}: is a directory; give an .html file name")
+    if args.out:
+        writable_folder("--out", Path(args.out))
+    if args.report:
+        writable_folder("--report", Path(args.report).parent)
+
+
+def writable_folder(option: str, folder: Path) -> None:
+    """Make ``folder`` (and its parents) now, so that an output the run ends with cannot fail
+    after all its work; a ``ValueError`` naming ``option`` if it cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{option}: cannot create {folder} ({error.strerror})") from None
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise ValueError(f"{option}: cannot write in {folder} ({error.strerror})") from None
 
 
 def print_skipped(trace: Trace) -> None:

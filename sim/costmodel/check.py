@@ -389,6 +389,8 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_command(args: argparse.Namespace) -> int:
+    if args.json and Path(args.json).is_dir():
+        raise ValueError(f"--json {args.json}: is a directory; give a .json file name")
     model = load_model_spec(args.model)
     hardware = get_hardware_preset(args.hardware)
     if args.tp is not None:

@@ -364,3 +364,18 @@ def test_rows_skipped_are_named_on_stderr_and_in_the_summary(
         f"{trace}:3: prompt_tokens: must be >= 1, got -5",
         f"{trace}:4: prompt_tokens: not a number: 'abc'",
     ]
+
+
+@pytest.mark.parametrize("option", ["--report", "--out"])
+def test_an_output_that_cannot_be_written_stops_the_run_before_it_simulates(
+    option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    target = blocker / ("r.html" if option == "--report" else "run")
+    assert main(["run", str(DATA / "example.csv"), option, str(target)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(
+        f"error: {option}: cannot create {target.parent if option == '--report' else target}"
+    )
+    assert "trace        " not in captured.out  # (nothing was simulated)
