@@ -89,9 +89,9 @@ def _compare_configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
 
 def compare_command(args: argparse.Namespace) -> int:
     named = _compare_configs(args)
-    check_output_paths(args)
     trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
     print_skipped(trace)
+    check_output_paths(args)
     results = []
     for _, config in named:
         result = simulate(trace, config, progress=not args.quiet)

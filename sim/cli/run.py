@@ -164,12 +164,12 @@ def print_skipped(trace: Trace) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    check_output_paths(args)
     trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
     print_skipped(trace)
     config = config_from_args(args)
     for unused in unused_options(config, args):
         print(f"note: {unused}; it has no effect on this run", file=sys.stderr)
+    check_output_paths(args)  # (after the inputs: a run refused leaves no empty folder)
     result = simulate(trace, config, progress=not args.quiet)
     result.command = command_line(args)
     if not args.quiet:
