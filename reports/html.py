@@ -85,6 +85,24 @@ def _figure_sections(runs: Sequence[RunRecords]) -> list[Section]:
             tuple(memory_figs),
         ),
     ]
+    if any(latency.priority_classes(run) for run in runs):
+        sections.insert(
+            1,
+            Section(
+                "priority",
+                "Latency by priority class",
+                "Each class of the trace's priorities on its own: under --scheduling-policy "
+                "priority the lower classes should wait less, the higher ones more.",
+                tuple(
+                    (
+                        f"fig-priority-{col.removesuffix('_ms')}",
+                        latency.latency_cdf_by_priority(runs, col),
+                    )
+                    for col in ("ttft_ms", "e2el_ms")
+                ),
+                grid=True,
+            ),
+        )
     if any(disagg.has_disaggregation(run) for run in runs):
         sections.append(_disagg_section(runs))
     return sections

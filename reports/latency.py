@@ -1,5 +1,5 @@
-"""Latency figures: per-run CDFs of TTFT, TPOT, E2E and queueing delay, and latency against
-arrival time (does a queue build up?)."""
+"""Latency figures: per-run CDFs of TTFT, TPOT, E2E and queueing delay, the same per priority
+class where a trace has several, and latency against arrival time (does a queue build up?)."""
 
 from __future__ import annotations
 
@@ -76,4 +76,48 @@ def latency_vs_arrival(runs: Sequence[RunRecords], column: str) -> go.Figure:
                 hovertemplate=f"arrival %{{x:.2f}} s<br>{name} %{{y:.2f}} ms<extra></extra>",
             )
         )
+    return fig
+
+
+# One line style per priority class, lowest (served first) solid.
+_CLASS_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+
+
+def priority_classes(run: RunRecords) -> list[int]:
+    """The run's priority classes, lowest first; empty when its trace had one (requests.csv
+    then has no ``priority`` column)."""
+    frame = run.requests
+    if "priority" not in frame.columns:
+        return []
+    classes = sorted(int(p) for p in frame["priority"].dropna().unique())
+    return classes if len(classes) > 1 else []
+
+
+def latency_cdf_by_priority(runs: Sequence[RunRecords], column: str) -> go.Figure:
+    """How is ``column`` distributed within each priority class, run against run? One color
+    per run, one line style per class."""
+    name = LATENCY_NAMES[column]
+    fig = new_figure(
+        f"{name} by priority class (lower is served first under priority scheduling)",
+        f"{name} (ms)",
+        "share of the class's requests",
+    )
+    for idx, run in enumerate(runs):
+        frame = run.requests
+        finished = frame["status"].astype(str) == "finished"
+        for rank, priority in enumerate(priority_classes(run)):
+            values = frame.loc[finished & (frame["priority"] == priority), column].dropna()
+            x, y = cdf_points(values.to_numpy(float))
+            dash = _CLASS_DASHES[rank % len(_CLASS_DASHES)]
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=y,
+                    mode="lines",
+                    line={"shape": "hv", "color": run_color(idx), "width": 2, "dash": dash},
+                    name=f"{display_text(run.label)}, priority {priority}",
+                    hovertemplate=f"{name} %{{x:.2f}} ms<br>share %{{y:.3f}}<extra></extra>",
+                )
+            )
+    fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
     return fig

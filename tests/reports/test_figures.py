@@ -3,6 +3,7 @@ run's data (stacks add up, the paged/contiguous contrast shows)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -125,3 +126,19 @@ def test_disaggregation_section_only_when_columns_exist(
     assert transferred == pytest.approx(split.requests["kv_transfer_bytes"].sum())
     pools = disagg.pool_utilisation(split)
     assert sorted(t.name for t in pools.data) == ["decode", "prefill"]
+
+
+def test_priority_section_only_for_runs_with_classes(example_run: RunRecords) -> None:
+    assert "priority" not in [s.section_id for s in report_sections([example_run])]
+    requests = example_run.requests.copy()
+    requests["priority"] = [i % 3 for i in range(len(requests))]
+    ranked = dataclasses.replace(example_run, requests=requests, label="ranked")
+    sections = {s.section_id: s for s in report_sections([example_run, ranked])}
+    figures = dict(sections["priority"].figures)
+    assert list(figures) == ["fig-priority-ttft", "fig-priority-e2el"]
+    ttft = figures["fig-priority-ttft"]
+    # One line per class of the run that has them; each ends at its class's largest TTFT.
+    assert [t.name.rsplit(", ", 1)[1] for t in ttft.data] == [f"priority {p}" for p in (0, 1, 2)]
+    for trace, priority in zip(ttft.data, (0, 1, 2), strict=True):
+        finished = requests[(requests["status"] == "finished") & (requests["priority"] == priority)]
+        assert max(trace.x) == finished["ttft_ms"].max()
