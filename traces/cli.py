@@ -13,6 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from core.text_files import trace_stem
 from traces.distributions import (
     ArrivalProcess,
     FixedLengths,
@@ -68,43 +69,78 @@ def _option_type(name: str, default: object) -> Callable[[str], float]:
     return non_negative_float if name.endswith("sigma") else positive_float
 
 
+# Each length option, the --lengths models that read it, and what it sets. The others ignore
+# it, so `unused_generate_options` names it when given to them.
+_LENGTH_OPTIONS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("prompt_tokens", ("fixed",), "prompt length"),
+    ("output_tokens", ("fixed",), "output length"),
+    ("min_prompt_tokens", ("uniform",), "shortest prompt"),
+    ("min_output_tokens", ("uniform",), "shortest output"),
+    ("max_prompt_tokens", ("uniform", "lognormal"), "longest prompt"),
+    ("max_output_tokens", ("uniform", "lognormal"), "longest output"),
+    ("prompt_median", ("lognormal",), "median prompt"),
+    ("prompt_sigma", ("lognormal",), "sigma of log prompt length"),
+    ("output_median", ("lognormal",), "median output"),
+    ("output_sigma", ("lognormal",), "sigma of log output length"),
+)
+_LENGTH_CLASSES: dict[str, type] = {
+    "fixed": FixedLengths,
+    "uniform": UniformLengths,
+    "lognormal": LognormalLengths,
+}
+# The options that shape the shared system prompts, and their `SharedPrefix` fields.
+_PREFIX_FIELDS = (
+    ("prefix_tokens", "prefix_tokens"),
+    ("hash_block_tokens", "hash_block_tokens"),
+    ("prefix_ids", "ids"),
+)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of `trace generate` (defaults equal the generator dataclasses' defaults)."""
-    parser.add_argument("-o", "--output", required=True, help="CSV file to write")
+    """Options of `trace generate` (defaults equal the generator dataclasses' defaults). The
+    options that only some arrival processes, length models or prefix settings read are None
+    when not given, their defaults written into the help, so that `unused_generate_options`
+    can tell which ones the command line gave."""
+    parser.add_argument("-o", "--output", required=True, help="CSV file to write (.gz: gzip)")
     parser.add_argument(
         "--num-requests", type=positive_int, default=200, help="requests (default 200)"
     )
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default 0)")
     parser.add_argument("--name", default=None, help="trace name (default: output file stem)")
     arrivals = parser.add_argument_group("arrivals")
-    arrivals.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
+    arrivals.add_argument(
+        "--arrival",
+        choices=("poisson", "gamma"),
+        default="poisson",
+        help="arrival process (default poisson)",
+    )
     arrivals.add_argument("--rate", type=positive_float, default=4.0, help="mean req/s (default 4)")
     arrivals.add_argument(
         "--cv",
         type=positive_float,
-        default=_default(GammaArrivals, "cv"),
-        help="gamma: coefficient of variation of gaps; 1 = Poisson, >1 bursty (default 1)",
+        default=None,
+        help="gamma: coefficient of variation of gaps; 1 = Poisson, >1 bursty "
+        f"(default {_default(GammaArrivals, 'cv'):g})",
     )
     lengths = parser.add_argument_group("lengths (tokens)")
-    lengths.add_argument("--lengths", choices=LENGTH_CHOICES, default="lognormal")
-    for cls, name, what in (
-        (FixedLengths, "prompt_tokens", "fixed: prompt length"),
-        (FixedLengths, "output_tokens", "fixed: output length"),
-        (UniformLengths, "min_prompt_tokens", "uniform: shortest prompt"),
-        (UniformLengths, "min_output_tokens", "uniform: shortest output"),
-        (LognormalLengths, "max_prompt_tokens", "uniform/lognormal: longest prompt"),
-        (LognormalLengths, "max_output_tokens", "uniform/lognormal: longest output"),
-        (LognormalLengths, "prompt_median", "lognormal: median prompt"),
-        (LognormalLengths, "prompt_sigma", "lognormal: sigma of log prompt length"),
-        (LognormalLengths, "output_median", "lognormal: median output"),
-        (LognormalLengths, "output_sigma", "lognormal: sigma of log output length"),
-    ):
-        default = _default(cls, name)
+    lengths.add_argument(
+        "--lengths",
+        choices=LENGTH_CHOICES,
+        default="lognormal",
+        help="how prompt and output lengths are drawn; each option below names the models "
+        "that read it (default lognormal)",
+    )
+    for name, models, what in _LENGTH_OPTIONS:
+        default = _default(_LENGTH_CLASSES[models[0]], name)
         lengths.add_argument(
-            "--" + name.replace("_", "-"),
+            _flag(name),
             type=_option_type(name, default),
-            default=default,
-            help=f"{what} (default {default})",
+            default=None,
+            help=f"{'/'.join(models)}: {what} (default {default})",
         )
     lengths.add_argument("--length-table", help="lengths: 'table' draws rows of this file")
     prefix = parser.add_argument_group("shared system prompts (prefix caching)")
@@ -115,18 +151,18 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         ("prefix_tokens", "tokens in each system prompt"),
         ("hash_block_tokens", "tokens per prefix hash id"),
     ):
-        default = _default(SharedPrefix, name)
         prefix.add_argument(
-            "--" + name.replace("_", "-"),
+            _flag(name),
             type=positive_int,
-            default=default,
-            help=f"{what} ({default})",
+            default=None,
+            help=f"with --num-prefixes: {what} (default {_default(SharedPrefix, name)})",
         )
     prefix.add_argument(
         "--prefix-ids",
         choices=("hash", "tokens"),
-        default=_default(SharedPrefix, "ids"),
-        help="write prefix hash ids (compact) or full prompt token ids",
+        default=None,
+        help="with --num-prefixes: write prefix hash ids (compact) or full prompt token ids "
+        f"(default {_default(SharedPrefix, 'ids')})",
     )
     parser.add_argument(
         "--num-samples",
@@ -143,44 +179,58 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def unused_generate_options(args: argparse.Namespace) -> list[str]:
+    """The options given that this trace never reads, each with what it applies to: for
+    `generate` to say so rather than write the trace as if they had been heard."""
+    unused = []
+    if args.cv is not None and args.arrival != "gamma":
+        unused.append("--cv: applies to --arrival gamma only")
+    for name, models, _ in _LENGTH_OPTIONS:
+        if getattr(args, name) is not None and args.lengths not in models:
+            unused.append(f"{_flag(name)}: applies to --lengths {' or '.join(models)} only")
+    if args.length_table is not None and args.lengths != "table":
+        unused.append("--length-table: applies to --lengths table only")
+    if args.num_prefixes == 0:
+        for name, _ in _PREFIX_FIELDS:
+            if getattr(args, name) is not None:
+                unused.append(f"{_flag(name)}: applies with --num-prefixes 1 or more only")
+    return unused
+
+
 def _arrivals(args: argparse.Namespace) -> ArrivalProcess:
     if args.arrival == "gamma":
-        return GammaArrivals(args.rate, args.cv)
+        cv = _default(GammaArrivals, "cv") if args.cv is None else args.cv
+        return GammaArrivals(args.rate, cv)
     return PoissonArrivals(args.rate)
 
 
 def _lengths(args: argparse.Namespace) -> LengthDistribution:
-    if args.lengths == "fixed":
-        return FixedLengths(args.prompt_tokens, args.output_tokens)
-    if args.lengths == "uniform":
-        return UniformLengths(
-            args.min_prompt_tokens,
-            args.max_prompt_tokens,
-            args.min_output_tokens,
-            args.max_output_tokens,
-        )
     if args.lengths == "table":
         if not args.length_table:
             raise ValueError("--lengths table needs --length-table FILE")
         return TableLengths(load_length_table(args.length_table))
-    return LognormalLengths(
-        args.prompt_median,
-        args.prompt_sigma,
-        args.output_median,
-        args.output_sigma,
-        args.max_prompt_tokens,
-        args.max_output_tokens,
-    )
+    cls = _LENGTH_CLASSES[args.lengths]
+    # Only the options this model reads, and only those given: the class has the defaults.
+    given = {
+        name: getattr(args, name)
+        for name, models, _ in _LENGTH_OPTIONS
+        if args.lengths in models and getattr(args, name) is not None
+    }
+    distribution: LengthDistribution = cls(**given)
+    return distribution
 
 
 def build_trace(args: argparse.Namespace) -> Trace:
     """The trace that `trace generate` would write for these parsed arguments."""
     shared = None
     if args.num_prefixes > 0:
-        shared = SharedPrefix(
-            args.num_prefixes, args.prefix_tokens, args.prefix_ids, args.hash_block_tokens
-        )
-    name = args.name or Path(args.output).stem
+        given = {
+            field: getattr(args, name)
+            for name, field in _PREFIX_FIELDS
+            if getattr(args, name) is not None
+        }
+        shared = SharedPrefix(args.num_prefixes, **given)
+    name = args.name or trace_stem(Path(args.output))
     return generate_trace(
         args.num_requests,
         _arrivals(args),
@@ -194,13 +244,16 @@ def build_trace(args: argparse.Namespace) -> Trace:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    """Generate and write the trace; 0 on success, 2 (with a message on stderr) on bad input."""
+    """Generate and write the trace; 0 on success, 2 (with a message on stderr) on bad input.
+    An option this trace never reads is named on stderr first; the trace is still written."""
+    for unused in unused_generate_options(args):
+        print(f"note: {unused}; it has no effect on this trace", file=sys.stderr)
     try:
         trace = build_trace(args)
+        path = write_trace(trace, args.output)
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    path = write_trace(trace, args.output)
     stats = trace.length_stats()
     print(
         f"wrote {len(trace)} requests to {path}: {trace.duration_s:.1f} s,"

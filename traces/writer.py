@@ -1,9 +1,13 @@
-"""Writes a `Trace` as our own CSV; `load_servesim` reads it back to an equal set of requests."""
+"""Writes a `Trace` as our own CSV (gzip-compressed when the name ends in ``.gz``);
+`load_servesim` reads it back to an equal set of requests."""
 
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 from pathlib import Path
+from typing import TextIO
 
 from traces.schema import DEFAULT_HASH_BLOCK_TOKENS, Trace, TraceRequest
 
@@ -50,11 +54,21 @@ def _row(request: TraceRequest, columns: tuple[str, ...]) -> list[str]:
     return row
 
 
+def _open_for_writing(path: Path) -> TextIO:
+    """``path`` opened for UTF-8 text; a ``.gz`` name gets gzip, with no timestamp in its
+    header, so that the same trace always gives the same bytes."""
+    if path.suffix.lower() != ".gz":
+        return path.open("w", newline="", encoding="utf-8")
+    raw = gzip.GzipFile(path, mode="wb", mtime=0)
+    return io.TextIOWrapper(raw, encoding="utf-8", newline="")
+
+
 def write_trace(trace: Trace, path: str | Path) -> Path:
-    """Write `trace` as a servesim CSV (LF line endings, UTF-8) and return the path."""
+    """Write `trace` as a servesim CSV (LF line endings, UTF-8; gzip-compressed when `path`
+    ends in ``.gz``, as the loaders read it) and return the path."""
     path = Path(path)
     columns = trace_columns(trace)
-    with path.open("w", newline="", encoding="utf-8") as handle:
+    with _open_for_writing(path) as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(columns)
         writer.writerows(_row(request, columns) for request in trace.requests)

@@ -6,6 +6,7 @@ capacity.csv, capacity_probes.csv and a report."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,9 @@ from sim.experiments.sweep_spec import (
     TraceSource,
     load_spec,
     point_config,
+    unused_in_points,
 )
-from traces.options import positive_int
+from traces.options import fraction, positive_float, positive_int
 
 
 def _cli_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -79,19 +81,19 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
     search = parser.add_argument_group("search")
     search.add_argument(
         "--goodput",
-        type=float,
+        type=fraction,
         default=DEFAULT_GOODPUT,
-        help="share of requests that must meet both SLOs (default: %(default)s)",
+        help="share of requests that must meet both SLOs, in (0, 1] (default: %(default)s)",
     )
     search.add_argument(
         "--rate-tol",
-        type=float,
+        type=_open_fraction,
         default=DEFAULT_REL_TOL,
-        help="stop when (high - low) / low is at most this (default: %(default)s)",
+        help="stop when (high - low) / low is at most this, in (0, 1) (default: %(default)s)",
     )
     search.add_argument(
         "--start-rate",
-        type=float,
+        type=positive_float,
         default=None,
         help="first rate to probe in req/s (default: the trace's own mean rate)",
     )
@@ -112,6 +114,17 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
     add_executor_arguments(search)  # type: ignore[arg-type]
 
 
+def _open_fraction(text: str) -> float:
+    """A number in (0, 1), as ``--rate-tol`` takes (argparse names the flag when refusing)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text!r}")
+    return value
+
+
 def _configs(
     args: argparse.Namespace, cli: dict[str, Any]
 ) -> tuple[TraceSource, list[dict[str, Any]]]:
@@ -130,12 +143,16 @@ def _configs(
 
 
 def capacity_command(args: argparse.Namespace) -> int:
+    """Search every configuration; 0 when each has a capacity, 1 when some has none (named on
+    stderr, with or without --quiet), 2 on bad input (raised, for ``sim.cli.main``)."""
     if args.slo_ttft is None or args.slo_tpot is None:
         raise ValueError("capacity needs both --slo-ttft MS and --slo-tpot MS")
     settings = SearchSettings(args.goodput, args.rate_tol, args.start_rate, args.min_probe_requests)
     parser = argparse.ArgumentParser(add_help=False)
     add_capacity_arguments(parser)
     source, configs = _configs(args, _cli_options(args, parser))
+    for note in unused_in_points(configs, "configurations"):  # no probe of theirs reads it
+        print(f"note: {note}; it has no effect there", file=sys.stderr)
     trace = source.load()
     start = settings.start_rate or trace.mean_rate_per_s
     if not start > 0:
@@ -160,10 +177,12 @@ def capacity_command(args: argparse.Namespace) -> int:
         probes.extend(result.probes)
         row = _config_row(idx, options, result, settings)
         rows.append(row)
-        if not args.quiet:
-            print(_describe(idx, options, result, settings, len(configs) > 1))
-            if not result.error:
-                print(_confidence_text(row, settings, len(trace)))
+        described = _describe(idx, options, result, settings, len(configs) > 1)
+        if result.error:  # a failure is named on stderr, with or without --quiet
+            print(f"error: {described}", file=sys.stderr)
+        elif not args.quiet:
+            print(described)
+            print(_confidence_text(row, settings, len(trace)))
     if not args.quiet:
         print(f"{runner.num_run} probes run, {runner.num_reused} reused (same options)")
     if out is not None:

@@ -94,6 +94,14 @@ def _probe(rates: list[float], result: CapacityResult, goodput: float) -> Asks:
         if row.get("status") != "ok":
             raise ValueError(f"probe at {row.get(RATE)} req/s failed: {row.get('error')}")
         result.probes.append(row)
+        num_requests = row.get("num_requests")
+        if num_requests and row.get("rejected") == num_requests:
+            # A request is rejected for what it is (too long for the model or the cache), not
+            # for when it arrives: no other rate can do better.
+            reason = row.get("reject_reason") or "no reason recorded"
+            raise ValueError(
+                f"every request is rejected, at any rate (probe at {row.get(RATE)} req/s): {reason}"
+            )
     return [passes(row, goodput) for row in rows]
 
 

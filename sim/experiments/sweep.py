@@ -13,7 +13,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,9 +23,9 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from records.attainment import attainment_interval, good_in_arrival_order
 from records.run_dir import write_run_dir
 from records.sweep_table import points_text, write_sweep_csv
+from sim.experiments.point_row import num_gpus, point_judgement, slo_attainment
 from sim.experiments.sweep_spec import (
     RATE,
     REPEATS,
@@ -72,26 +72,6 @@ class PointOutput:
     row: dict[str, Any]
     files: tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def num_gpus(config: Any) -> int:
-    """GPUs a deployment holds: TP times its replicas (both pools for disagg)."""
-    replicas = (
-        config.num_prefill + config.num_decode
-        if config.scheduler.policy == "disagg"
-        else (config.num_replicas)
-    )
-    return int(config.tp * replicas)
-
-
-def slo_attainment(summary: Mapping[str, Any]) -> float | None:
-    """Share of all requests that finished within both SLOs (request_goodput × duration over
-    num_requests; the count is rounded back to an integer)."""
-    goodput, duration = summary.get("request_goodput"), summary.get("duration_s")
-    total = summary.get("num_requests") or 0
-    if goodput is None or duration is None or not total:
-        return None
-    return round(float(goodput) * float(duration)) / float(total)
 
 
 _TRACE_CACHE: dict[tuple[str, float | None], Any] = {}
@@ -160,20 +140,6 @@ def _run_point(task: PointTask, keep_files: bool) -> PointOutput:
         payload = {**result.payload(), SWEEP_KEY: task.identity, JUDGED_KEY: judged}
         files = (result.requests_frame(), result.steps.to_frame(), payload)
     return PointOutput(task.index, row, files)
-
-
-def point_judgement(result: Any) -> dict[str, Any]:
-    """What a sweep row adds to the run's summary to judge it: whether the run was overloaded
-    (``records.overload``), and with SLOs the 95% interval of its SLO attainment by batch
-    means (``records.attainment``)."""
-    judged: dict[str, Any] = {"overloaded": result.overload is not None}
-    config = result.config
-    if config.slo_ttft_s is not None or config.slo_tpot_s is not None:
-        good = good_in_arrival_order(result.requests, config.slo_ttft_s, config.slo_tpot_s)
-        interval = attainment_interval(good)
-        if interval is not None:
-            judged["slo_attainment_low"], judged["slo_attainment_high"] = interval
-    return judged
 
 
 def lost_point(task: PointTask, error: BaseException) -> PointOutput:
@@ -369,17 +335,19 @@ def run_sweep(
     """Run every point of the spec not already complete under ``out``; write ``sweep.csv``.
     ``jobs``, ``use_ray`` and ``ray_address`` choose the workers, as ``open_workers``;
     ``on_output`` sees each point that ran as it arrives (before its files are written);
-    ``on_note``, before anything runs, each option some points give and never read."""
+    ``on_note``, before anything runs, each option some points (or the ``[generator]``) give
+    and never read. A spec that lists one point twice is refused before anything runs."""
     spec = load_spec(spec_path)
-    if on_note is not None:
-        for note in unused_in_points(spec.points):
-            on_note(note)
     root = Path(out)
     if root.exists() and not root.is_dir():
         raise ValueError(f"--out {root} exists and is not a directory")
     tasks = [
         PointTask(idx, tuple(point.items()), spec.source) for idx, point in enumerate(spec.points)
     ]
+    _refuse_repeated_points(spec_path, tasks)
+    if on_note is not None:
+        for note in [*spec.source.unused_options(), *unused_in_points(spec.points)]:
+            on_note(note)
     resumed = [o for o in (resumed_output(t, root) for t in tasks) if o is not None]
     done = {o.index for o in resumed}
     todo = [t for t in tasks if t.index not in done]
@@ -396,6 +364,19 @@ def run_sweep(
     rows = [o.row for o in sorted([*resumed, *ran], key=lambda o: o.index)]
     path = write_sweep_csv(root / "sweep.csv", spec.option_names, rows)
     return SweepOutcome(rows, spec.option_names, len(resumed), path)
+
+
+def _refuse_repeated_points(spec_path: str | Path, tasks: Sequence[PointTask]) -> None:
+    """Two points with the same options are one run, which would be run twice into one folder
+    (at once, with ``-j``); a spec that lists one twice is refused."""
+    first: dict[str, int] = {}
+    for task in tasks:
+        earlier = first.setdefault(task.folder, task.index)
+        if earlier != task.index:
+            raise ValueError(
+                f"{spec_path}: points {earlier} and {task.index} are the same run "
+                f"({dict(task.options)}); list it once"
+            )
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -434,10 +415,16 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_executor_arguments(parser)
     parser.add_argument("--report", default=None, help="write the sweep's HTML report here")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar, no summary line")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar, summary line or table (failed points are still named on stderr)",
+    )
 
 
 def sweep_command(args: argparse.Namespace) -> int:
+    """Run the sweep; 0 when every point ran, 1 when some failed (each named on stderr, with
+    or without --quiet), 2 on bad input (raised, for ``sim.cli.main`` to report)."""
     outcome = run_sweep(
         args.spec,
         args.out,
@@ -460,4 +447,13 @@ def sweep_command(args: argparse.Namespace) -> int:
         path = write_sweep_report(outcome.csv_path, args.report)
         if not args.quiet:
             print(f"wrote report {path}")
-    return 0
+    for row in failed:
+        options = {name: row[name] for name in outcome.option_names if name in row}
+        print(f"error: point {row['point']} {options}: {row['error']}", file=sys.stderr)
+    if failed:
+        print(
+            f"error: {len(failed)} of {len(outcome.rows)} points failed (status error in "
+            f"{outcome.csv_path}); they run again when the sweep is resumed",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -81,15 +82,29 @@ class TraceSource:
         if self.path is not None:
             trace = load_trace(self.path, format=self.format, on_error=self.on_error)
             return trace if rate is None else scale_trace(trace, rate)
+        args = self._generator_args(rate)
+        args.name = args.name or "generated"
+        return traces_cli.build_trace(args)
+
+    def unused_options(self) -> list[str]:
+        """The ``[generator]`` options this generator never reads (``--cv`` without gamma
+        arrivals, a length option of another length model), each with what it applies to."""
+        if self.path is not None:
+            return []
+        return [
+            f"[generator] {note}"
+            for note in traces_cli.unused_generate_options(self._generator_args())
+        ]
+
+    def _generator_args(self, rate: float | None = None) -> argparse.Namespace:
+        """The generator's options parsed as ``trace generate`` parses them."""
         options = dict(self.generator)
         if rate is not None:
             options["rate"] = rate
         parser = _RaisingParser(prog="generator", add_help=False)
         traces_cli.add_generate_arguments(parser)
         argv = ["--output", "generated.csv", *_argv(options, _run_options(parser))]
-        args = parser.parse_args(argv)
-        args.name = args.name or "generated"
-        return traces_cli.build_trace(args)
+        return parser.parse_args(argv)
 
 
 def repeat_trace(trace: Trace, copies: int) -> Trace:
@@ -143,10 +158,18 @@ def _argv(options: Mapping[str, OptionValue], actions: Mapping[str, argparse.Act
         action = actions.get(_key(name))
         if action is None:
             raise ValueError(f"unknown option {name!r}")
-        flag = next(f for f in action.option_strings if f.startswith("--"))
-        if isinstance(action, argparse._StoreTrueAction):
-            if not isinstance(value, bool):
-                raise ValueError(f"option {name!r} is a switch: give true or false, got {value!r}")
+        # The flag the key spells (``no-enable-prefix-caching``), else the option's first.
+        spelled = "--" + _key(name).replace("_", "-")
+        flags = [f for f in action.option_strings if f.startswith("--")]
+        flag = spelled if spelled in flags else flags[0]
+        switch = isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction))
+        if switch and not isinstance(value, bool):
+            raise ValueError(f"option {name!r} is a switch: give true or false, got {value!r}")
+        if isinstance(action, argparse.BooleanOptionalAction):
+            # An on/off setting: false is its ``--no-`` flag (or, for that flag, the plain one).
+            negated = "--" + flag[5:] if flag.startswith("--no-") else "--no-" + flag[2:]
+            argv.append(flag if value else negated)
+        elif switch:
             argv.extend([flag] if value else [])
         elif isinstance(value, bool):
             raise ValueError(f"option {name!r} takes a value, got {value!r}")
@@ -169,9 +192,12 @@ def point_config(options: Mapping[str, OptionValue]) -> RunConfig:
     return config_from_args(_run_parser().parse_args(["TRACE", *point_argv(options)]))
 
 
-def unused_in_points(points: Sequence[Mapping[str, OptionValue]]) -> list[str]:
+def unused_in_points(
+    points: Sequence[Mapping[str, OptionValue]], what: str = "points"
+) -> list[str]:
     """The options some points give that their run never reads (`unused_options`: a batch size
-    under chunked prefill, a link without disagg), each with how many points it concerns."""
+    under chunked prefill, a link without disagg), each with how many points (or ``what``) it
+    concerns."""
     from sim.cli.options import unused_options
 
     counts: dict[str, int] = {}
@@ -179,7 +205,7 @@ def unused_in_points(points: Sequence[Mapping[str, OptionValue]]) -> list[str]:
         args = _run_parser().parse_args(["TRACE", *point_argv(point)])
         for note in unused_options(point_config(point), args):
             counts[note] = counts.get(note, 0) + 1
-    return [f"{note} (in {n} of {len(points)} points)" for note, n in counts.items()]
+    return [f"{note} (in {n} of {len(points)} {what})" for note, n in counts.items()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,13 +231,21 @@ def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
     return value
 
 
-def _check_options(where: str, options: Mapping[str, Any], allowed: set[str]) -> None:
+def _check_options(
+    where: str, options: Mapping[str, Any], allowed: Mapping[str, argparse.Action]
+) -> None:
+    seen: dict[object, str] = {}
     for name, value in options.items():
         key = _key(name)
         if key in NOT_SWEPT:
             raise ValueError(f"{where}: {name!r} is set by [trace] or the command line")
         if key not in TRACE_OPTIONS and key not in allowed:
             raise ValueError(f"{where}: unknown run option {name!r}")
+        # Two spellings of one option in one table: one of them would be silently dropped.
+        option = allowed.get(key, key)
+        if option in seen:
+            raise ValueError(f"{where}: {seen[option]!r} and {name!r} set the same option")
+        seen[option] = name
         values = value if isinstance(value, list) and where.endswith("[grid]") else [value]
         if not all(isinstance(v, (str, int, float, bool)) for v in values):
             raise ValueError(f"{where}: option {name!r} must be a string, number or boolean")
@@ -223,13 +257,18 @@ def _grid_points(
     for name, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"[grid] {name!r} must be a non-empty list, got {values!r}")
+        repeated = [value for idx, value in enumerate(values) if value in values[:idx]]
+        if repeated:
+            raise ValueError(
+                f"[grid] {name!r} lists {repeated[0]!r} more than once; every point would run twice"
+            )
     names = list(grid)
+    # No [grid] gives one grid point, [run] itself, only where no [[points]] are listed.
     points = [
         {**base, **dict(zip(names, combo, strict=True))}
         for combo in itertools.product(*(grid[n] for n in names))
+        if names or not listed
     ]
-    if not names and not listed:
-        points = [dict(base)]
     for idx, item in enumerate(listed):
         if not isinstance(item, dict):
             raise ValueError(f"[[points]] entry {idx + 1} must be a table, got {item!r}")
@@ -251,32 +290,73 @@ def parse_spec(data: dict[str, Any], root: Path, where: str) -> SweepSpec:
     rates = (trace or generator).get("rates")
     if rates is not None:
         grid.setdefault(RATE, rates)
-    allowed = set(_run_options(_run_parser()))
+    allowed = _run_options(_run_parser())
     _check_options(f"{where} [run]", base, allowed)
     _check_options(f"{where} [grid]", grid, allowed)
     for idx, item in enumerate(listed):
         _check_options(
             f"{where} [[points]] {idx + 1}", item if isinstance(item, dict) else {}, allowed
         )
-    source = _source(trace, generator, root, where)
+    source, trace_read = _source(trace, generator, root, where)
     try:
         points = tuple(_grid_points(base, grid, listed))
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from error
+    checked: set[tuple[str, str]] = set()
     for idx, point in enumerate(points):
         repeats = point.get(REPEATS, 1)
         if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
             raise ValueError(f"{where}: point {idx} {point}: repeats must be an int >= 1")
+        rate = point.get(RATE)
+        if rate is not None and not _is_rate(rate):
+            raise ValueError(f"{where}: point {idx} {point}: rate must be a number > 0 req/s")
         try:
-            point_config(point)
+            _check_named_files(point_config(point), checked)
         except ValueError as error:
             raise ValueError(f"{where}: point {idx} {point}: {error}") from error
+    scaled = source.path is not None and any(RATE in point for point in points)
+    if scaled and trace_read.mean_rate_per_s <= 0:
+        raise ValueError(
+            f"{where} [trace]: {source.path} has no arrival spread to time-scale to a rate; "
+            "remove rates (and rate)"
+        )
     return SweepSpec(source, points)
+
+
+def _check_named_files(config: RunConfig, checked: set[tuple[str, str]]) -> None:
+    """Read the model, hardware and profile ``config`` names (each once over all points, in
+    ``checked``), so that a preset or file that does not exist is refused before any point
+    runs rather than reported by each point that names it."""
+    from core.model.presets import load_model_spec
+    from sim.costmodel.profile import load_profile
+    from sim.specs.hardware_file import load_hardware
+
+    for option, value, load in (
+        ("model", config.model, load_model_spec),
+        ("hardware", config.hardware, load_hardware),
+        ("profile", config.profile, load_profile),
+    ):
+        if value is None or (option, str(value)) in checked:
+            continue
+        try:
+            load(str(value))
+        except (ValueError, OSError) as error:
+            raise ValueError(f"{option}: {error}") from error
+        checked.add((option, str(value)))
+
+
+def _is_rate(value: object) -> bool:
+    """Whether ``value`` is a usable arrival rate: a finite number > 0 (not a boolean)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and value > 0
 
 
 def _source(
     trace: dict[str, Any], generator: dict[str, Any], root: Path, where: str
-) -> TraceSource:
+) -> tuple[TraceSource, Trace]:
+    """The spec's trace source, and its trace as read (or generated at its own rate) now: a
+    trace no point could use is refused before any point runs, not reported by every point."""
     if bool(trace) == bool(generator):
         raise ValueError(f"{where}: give exactly one of [trace] (path = ...) or [generator]")
     if trace:
@@ -285,20 +365,20 @@ def _source(
             raise ValueError(f"{where} [trace]: needs path = '...'; unknown keys {sorted(unknown)}")
         path = Path(trace["path"])
         path = path if path.is_absolute() else root / path
-        return TraceSource(
+        source = TraceSource(
             path=str(path),
             format=str(trace.get("format", "auto")),
             on_error=str(trace.get("on_error", "raise")),
         )
-    options = {k: v for k, v in generator.items() if k != "rates"}
-    if any(_key(k) in ("output", "rate") for k in options):
-        raise ValueError(f"{where} [generator]: set rates = [...], not output or rate")
-    source = TraceSource(generator=tuple(sorted(options.items())))
+    else:
+        options = {k: v for k, v in generator.items() if k != "rates"}
+        if any(_key(k) in ("output", "rate") for k in options):
+            raise ValueError(f"{where} [generator]: set rates = [...], not output or rate")
+        source = TraceSource(generator=tuple(sorted(options.items())))
     try:
-        source.load(rate=None)
-    except ValueError as error:
-        raise ValueError(f"{where} [generator]: {error}") from error
-    return source
+        return source, source.load(rate=None)
+    except (ValueError, OSError) as error:
+        raise ValueError(f"{where} [{'trace' if trace else 'generator'}]: {error}") from error
 
 
 def load_spec(path: str | Path) -> SweepSpec:

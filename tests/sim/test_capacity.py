@@ -175,19 +175,67 @@ def test_capacity_of_every_point_of_a_spec(
     assert configs["capacity_rate"].iloc[0] < configs["capacity_rate"].iloc[1]
 
 
+def test_bad_capacity_input_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["capacity", str(EXAMPLE), "--slo-ttft", "200"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "needs both --slo-ttft MS and --slo-tpot MS" in err
+
+
 @pytest.mark.parametrize(
-    ("extra", "message"),
+    ("flag", "value", "message"),
     [
-        (["--slo-ttft", "200"], "needs both --slo-ttft MS and --slo-tpot MS"),
-        (["--slo-ttft", "200", "--slo-tpot", "30", "--goodput", "2"], "goodput must be in"),
+        ("--goodput", "2", "must be in (0, 1], got '2'"),
+        ("--rate-tol", "0", "must be in (0, 1), got '0'"),
+        ("--rate-tol", "nan", "must be in (0, 1), got 'nan'"),
+        ("--start-rate", "inf", "must be a finite number"),
     ],
 )
-def test_bad_capacity_input_is_an_error(
-    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+def test_a_bad_search_setting_is_refused_naming_its_flag(
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["capacity", str(EXAMPLE), *extra]) == 2
+    argv = ["capacity", str(EXAMPLE), "--slo-ttft", "200", "--slo-tpot", "30", flag, value]
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2
+    assert f"error: argument {flag}: {message}" in capsys.readouterr().err
+
+
+def test_no_capacity_is_named_on_stderr_even_when_quiet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["capacity", str(EXAMPLE), "--slo-ttft", "200", "--slo-tpot", "30", "--quiet"]
+    assert main([*argv, "--num-blocks", "1", "--out", str(tmp_path / "cap")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("error: no capacity: probe at ")
+    assert "num_blocks must be >= 2" in captured.err
+
+
+def test_a_trace_whose_every_request_is_rejected_stops_at_the_first_probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "long.csv"
+    header = "request_id,arrival_s,prompt_tokens,output_tokens\n"
+    trace.write_text(header + "0,0,100000,10\n1,0.5,100000,10\n")
+    argv = ["capacity", str(trace), "--slo-ttft", "500", "--slo-tpot", "50"]
+    assert main([*argv, "--out", str(tmp_path / "cap")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err
+    assert err.startswith("error: no capacity: every request is rejected, at any rate")
+    assert "exceeds the model's max length 8192" in err and "(1 probes)" in err
+    assert len(load_sweep_csv(tmp_path / "cap" / "capacity_probes.csv")) == 1
+
+
+def test_the_search_stops_when_every_request_is_rejected() -> None:
+    def run(rates: list[float]) -> list[PointOutput]:
+        row = {"status": "ok", "num_requests": 3, "rejected": 3, "slo_attainment": 0.0}
+        return [
+            PointOutput(i, {**row, "rate": r, "reject_reason": "too long"})
+            for i, r in enumerate(rates)
+        ]
+
+    result = find_capacity(run, 1.0, SearchSettings(), 4)
+    assert len(result.probes) == 1
+    assert result.error == "every request is rejected, at any rate (probe at 1.0 req/s): too long"
 
 
 def test_a_second_search_in_the_same_out_reuses_every_probe(
@@ -310,3 +358,16 @@ def test_the_capacity_of_a_short_trace_is_its_steady_states(
 
     assert long_run_passes(0.95 * capacity)
     assert not long_run_passes(1.05 * capacity)
+
+
+def test_a_run_option_no_probe_reads_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "long.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100000,10\n0.5,100000,10\n")
+    argv = ["capacity", str(trace), "--slo-ttft", "500", "--slo-tpot", "50", "--quiet"]
+    assert main([*argv, "--policy", "chunked", "--batch-size", "4"]) == 1
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "note: --batch-size: applies to static and dynamic batching, not chunked "
+        "(in 1 of 1 configurations); it has no effect there"
+    )

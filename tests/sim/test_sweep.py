@@ -85,6 +85,25 @@ def test_points_take_the_field_names_and_the_old_flag_spellings() -> None:
         (f'[trace]\npath = "{EXAMPLE}"\n[extra]\na = 1', "unknown table 'extra'"),
         ("[generator]\nrate = 3", "set rates = [...]"),
         ("[generator]\nlengths = 'nope'", "[generator]: argument --lengths"),
+        # Values no point could use are refused before any point runs.
+        ('[trace]\npath = "/nonexist.csv"', "[trace]: trace file /nonexist.csv does not exist"),
+        (f'[trace]\npath = "{EXAMPLE}"\nrates = [-1.0]', "rate must be a number > 0 req/s"),
+        (f'[trace]\npath = "{EXAMPLE}"\n[run]\nrate = "fast"', "rate must be a number > 0"),
+        (f'[trace]\npath = "{EXAMPLE}"\n[grid]\nhardware = ["H100"]', "hardware: unknown"),
+        (f'[trace]\npath = "{EXAMPLE}"\n[run]\nmodel = "no.json"', "model: unknown model"),
+        (
+            f'[trace]\npath = "{EXAMPLE}"\n[grid]\npolicy = ["chunked", "static", "chunked"]',
+            "[grid] 'policy' lists 'chunked' more than once",
+        ),
+        (
+            f'[trace]\npath = "{EXAMPLE}"\n[grid]\nmax-num-seqs = [4]\nmax_num_seqs = [8]',
+            "'max-num-seqs' and 'max_num_seqs' set the same option",
+        ),
+        (
+            f'[trace]\npath = "{EXAMPLE}"\n[run]\nmax-batch-tokens = 512\n'
+            "max-num-batched-tokens = 1024",
+            "'max-batch-tokens' and 'max-num-batched-tokens' set the same option",
+        ),
     ],
 )
 def test_bad_spec_is_an_error_naming_file_and_field(
@@ -282,3 +301,57 @@ def test_a_point_can_repeat_the_trace_and_rows_are_judged(tmp_path: Path) -> Non
         assert row["slo_attainment_low"] <= row["slo_attainment"] <= row["slo_attainment_high"]
     with pytest.raises(ValueError, match="repeats must be an int >= 1"):
         load_spec(write_spec(tmp_path, f'[trace]\npath = "{EXAMPLE}"\n[run]\nrepeats = 0\n'))
+
+
+def test_a_sweep_with_a_failed_point_exits_1_and_names_it_even_when_quiet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # num-blocks 1 passes the run parser; only the run itself refuses it.
+    text = (
+        f'[trace]\npath = "{EXAMPLE}"\n[[points]]\nmax-num-seqs = 8\n[[points]]\nnum-blocks = 1\n'
+    )
+    spec = write_spec(tmp_path, text)
+    for quiet in (["--quiet"], []):
+        assert main(["sweep", str(spec), "--out", str(tmp_path / "out"), *quiet]) == 1
+        captured = capsys.readouterr()
+        assert captured.err.splitlines()[0].startswith(
+            "error: point 1 {'num_blocks': 1}: ConfigError: num_blocks must be >= 2"
+        )
+        assert "error: 1 of 2 points failed" in captured.err
+        assert (captured.out == "") == bool(quiet)
+
+
+def test_listed_points_alone_are_the_points(tmp_path: Path) -> None:
+    # No [grid]: the points are those listed, without a [run]-only point before them.
+    text = f'[trace]\npath = "{EXAMPLE}"\n[run]\ntp = 1\n[[points]]\nmax-num-seqs = 8\n'
+    assert load_spec(write_spec(tmp_path, text)).points == ({"max_num_seqs": 8, "tp": 1},)
+    assert len(load_spec(write_spec(tmp_path, f'[trace]\npath = "{EXAMPLE}"\n')).points) == 1
+
+
+def test_a_point_listed_twice_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    text = SPEC + '\n[[points]]\npolicy = "static"\nrate = 6.0\n'
+    with pytest.raises(ValueError, match="points 4 and 5 are the same run"):
+        run_sweep(write_spec(tmp_path, text), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_generator_option_the_generator_never_reads_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = "[generator]\nnum-requests = 20\ncv = 3\nprompt-tokens = 64\nrates = [4.0]\n"
+    assert main(["sweep", str(write_spec(tmp_path, text)), "--out", str(tmp_path / "o")]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: [generator] --cv: applies to --arrival gamma only; it has no effect there",
+        "note: [generator] --prompt-tokens: applies to --lengths fixed only; it has no effect "
+        "there",
+    ]
+
+
+def test_a_row_names_why_requests_were_rejected(tmp_path: Path) -> None:
+    trace = tmp_path / "long.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n1,9000,10\n2,9500,10\n")
+    outcome = run_sweep(write_spec(tmp_path, f'[trace]\npath = "{trace}"\n'), tmp_path / "out")
+    row = outcome.rows[0]
+    assert (row["status"], row["rejected"]) == ("ok", 2)
+    assert row["reject_reason"].startswith("prompt 9000 + max output 10 tokens exceeds")

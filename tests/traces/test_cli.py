@@ -9,7 +9,13 @@ import pytest
 
 from traces import load_trace
 from traces.cli import main
-from traces.generators import GammaArrivals, SharedPrefix, UniformLengths, generate_trace
+from traces.generators import (
+    GammaArrivals,
+    LognormalLengths,
+    SharedPrefix,
+    UniformLengths,
+    generate_trace,
+)
 
 
 def test_generate_writes_the_trace_generate_trace_would_make(tmp_path: Path) -> None:
@@ -97,3 +103,66 @@ def test_help_exits_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
         main(["generate", "--help"])
     assert caught.value.code == 0
     assert "coefficient of variation" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "notes"),
+    [
+        (
+            ["--prompt-tokens", "500", "--output-tokens", "50"],
+            [
+                "--prompt-tokens: applies to --lengths fixed only",
+                "--output-tokens: applies to --lengths fixed only",
+            ],
+        ),
+        (["--cv", "5"], ["--cv: applies to --arrival gamma only"]),
+        (["--length-table", "lengths.csv"], ["--length-table: applies to --lengths table only"]),
+        (
+            ["--prefix-tokens", "64", "--hash-block-tokens", "8", "--prefix-ids", "tokens"],
+            [
+                f"--{name}: applies with --num-prefixes 1 or more only"
+                for name in ("prefix-tokens", "hash-block-tokens", "prefix-ids")
+            ],
+        ),
+        (
+            ["--lengths", "fixed", "--prompt-median", "100", "--max-output-tokens", "9"],
+            [
+                "--max-output-tokens: applies to --lengths uniform or lognormal only",
+                "--prompt-median: applies to --lengths lognormal only",
+            ],
+        ),
+        (
+            ["--lengths", "lognormal", "--min-prompt-tokens", "3"],
+            ["--min-prompt-tokens: applies to --lengths uniform only"],
+        ),
+        # Given to the model that reads them (even at their defaults): no note.
+        (["--lengths", "fixed", "--prompt-tokens", "256"], []),
+        (["--arrival", "gamma", "--cv", "1", "--num-prefixes", "1", "--prefix-ids", "hash"], []),
+    ],
+)
+def test_an_option_the_trace_never_reads_is_named_and_the_trace_still_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], notes: list[str]
+) -> None:
+    out = tmp_path / "t.csv"
+    assert main(["generate", "-o", str(out), "--num-requests", "5", *extra]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"note: {note}; it has no effect on this trace" for note in notes]
+    assert len(load_trace(out)) == 5
+
+
+def test_the_defaults_not_given_are_the_generator_classes(tmp_path: Path) -> None:
+    out = tmp_path / "t.csv"
+    argv = ["generate", "-o", str(out), "--num-requests", "30", "--arrival", "gamma"]
+    assert main([*argv, "--num-prefixes", "2"]) == 0
+    expected = generate_trace(
+        30, GammaArrivals(4.0), LognormalLengths(), name="t", shared_prefix=SharedPrefix(2)
+    )
+    assert load_trace(out).requests == expected.requests
+
+
+def test_generate_writes_gzip_for_a_gz_name(tmp_path: Path) -> None:
+    out = tmp_path / "t.csv.gz"
+    assert main(["generate", "-o", str(out), "--num-requests", "7"]) == 0
+    assert out.read_bytes()[:2] == b"\x1f\x8b"
+    loaded = load_trace(out)
+    assert len(loaded) == 7 and loaded.name == "t"
