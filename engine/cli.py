@@ -243,6 +243,8 @@ def run_command(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
     for index, line in enumerate(trace.skipped_rows()):
         print(f"note: {line}" if index == 0 else f"  {line}", file=sys.stderr)
+    for note in trace.notes:
+        print(f"note: {note}", file=sys.stderr)
     engine = config_from_args(args)
     scheduler = engine.scheduler
     for unused in unused_settings(

@@ -4,6 +4,7 @@ BurstGPT CSV, auto-detected from the first line by `load_trace`; plus `load_leng
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -176,7 +177,24 @@ def load_servesim(path: str | Path, on_error: str = "raise", *, name: str | None
     path = Path(path)
     columns = (SERVESIM_REQUIRED, SERVESIM_OPTIONAL)
     builder = _read_csv(path, on_error, columns, _servesim_row)
+    header = next(read_csv_rows(path))[1]
+    unknown = [
+        c.strip() for c in header if c.strip() not in (*SERVESIM_REQUIRED, *SERVESIM_OPTIONAL)
+    ]
+    if unknown:
+        builder.notes.append(_unread_columns(unknown))
     return builder.build(name or trace_stem(path), "servesim")
+
+
+def _unread_columns(unknown: list[str]) -> str:
+    """What a note says of a servesim CSV's columns that no field reads: each by name, with
+    the column it most likely misspells."""
+    known = (*SERVESIM_REQUIRED, *SERVESIM_OPTIONAL)
+    named = []
+    for column in unknown:
+        close = difflib.get_close_matches(column, known, n=1)
+        named.append(f"{column!r} (did you mean {close[0]!r}?)" if close else repr(column))
+    return f"columns not read (the servesim format has no such column): {', '.join(named)}"
 
 
 def load_vidur(path: str | Path, on_error: str = "raise", *, name: str | None = None) -> Trace:

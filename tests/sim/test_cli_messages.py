@@ -379,3 +379,12 @@ def test_an_output_that_cannot_be_written_stops_the_run_before_it_simulates(
         f"error: {option}: cannot create {target.parent if option == '--report' else target}"
     )
     assert "trace        " not in captured.out  # (nothing was simulated)
+
+
+def test_a_trace_column_no_field_reads_is_named_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens,priorty\n0,50,5,1\n0.1,50,5,0\n")
+    assert main(["run", str(trace), "--scheduling-policy", "priority", "--quiet"]) == 0
+    assert "note: columns not read" in capsys.readouterr().err

@@ -288,3 +288,14 @@ def test_priorities_may_be_negative_and_default_to_zero(tmp_path: Path) -> None:
     path = tmp_path / "p.csv"
     path.write_text("arrival_s,prompt_tokens,output_tokens,priority\n0,5,5,-2\n1,5,5,\n")
     assert [r.priority for r in load_trace(path).requests] == [-2, 0]
+
+
+def test_a_column_the_format_lacks_is_named_with_its_likely_spelling(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,priorty,comment\n0,5,5,1,x\n")
+    trace = load_trace(path)
+    assert trace.notes == (
+        "columns not read (the servesim format has no such column): 'priorty' (did you mean "
+        "'priority'?), 'comment'",
+    )
+    assert trace.requests[0].priority == 0
