@@ -172,6 +172,15 @@ def run_command(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     for unused in unused_options(config, args):
         print(f"note: {unused}; it has no effect on this run", file=sys.stderr)
+    if config.scheduler.scheduling_policy == "priority":
+        priorities = {request.priority for request in trace.requests}
+        if len(priorities) == 1:
+            print(
+                f"note: --scheduling-policy priority: every request of {trace.name} has "
+                f"priority {priorities.pop()} (a trace's priority column sets them), so it "
+                "serves them by arrival as fcfs does (equal arrivals by request id)",
+                file=sys.stderr,
+            )
     check_output_paths(args)  # (after the inputs: a run refused leaves no empty folder)
     result = simulate(trace, config, progress=not args.quiet)
     result.command = command_line(args)

@@ -388,3 +388,12 @@ def test_a_trace_column_no_field_reads_is_named_on_stderr(
     trace.write_text("arrival_s,prompt_tokens,output_tokens,priorty\n0,50,5,1\n0.1,50,5,0\n")
     assert main(["run", str(trace), "--scheduling-policy", "priority", "--quiet"]) == 0
     assert "note: columns not read" in capsys.readouterr().err
+
+
+def test_priority_scheduling_of_a_trace_without_priorities_is_noted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert (
+        main(["run", str(DATA / "example.csv"), "--scheduling-policy", "priority", "--quiet"]) == 0
+    )
+    assert "every request of example has priority 0" in capsys.readouterr().err
