@@ -235,19 +235,25 @@ def _derived_num_blocks(
     model: ModelSpec, hardware: HardwareSpec, config: RunConfig, lockstep: bool
 ) -> int:
     """vLLM's KV blocks per rank for ``config``; a lockstep data-parallel MoE's GPU holds
-    its share of every rank's experts."""
-    return derive_num_blocks(
-        model,
-        hardware,
-        config.tp,
-        config.cache.block_size,
-        config.cache.gpu_memory_utilization,
-        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-        max_num_seqs=config.scheduler.max_num_seqs,
-        weight_bytes=weight_bytes_per_gpu(model, config.tp, config.data_parallel_size)
-        if lockstep
-        else None,
-    )
+    its share of every rank's experts. A model that does not fit names the hardware file
+    where one describes the GPU (its name may be the preset it starts from)."""
+    try:
+        return derive_num_blocks(
+            model,
+            hardware,
+            config.tp,
+            config.cache.block_size,
+            config.cache.gpu_memory_utilization,
+            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+            max_num_seqs=config.scheduler.max_num_seqs,
+            weight_bytes=weight_bytes_per_gpu(model, config.tp, config.data_parallel_size)
+            if lockstep
+            else None,
+        )
+    except ValueError as error:
+        if not hardware_is_file(config.hardware):
+            raise
+        raise ValueError(f"{config.hardware}: {error}") from None
 
 
 def _run_lockstep(

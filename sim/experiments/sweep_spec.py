@@ -360,9 +360,14 @@ def _source(
     if bool(trace) == bool(generator):
         raise ValueError(f"{where}: give exactly one of [trace] (path = ...) or [generator]")
     if trace:
-        unknown = set(trace) - {"path", "format", "on_error", "rates"}
-        if unknown or not isinstance(trace.get("path"), str):
-            raise ValueError(f"{where} [trace]: needs path = '...'; unknown keys {sorted(unknown)}")
+        keys = ("path", "format", "on_error", "rates")
+        unknown = set(trace) - set(keys)
+        if unknown:
+            raise ValueError(
+                f"{where} [trace]: unknown key(s) {sorted(unknown)}; the keys are {list(keys)}"
+            )
+        if not isinstance(trace.get("path"), str):
+            raise ValueError(f"{where} [trace]: needs path = '...' (the trace file)")
         path = Path(trace["path"])
         path = path if path.is_absolute() else root / path
         source = TraceSource(

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from core.model.presets import get_model_preset
+from core.settings import build
 from sim.cli.main import main
 from sim.costmodel.roofline import RooflineCostModel
+from sim.run import RunConfig, simulate
 from sim.specs.hardware import HARDWARE_PRESETS, HardwareSpec
 from sim.specs.hardware_file import load_hardware, load_hardware_file
+from traces.loaders import load_trace
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "traces" / "data" / "example.csv"
 
 FULL = {
     "name": "test-gpu",
@@ -168,3 +174,13 @@ def test_a_hardware_files_name_appears_in_the_summary_files_and_report(
     # A preset's summary.json gains nothing: its name is already the config's hardware.
     assert main(["run", str(trace), "--out", str(tmp_path / "p"), "--quiet"]) == 0
     assert "hardware_name" not in json.loads((tmp_path / "p" / "summary.json").read_text())
+
+
+def test_a_model_too_large_for_a_hardware_file_names_the_file(tmp_path: Path) -> None:
+    small = tmp_path / "small.toml"
+    small.write_text('base = "H100-SXM"\nhbm_capacity_bytes = 1000000\n')
+    config = build(RunConfig, hardware=str(small), model="Llama-3-8B")
+    with pytest.raises(
+        ValueError, match=f"^{re.escape(str(small))}: Llama-3-8B at tp=1 does not fit"
+    ):
+        simulate(load_trace(str(EXAMPLE)), config)

@@ -83,6 +83,8 @@ def test_points_take_the_field_names_and_the_old_flag_spellings() -> None:
         ("[grid]\npolicy = ['static']", "exactly one of [trace]"),
         ("[trace\n", "not valid TOML"),
         (f'[trace]\npath = "{EXAMPLE}"\n[extra]\na = 1', "unknown table 'extra'"),
+        (f'[trace]\npath = "{EXAMPLE}"\nfoo = 1', "[trace]: unknown key(s) ['foo']"),
+        ("[trace]\nformat = 'vidur'", "[trace]: needs path = '...' (the trace file)"),
         ("[generator]\nrate = 3", "set rates = [...]"),
         ("[generator]\nlengths = 'nope'", "[generator]: argument --lengths"),
         # Values no point could use are refused before any point runs.
