@@ -248,6 +248,9 @@ def run_generate(args: argparse.Namespace) -> int:
     An option this trace never reads is named on stderr first; the trace is still written."""
     for unused in unused_generate_options(args):
         print(f"note: {unused}; it has no effect on this trace", file=sys.stderr)
+    if Path(args.output).is_dir():
+        print(f"error: -o {args.output}: is a directory; give a file name (.csv)", file=sys.stderr)
+        return 2
     try:
         trace = build_trace(args)
         path = write_trace(trace, args.output)

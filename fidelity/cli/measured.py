@@ -99,6 +99,8 @@ def add_measured_commands(commands: Any) -> None:
 
 
 def import_command(args: argparse.Namespace) -> int:
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out}: exists and is not a directory")
     importer = IMPORTERS[args.format]
     run = importer(args.source, args.workload, args.vllm_log, without_workload=args.no_workload)
     for warning in run.warnings:

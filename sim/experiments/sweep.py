@@ -425,6 +425,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 def sweep_command(args: argparse.Namespace) -> int:
     """Run the sweep; 0 when every point ran, 1 when some failed (each named on stderr, with
     or without --quiet), 2 on bad input (raised, for ``sim.cli.main`` to report)."""
+    if args.report and Path(args.report).is_dir():
+        raise ValueError(f"--report {args.report}: is a directory; give an .html file name")
     outcome = run_sweep(
         args.spec,
         args.out,

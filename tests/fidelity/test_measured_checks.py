@@ -197,3 +197,12 @@ def test_a_real_run_copied_without_its_workload_is_refused(
     err = capsys.readouterr().err
     assert "dataset_path 'workloads/sharegpt-llama-3.1-8b-300-sps10.jsonl'" in err
     assert not (tmp_path / "mi").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_the_import(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert _import(run_dir, blocker) == 2
+    assert f"--out {blocker}: exists and is not a directory" in capsys.readouterr().err

@@ -357,3 +357,14 @@ def test_a_row_names_why_requests_were_rejected(tmp_path: Path) -> None:
     row = outcome.rows[0]
     assert (row["status"], row["rejected"]) == ("ok", 2)
     assert row["reject_reason"].startswith("prompt 9000 + max output 10 tokens exceeds")
+
+
+def test_a_report_path_that_is_a_directory_is_refused_before_any_point_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "s.toml"
+    spec.write_text(f'[trace]\npath = "{EXAMPLE}"\n[grid]\npolicy = ["chunked"]\n')
+    argv = ["sweep", str(spec), "--out", str(tmp_path / "o"), "--report", str(tmp_path)]
+    assert main(argv) == 2
+    assert f"--report {tmp_path}: is a directory" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

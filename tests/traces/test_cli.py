@@ -166,3 +166,10 @@ def test_generate_writes_gzip_for_a_gz_name(tmp_path: Path) -> None:
     assert out.read_bytes()[:2] == b"\x1f\x8b"
     loaded = load_trace(out)
     assert len(loaded) == 7 and loaded.name == "t"
+
+
+def test_generate_to_a_directory_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["generate", "-o", str(tmp_path), "--num-requests", "3"]) == 2
+    assert f"-o {tmp_path}: is a directory" in capsys.readouterr().err
