@@ -54,6 +54,22 @@ def _list(payload: dict[str, Any], key: str, path: Path, size: int | None) -> li
     return value
 
 
+def _numbers(
+    payload: dict[str, Any], key: str, path: Path, size: int | None, kind: type = float
+) -> list[Any]:
+    """``payload[key]``, a list of numbers (``kind``: int or float; None reads as 0 where a
+    failed request left it empty), each entry that is not one named by its index."""
+    out = []
+    for index, value in enumerate(_list(payload, key, path, size)):
+        number = 0 if value is None else value
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise ValueError(f"{path}: {key}[{index}] is not a number: {value!r}")
+        if kind is int and number != int(number):
+            raise ValueError(f"{path}: {key}[{index}] is not a whole number: {value!r}")
+        out.append(kind(number))
+    return out
+
+
 def import_vllm_bench(
     path: str | Path,
     workload: str | Path | None = None,
@@ -69,19 +85,19 @@ def import_vllm_bench(
     del without_workload  # a result JSON names no workload to leave out
     path = Path(path)
     payload = read_json_object(path)
-    prompt = [int(x) for x in _list(payload, "input_lens", path, None)]
+    prompt = _numbers(payload, "input_lens", path, None, int)
     size = len(prompt)
     if not size:
         raise ValueError(f"{path}: input_lens is empty")
-    output = [int(x) for x in _list(payload, "output_lens", path, size)]
-    ttfts = _list(payload, "ttfts", path, size)
+    output = _numbers(payload, "output_lens", path, size, int)
+    ttfts = _numbers(payload, "ttfts", path, size)
     itls = _list(payload, "itls", path, size)
     errors = _list(payload, "errors", path, size) if "errors" in payload else [""] * size
     rows = load_workload(workload) if workload is not None else None
     if rows is not None and len(rows) < size:
         raise ValueError(f"{workload}: {len(rows)} lines for {size} benchmark requests")
     if "start_times" in payload:
-        starts = np.array(_list(payload, "start_times", path, size), dtype=float)
+        starts = np.array(_numbers(payload, "start_times", path, size), dtype=float)
     elif rows is not None and all(r.arrival_ns is not None for r in rows[:size]):
         starts = np.array([r.arrival_ns for r in rows[:size]], dtype=float) / 1e9
     else:
@@ -89,7 +105,7 @@ def import_vllm_bench(
             f"{path}: no start_times (older vLLM); pass --workload FILE.jsonl with arrival_time_ns"
         )
     ok = np.array([not err for err in errors], dtype=bool)
-    first = starts + np.array([float(t or 0.0) for t in ttfts])
+    first = starts + np.array(ttfts)
     gaps = [np.asarray(g or [], dtype=float) for g in itls]
     finish = first + np.array([g.sum() for g in gaps])
     lo = np.array([g.min() if g.size else np.nan for g in gaps])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -140,6 +141,24 @@ def test_vllm_bench_import_by_hand(tmp_path: Path) -> None:
     assert run.replay == {"policy": "chunked", "model": "Qwen3-32B"}
     assert run.reported["mean_ttft_ms"] == 150.0
     assert run.trace.requests[0].prompt_token_ids is None  # no workload: lengths only
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("input_lens", [8, "four", 6], "input_lens[1] is not a number: 'four'"),
+        ("output_lens", [3, 2.5, 0], "output_lens[1] is not a whole number: 2.5"),
+        ("ttfts", [0.1, True, 0.0], "ttfts[1] is not a number: True"),
+        ("start_times", [50.0, [1], 50.9], "start_times[1] is not a number: [1]"),
+    ],
+)
+def test_a_bench_entry_that_is_not_a_number_is_named_by_index(
+    key: str, value: list[object], said: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps({**BENCH, key: value}))
+    with pytest.raises(ValueError, match=re.escape(f"{path}: {said}")):
+        import_vllm_bench(path)
 
 
 def test_vllm_bench_without_start_times_needs_a_workload(tmp_path: Path) -> None:
