@@ -31,19 +31,19 @@ def _edit_line(path: Path, line: int, old: str, new: str) -> None:
     path.write_text("".join(lines))
 
 
-def test_a_value_that_is_not_a_number_is_named_by_line_and_column(run_dir: Path) -> None:
+@pytest.mark.parametrize(
+    ("line", "old", "new", "said"),
+    [
+        (3, ",finished,,", ",finished,,abc", "3: arrival_s: not a number: 'abc"),
+        (5, ",finished,", ",finished_xx,", "5: status: 'finished_xx' is not a request status"),
+    ],
+)
+def test_a_bad_value_is_named_by_line_and_column(
+    run_dir: Path, line: int, old: str, new: str, said: str
+) -> None:
     requests = run_dir / "requests.csv"
-    _edit_line(requests, 3, ",finished,,", ",finished,,abc")
-    said = re.escape(f"{requests}:3: arrival_s: not a number: 'abc")
-    with pytest.raises(ValueError, match="^" + said):
-        load_run(run_dir)
-
-
-def test_an_unknown_status_is_refused(run_dir: Path) -> None:
-    requests = run_dir / "requests.csv"
-    _edit_line(requests, 5, ",finished,", ",finished_xx,")
-    said = re.escape(f"{requests}:5: status: 'finished_xx' is not a")
-    with pytest.raises(ValueError, match="^" + said):
+    _edit_line(requests, line, old, new)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{requests}:{said}")):
         load_run(run_dir)
 
 
