@@ -12,8 +12,10 @@ from core.flags import given_settings
 from core.settings import flat_settings
 
 # What two runs of one configuration share, besides every KV cache and scheduler setting: the
-# top-level keys of summary.json and the keys of its ``config``.
-_SAME_RUN_KEYS = ("trace", "num_blocks")
+# top-level keys of summary.json and the keys of its ``config``. (A GPU engine sizes its KV
+# cache from the memory free when it starts, so two runs of one configuration may differ in
+# ``num_blocks``: that is said, not refused.)
+_SAME_RUN_KEYS = ("trace",)
 _SAME_CONFIG_KEYS = ("model", "device", "dtype", "enforce_eager", "mixed_graphs", "time_scale")
 
 
@@ -49,10 +51,11 @@ def check_replay_options(run_dir: str, summary: dict[str, Any], args: argparse.N
 
 def check_rerun(
     run_dir: str, summary: dict[str, Any], rerun_dir: str, rerun: dict[str, Any]
-) -> None:
+) -> str | None:
     """The second ``--replay`` is the engine against itself (the noise floor) only if it ran
-    what the first ran: the same trace, KV cache, scheduler, model and device. Otherwise its
-    differences are the configurations', and are refused, naming each."""
+    what the first ran: the same trace, KV cache settings, scheduler, model and device.
+    Otherwise its differences are the configurations', and are refused, naming each. Returns
+    a note when only the KV cache's size differs (None when nothing does)."""
     config, other = summary.get("config") or {}, rerun.get("config") or {}
     settings = {*flat_settings(CacheConfig()), *flat_settings(SchedulerConfig())}
     differ = [
@@ -70,3 +73,10 @@ def check_rerun(
             f"--replay {rerun_dir}: not a rerun of {run_dir}, so not the engine against "
             f"itself: {', '.join(differ)}; give two runs of one configuration"
         )
+    blocks, other_blocks = summary.get("num_blocks"), rerun.get("num_blocks")
+    if blocks == other_blocks:
+        return None
+    return (
+        f"--replay {rerun_dir}: its KV cache holds {other_blocks} blocks, {run_dir}'s "
+        f"{blocks} (sized from the memory free at start); the floor includes that difference"
+    )

@@ -428,7 +428,9 @@ def run_validate(args: argparse.Namespace) -> int:
         hardware = hardware or hardware_of(str(summary.get("device_name", "")))
         check_replay_options(replays[0], summary, args)
         if len(replays) > 1:
-            check_rerun(replays[0], summary, replays[1], run_summary(replays[1]))
+            note = check_rerun(replays[0], summary, replays[1], run_summary(replays[1]))
+            if note is not None:
+                print(f"note: {note}", file=sys.stderr)
     if trace_path is None:
         raise ValueError(f"validate needs a TRACE (or --replay RUN, or {MEASURED_OPTION} RUN_DIR)")
     config = config_from_args(args, model=model, hardware=hardware)
