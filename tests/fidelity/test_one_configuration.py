@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import LAYOUT_SETTINGS, SETTINGS, CacheConfig, SchedulerConfig
+from core.config import LAYOUT_SETTINGS, SETTINGS, CacheConfig, SchedulerConfig, Setting
 from core.policies import POLICIES
 from core.settings import flat_settings, setting_names
 from fidelity.cli.validate import config_from_args as validate_config
@@ -67,7 +67,16 @@ def test_each_sim_command_takes_each_setting_once_as_the_table_says(command: tup
     assert set(actions) == expected
     for row in SETTINGS:
         if row.field in actions:
-            assert actions[row.field].option_strings == [row.flag, *row.old_flags]
+            assert actions[row.field].option_strings == _spellings(row)
+
+
+def _spellings(row: Setting) -> list[str]:
+    """A setting's flag and its old spellings; an on/off one's each followed by its ``--no-``
+    form, as argparse's ``BooleanOptionalAction`` makes them."""
+    names = [row.flag, *row.old_flags]
+    if row.type is not bool:
+        return names
+    return [spelled for name in names for spelled in (name, "--no-" + name[2:])]
 
 
 def test_engine_run_takes_the_same_flags_but_the_layout_ones() -> None:
