@@ -241,10 +241,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(f"--out: {args.out} exists and is not a directory")
     trace = load_trace(args.trace, format=args.format, on_error=args.on_error)
-    for index, line in enumerate(trace.skipped_rows()):
-        print(f"note: {line}" if index == 0 else f"  {line}", file=sys.stderr)
-    for note in trace.notes:
-        print(f"note: {note}", file=sys.stderr)
+    for line in trace.load_notes():
+        print(line, file=sys.stderr)
     engine = config_from_args(args)
     scheduler = engine.scheduler
     for unused in unused_settings(

@@ -151,9 +151,11 @@ def _read_csv(
     columns: tuple[tuple[str, ...], tuple[str, ...]],
     row_function: RowFunction,
     time_divisor: float = 1.0,
+    note_unread: bool = False,
 ) -> TraceBuilder:
     """Feed every data row through `row_function` into a builder; `columns` is (required,
-    optional) and the first required column holds the arrival time."""
+    optional) and the first required column holds the arrival time. With `note_unread`, a
+    column neither names is noted (`_unread_columns`): a format of our own has no others."""
     check_on_error(on_error)
     parser = RowParser(str(path))
     builder = TraceBuilder(parser, columns[0][0], on_error, time_divisor)
@@ -162,6 +164,10 @@ def _read_csv(
     if header is None:
         raise TraceFormatError(str(path), [], f"trace file {path} is empty")
     index = column_index(str(path), header[1], *columns)
+    if note_unread:
+        unknown = [c.strip() for c in header[1] if c.strip() not in (*columns[0], *columns[1])]
+        if unknown:
+            builder.notes.append(_unread_columns(unknown))
     for line, cells in rows:
         if _check_width(header[1], cells, line, parser):
             builder.add(row_function(cells, index, line, parser), line)
@@ -176,13 +182,7 @@ def load_servesim(path: str | Path, on_error: str = "raise", *, name: str | None
     (``priority``: any integer, lower served first under ``--scheduling-policy priority``)."""
     path = Path(path)
     columns = (SERVESIM_REQUIRED, SERVESIM_OPTIONAL)
-    builder = _read_csv(path, on_error, columns, _servesim_row)
-    header = next(read_csv_rows(path))[1]
-    unknown = [
-        c.strip() for c in header if c.strip() not in (*SERVESIM_REQUIRED, *SERVESIM_OPTIONAL)
-    ]
-    if unknown:
-        builder.notes.append(_unread_columns(unknown))
+    builder = _read_csv(path, on_error, columns, _servesim_row, note_unread=True)
     return builder.build(name or trace_stem(path), "servesim")
 
 

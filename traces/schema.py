@@ -210,6 +210,14 @@ class Trace:
             lines.append(f"... and {len(self.problems) - MAX_LISTED_PROBLEMS} more row(s)")
         return lines
 
+    def load_notes(self) -> list[str]:
+        """What a command prints on stderr after loading the trace: the rows left out and why
+        (`skipped_rows`, each row indented under the first line), then the other notes."""
+        lines = [f"  {row}" for row in self.skipped_rows()]
+        if lines:
+            lines[0] = "note: " + lines[0].lstrip()
+        return lines + [f"note: {note}" for note in self.notes]
+
 
 @dataclass(frozen=True, slots=True)
 class LengthTable:

@@ -160,10 +160,8 @@ def writable_folder(option: str, folder: Path) -> None:
 def print_skipped(trace: Trace) -> None:
     """Say on stderr which rows the trace's loader left out (``--on-error skip``) and why, and
     its other notes (columns it did not read, rows a format's option left out)."""
-    for index, line in enumerate(trace.skipped_rows()):
-        print(f"note: {line}" if index == 0 else f"  {line}", file=sys.stderr)
-    for note in trace.notes:
-        print(f"note: {note}", file=sys.stderr)
+    for line in trace.load_notes():
+        print(line, file=sys.stderr)
 
 
 def run_command(args: argparse.Namespace) -> int:
